@@ -1,0 +1,1 @@
+"""tiercache.daemon — placeholder package; see DESIGN.md (built in a later issue)."""

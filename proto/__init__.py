@@ -1,0 +1,1 @@
+"""tiercache.proto — placeholder package; see DESIGN.md (built in a later issue)."""

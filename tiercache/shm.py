@@ -1,0 +1,188 @@
+"""Named POSIX shared-memory segments that another process can map (Linux ``/dev/shm``).
+
+The daemon creates one segment for the L2 host pool; same-host engines attach to it by name and copy KV
+straight into or out of its slots. Segments are named ``<prefix>.<owner pid>.<random>`` so that a
+restarting owner can find and unlink the segments a dead owner left behind.
+
+Python's ``multiprocessing.shared_memory`` is not used: its resource tracker unlinks segments it did not
+create when an attaching process exits, which would pull the pool out from under the daemon.
+
+Primitives:
+    SharedSegment.create / SharedSegment.attach: make or map a segment; ``buffer`` is a writable
+        memoryview of it; ``close`` unmaps; ``unlink`` removes the name.
+    clean_stale_segments: unlink segments of a prefix whose owner process is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import secrets
+from pathlib import Path
+
+from tiercache.errors import InvalidArgumentError, NotFoundError
+
+logger = logging.getLogger(__name__)
+
+SHM_DIR = Path("/dev/shm")
+_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+_PAGE = mmap.PAGESIZE
+
+
+def _check_name(field: str, name: str) -> None:
+    if not name or "/" in name or name.startswith(".") or len(name) > 200:
+        raise InvalidArgumentError(field, f"{name!r} is not a valid shared-memory name")
+
+
+class SharedSegment:
+    """A mapped shared-memory segment.
+
+    Attributes:
+        name: the segment's name (a file under ``/dev/shm``).
+        size: mapped bytes.
+        owner: True for the process that created it (and is responsible for unlinking it).
+    """
+
+    def __init__(self, name: str, mm: mmap.mmap, size: int, owner: bool) -> None:
+        self.name = name
+        self.size = size
+        self.owner = owner
+        self._mmap: mmap.mmap | None = mm
+        self._view: memoryview | None = memoryview(mm)
+
+    @classmethod
+    def create(cls, prefix: str, size: int, prefault: bool = True) -> SharedSegment:
+        """Create a new segment named after ``prefix``, this process and a random suffix (mode 0600).
+
+        Args:
+            prefix: name prefix, e.g. ``tiercache-l2``; shared with :func:`clean_stale_segments`.
+            size: bytes; positive.
+            prefault: populate every page now so that the first copy into it runs at memory speed.
+
+        Raises:
+            InvalidArgumentError: bad prefix or size.
+            OSError: the system refused the segment (e.g. ``/dev/shm`` too small).
+        """
+        _check_name("prefix", prefix)
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise InvalidArgumentError("size", f"must be a positive integer, got {size!r}")
+        name = f"{prefix}.{os.getpid()}.{secrets.token_hex(4)}"
+        path = SHM_DIR / name
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            if prefault:
+                # Reserve the backing pages up front: a full /dev/shm fails here, not later with SIGBUS.
+                os.posix_fallocate(fd, 0, size)
+            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.unlink(path)
+            raise
+        finally:
+            os.close(fd)
+        if prefault:
+            _populate(mm, size)
+        logger.info("created shared-memory segment %s (%d bytes)", name, size)
+        return cls(name, mm, size, owner=True)
+
+    @classmethod
+    def attach(cls, name: str) -> SharedSegment:
+        """Map an existing segment by name.
+
+        Raises:
+            NotFoundError: no segment of that name exists.
+        """
+        _check_name("name", name)
+        try:
+            fd = os.open(SHM_DIR / name, os.O_RDWR)
+        except FileNotFoundError:
+            raise NotFoundError("name", f"no shared-memory segment {name!r}") from None
+        try:
+            size = os.fstat(fd).st_size
+            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        return cls(name, mm, size, owner=False)
+
+    @property
+    def buffer(self) -> memoryview:
+        """Writable view of the whole segment.
+
+        Raises:
+            ValueError: the segment is closed.
+        """
+        if self._view is None:
+            raise ValueError(f"shared-memory segment {self.name} is closed")
+        return self._view
+
+    def close(self) -> None:
+        """Unmap the segment (idempotent). If views of it are still alive the mapping lives on until they die."""
+        view, mm = self._view, self._mmap
+        self._view = self._mmap = None
+        if view is not None:
+            view.release()
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:
+                logger.warning(
+                    "segment %s still has live views; it is unmapped when they are released", self.name
+                )
+
+    def unlink(self) -> None:
+        """Remove the segment's name (idempotent); existing mappings stay valid."""
+        try:
+            os.unlink(SHM_DIR / self.name)
+            logger.info("unlinked shared-memory segment %s", self.name)
+        except FileNotFoundError:
+            pass
+
+
+def _populate(mm: mmap.mmap, size: int) -> None:
+    """Fault in every page of a fresh mapping (MADV_POPULATE_WRITE, else touch one byte per page)."""
+    try:
+        mm.madvise(_MADV_POPULATE_WRITE, 0, size)
+    except (OSError, ValueError):
+        view = memoryview(mm)
+        try:
+            for offset in range(0, size, _PAGE):
+                view[offset] = 0
+        finally:
+            view.release()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale_segments(prefix: str) -> list[str]:
+    """Unlink segments named ``<prefix>.<pid>.*`` whose owner process no longer exists.
+
+    Returns:
+        Names of the segments removed.
+    """
+    _check_name("prefix", prefix)
+    removed: list[str] = []
+    if not SHM_DIR.is_dir():
+        return removed
+    for path in SHM_DIR.glob(f"{prefix}.*.*"):
+        parts = path.name[len(prefix) + 1 :].split(".")
+        if len(parts) != 2 or not parts[0].isdigit():
+            continue
+        pid = int(parts[0])
+        if pid == os.getpid() or _pid_alive(pid):
+            continue
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        logger.warning("removed stale shared-memory segment %s of dead process %d", path.name, pid)
+        removed.append(path.name)
+    return removed

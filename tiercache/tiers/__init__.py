@@ -1,0 +1,1 @@
+"""The three storage tiers behind one small batch-first protocol (see :mod:`tiercache.tiers.base`)."""
