@@ -376,7 +376,7 @@ class CacheManager:
             self._tick += 1
             now = self._clock()
             self._reap(now)
-            todo = [i for i, cid in enumerate(cids) if cid not in self._index and cid not in self._storing]
+            todo = [i for i, cid in enumerate(cids) if not self._known(cid)]
             skipped = tuple(i for i in range(len(cids)) if i not in set(todo))
             ticket_id = self._new_id()
             writes: list[WriteSlot] = []
@@ -735,6 +735,14 @@ class CacheManager:
         self._order[level][cid] = None
         self._emit(ChunkEvent(EventKind.STORED, level, entry.namespace_id, entry.key))
 
+    def _known(self, cid: bytes) -> bool:
+        """Cached, or being written into some tier (by a store or by a copy running unlocked)."""
+        return (
+            cid in self._index
+            or cid in self._storing
+            or any((cid, level) in self._copying for level in self._levels)
+        )
+
     def _touch(self, cid: bytes, entry: _Chunk, level: TierLevel) -> None:
         entry.res[level].last_access = self._tick
         self._order[level].move_to_end(cid)
@@ -934,8 +942,8 @@ class CacheManager:
 
     def _landed(self, cid: bytes, entry: _Chunk, src: TierLevel, dst: TierLevel, now: float) -> None:
         """Index a chunk that was copied from ``src`` into ``dst``."""
-        if cid not in self._index:
-            self._index[cid] = entry
+        # The chunk may have left every tier (and even been stored anew) while the copy ran unlocked.
+        entry = self._index.setdefault(cid, entry)
         self._add_residency(cid, entry, dst, now)
         if dst < src:
             self._counters[dst].promotions += 1

@@ -41,8 +41,10 @@ Primitives:
 from __future__ import annotations
 
 import enum
+import errno
 import itertools
 import logging
+import os
 import struct
 import threading
 from collections import OrderedDict
@@ -80,7 +82,9 @@ ORDER_FLUSH_READS = 256
 """Successful chunk reads after which the access order is written to the ``order`` database."""
 _VALUES_DB = b"values"
 _ORDER_DB = b"order"
-_MIN_EXTRA_MAP_BYTES = 256 << 20
+_MIN_EXTRA_MAP_BYTES = 1 << 30
+_STAGING_CACHE_BYTES = 256 << 20
+"""Staging buffers kept for reuse after commit or abort."""
 
 
 class Codec(enum.Enum):
@@ -122,7 +126,7 @@ class LmdbTierConfig:
         zstd_level: zstd compression level, ``MIN_ZSTD_LEVEL..MAX_ZSTD_LEVEL`` (used with ``Codec.ZSTD``).
         durable: fsync every commit (``sync=True``); otherwise an OS crash may lose the last commits (see the
             module docstring).
-        map_size_bytes: LMDB map size; None for ``max(2 * capacity_bytes, capacity_bytes + 256 MiB)``.
+        map_size_bytes: LMDB map size; None for ``max(4 * capacity_bytes, capacity_bytes + 1 GiB)``.
     """
 
     path: str
@@ -156,10 +160,16 @@ class LmdbTierConfig:
 
     @property
     def effective_map_size_bytes(self) -> int:
-        """The LMDB map size the tier opens with."""
+        """The LMDB map size the tier opens with.
+
+        Pages freed by a transaction are reusable only once no snapshot needs them, and a large value
+        needs a contiguous run of pages, so the map is sized well above the capacity. It costs address
+        space only: the data file is sparse (its apparent size is the map size, its disk use is what is
+        written).
+        """
         if self.map_size_bytes is not None:
             return self.map_size_bytes
-        return max(2 * self.capacity_bytes, self.capacity_bytes + _MIN_EXTRA_MAP_BYTES)
+        return max(4 * self.capacity_bytes, self.capacity_bytes + _MIN_EXTRA_MAP_BYTES)
 
 
 @dataclass(slots=True)
@@ -167,7 +177,36 @@ class _Reservation:
     chunk_id: bytes
     nbytes: int
     charge: int
-    buffer: torch.Tensor
+    staging: torch.Tensor  # HEADER_BYTES of room for the header, then the payload
+
+    @property
+    def buffer(self) -> torch.Tensor:
+        return self.staging[HEADER_BYTES:]
+
+
+class _StagingPool:
+    """Reuses staging buffers: a fresh large allocation is page-faulted on first touch at ~1 GB/s."""
+
+    def __init__(self, budget_bytes: int) -> None:
+        self._budget = budget_bytes
+        self._held = 0
+        self._free: dict[int, list[torch.Tensor]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        with self._lock:
+            bucket = self._free.get(nbytes)
+            if bucket:
+                self._held -= nbytes
+                return bucket.pop()
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def give(self, buffer: torch.Tensor) -> None:
+        nbytes = buffer.numel()
+        with self._lock:
+            if self._held + nbytes <= self._budget:
+                self._free.setdefault(nbytes, []).append(buffer)
+                self._held += nbytes
 
 
 def _pack_header(codec: Codec, raw_len: int, stored_len: int, checksum: int) -> bytes:
@@ -278,6 +317,7 @@ class LmdbTier(Tier):
         self._reserved = 0
         self._corrupt_reads = 0
         self._reservations: dict[int, _Reservation] = {}
+        self._staging = _StagingPool(_STAGING_CACHE_BYTES)
         self._reserved_ids: set[bytes] = set()
         self._committing: set[int] = set()
         self._tokens = itertools.count(1)
@@ -293,6 +333,7 @@ class LmdbTier(Tier):
                 metasync=config.durable,
                 readahead=False,
                 meminit=False,
+                writemap=True,
                 lock=True,
                 create=True,
             )
@@ -305,6 +346,7 @@ class LmdbTier(Tier):
             self._values = self._env.open_db(_VALUES_DB)
             self._order = self._env.open_db(_ORDER_DB)
             self._load()
+            self._preallocate()
         except lmdb.Error as exc:
             self._env.close()
             raise InvalidArgumentError(
@@ -377,6 +419,33 @@ class LmdbTier(Tier):
 
     # ------------------------------------------------------------------------------------------- helpers
 
+    def _preallocate(self) -> None:
+        """Allocate disk blocks for the capacity up front.
+
+        Writes go through a shared writable map (``writemap``, which halves the copies of a store): on a
+        sparse file a full disk would surface as SIGBUS in the middle of a store. Reserving the blocks at
+        start turns a disk too small for the configured capacity into a clear error now.
+
+        Raises:
+            InvalidArgumentError: the filesystem cannot hold ``capacity_bytes`` (field ``capacity_bytes``).
+        """
+        want = min(self._config.effective_map_size_bytes, self._capacity + self._capacity // 4)
+        data = os.path.join(self._config.path, "data.mdb")
+        fd = os.open(data, os.O_RDWR)
+        try:
+            if os.fstat(fd).st_blocks * 512 >= want:
+                return
+            os.posix_fallocate(fd, 0, want)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise InvalidArgumentError(
+                    "capacity_bytes",
+                    f"the filesystem of {self._config.path!r} cannot hold {want} bytes for L3: {exc}",
+                ) from None
+            logger.info("L3 at %s: no preallocation (%s); stores may run slower", self._config.path, exc)
+        finally:
+            os.close(fd)
+
     def _check_open(self) -> None:
         """Raise ConflictError if closed; call with ``self._lock`` held."""
         if self._closed:
@@ -420,16 +489,23 @@ class LmdbTier(Tier):
                     self._reads_since_flush += 1
             return self._reads_since_flush >= ORDER_FLUSH_READS
 
-    def _encode(self, buffer: torch.Tensor, cctx: zstandard.ZstdCompressor | None) -> bytes:
-        """Header + payload of one chunk (compressed if that makes it smaller)."""
-        raw = buffer.numpy().data
+    @staticmethod
+    def _encode(res: _Reservation, cctx: zstandard.ZstdCompressor | None) -> memoryview | bytes:
+        """Header + payload of one chunk (compressed if that makes it smaller).
+
+        A raw value is the staging buffer itself with the header written in front: no extra copy.
+        """
+        raw = res.buffer.numpy().data
         checksum = xxhash.xxh3_64_intdigest(raw)
-        codec, payload = Codec.RAW, raw
         if cctx is not None:
             compressed = cctx.compress(raw)
             if len(compressed) < len(raw):
-                codec, payload = Codec.ZSTD, memoryview(compressed)
-        return b"".join((_pack_header(codec, len(raw), len(payload), checksum), payload))
+                header = _pack_header(Codec.ZSTD, len(raw), len(compressed), checksum)
+                return b"".join((header, compressed))
+        header = _pack_header(Codec.RAW, len(raw), len(raw), checksum)
+        staging = res.staging.numpy()
+        staging[:HEADER_BYTES] = np.frombuffer(header, dtype=np.uint8)
+        return staging.data
 
     # ------------------------------------------------------------------------------------------ protocol
 
@@ -505,7 +581,7 @@ class LmdbTier(Tier):
             slots: list[WriteSlot] = []
             for cid, size, chg in zip(chunk_ids, sizes, charges, strict=True):
                 token = next(self._tokens)
-                res = _Reservation(cid, size, chg, torch.empty(size, dtype=torch.uint8))
+                res = _Reservation(cid, size, chg, self._staging.take(HEADER_BYTES + size))
                 self._reservations[token] = res
                 self._reserved_ids.add(cid)
                 slots.append(WriteSlot(chunk_id=cid, nbytes=size, buffer=res.buffer, token=token))
@@ -554,7 +630,7 @@ class LmdbTier(Tier):
         cctx = None
         if self._config.codec is Codec.ZSTD:
             cctx = zstandard.ZstdCompressor(level=self._config.zstd_level)
-        values = [self._encode(res.buffer, cctx) for res in reservations]
+        values = [self._encode(res, cctx) for res in reservations]
         with self._write_lock:
             with self._lock:
                 self._check_open()
@@ -592,6 +668,7 @@ class LmdbTier(Tier):
                     self._reserved -= res.charge
                     self._reserved_ids.discard(res.chunk_id)
                     del self._reservations[token]
+                    self._staging.give(res.staging)
 
     def abort(self, slots: Sequence[WriteSlot]) -> None:
         """Discard reservations; unknown, finished or in-commit slots are ignored."""
@@ -603,6 +680,7 @@ class LmdbTier(Tier):
                 del self._reservations[slot.token]
                 self._reserved_ids.discard(res.chunk_id)
                 self._reserved -= res.charge
+                self._staging.give(res.staging)
 
     def read_into(self, chunk_ids: Sequence[bytes], dsts: Sequence[torch.Tensor]) -> list[bool]:
         """Copy committed chunks into caller buffers, verifying every checksum.

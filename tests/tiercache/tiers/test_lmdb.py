@@ -130,7 +130,7 @@ def open_tier(tmp_path: Path) -> Iterator[OpenTier]:
 
     def _open(**kwargs: Any) -> LmdbTier:
         kwargs.setdefault("path", str(tmp_path / "l3"))
-        kwargs.setdefault("capacity_bytes", 64 << 20)
+        kwargs.setdefault("capacity_bytes", 8 << 20)
         tier = LmdbTier(LmdbTierConfig(**kwargs))
         tiers.append(tier)
         return tier
@@ -171,8 +171,10 @@ def test_config_rejects_bad_values(tmp_path: Path, kwargs: dict[str, Any], field
 def test_config_defaults_and_codec_names(tmp_path: Path) -> None:
     config = LmdbTierConfig(path=str(tmp_path), capacity_bytes=1 << 30)
     assert config.codec is Codec.RAW and config.zstd_level == 3 and not config.durable
-    assert config.effective_map_size_bytes == 2 << 30
-    assert LmdbTierConfig(path=str(tmp_path), capacity_bytes=1 << 20).effective_map_size_bytes == (257 << 20)
+    assert config.effective_map_size_bytes == 4 << 30
+    assert LmdbTierConfig(path=str(tmp_path), capacity_bytes=1 << 20).effective_map_size_bytes == (
+        1 << 20
+    ) + (1 << 30)
     assert LmdbTierConfig(str(tmp_path), 1 << 20, map_size_bytes=12345).effective_map_size_bytes == 12345
     assert Codec.from_name("ZSTD") is Codec.ZSTD
     with pytest.raises(InvalidArgumentError, match="raw, zstd") as info:

@@ -1,0 +1,186 @@
+"""Output of a ``tiers`` run: a plain-text table for people and a JSON document for tools.
+
+Primitives:
+    format_size: ``262144`` -> ``256 KiB``.
+    format_report: the ceilings table and the tiers table (aligned plain-text columns).
+    report_to_dict: every figure, the machine and the config as JSON-ready values.
+    write_json: write :func:`report_to_dict` to a file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from .ceilings import CeilingResult
+from .runner import TierRow, TiersReport
+from .timing import Timing
+
+SCHEMA = "tiercache-bench/tiers/1"
+"""The ``schema`` field of the JSON document."""
+
+_UNITS = (("GiB", 30), ("MiB", 20), ("KiB", 10))
+
+
+def format_size(nbytes: int) -> str:
+    """Binary-unit size: ``256 KiB``, ``1 MiB``, ``1.5 MiB``, ``100 B``."""
+    for unit, shift in _UNITS:
+        if nbytes >= 1 << shift:
+            value = nbytes / (1 << shift)
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+def _columns(headers: Sequence[str], rows: Sequence[Sequence[str]], left: frozenset[int]) -> list[str]:
+    """Align columns: those in ``left`` to the left, the others (numbers) to the right."""
+    widths = [max(len(r[i]) for r in (headers, *rows)) for i in range(len(headers))]
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [
+            c.ljust(w) if i in left else c.rjust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ]
+        return "  ".join(parts).rstrip()
+
+    return [line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+
+
+def _ceiling_lines(ceilings: Sequence[CeilingResult]) -> list[str]:
+    rows = [
+        [
+            c.label,
+            format_size(c.chunk_bytes),
+            f"{c.timing.gbps:.2f}",
+            f"{c.timing.p50_ms:.3f}",
+            f"{c.timing.p99_ms:.3f}",
+            c.note,
+        ]
+        for c in ceilings
+    ]
+    return _columns(["ceiling", "chunk", "GB/s", "p50 ms", "p99 ms", "note"], rows, frozenset({0, 5}))
+
+
+def _tier_lines(rows: Sequence[TierRow]) -> list[str]:
+    out = []
+    for row in rows:
+        r = row.result
+        first = [r.level.name, r.op.value, format_size(r.chunk_bytes), f"{r.timing.gbps:.2f}"]
+        first += [f"{r.timing.p50_ms:.3f}", f"{r.timing.p99_ms:.3f}"]
+        for i, c in enumerate(row.comparisons):
+            head = first if i == 0 else ["", "", "", "", "", ""]
+            target = "-" if c.target is None else f">={c.target:.1f}x"
+            met = "-" if c.met is None else ("yes" if c.met else "NO")
+            out.append([*head, c.ceiling, f"{c.ceiling_gbps:.2f}", f"{c.ratio:.2f}x", target, met])
+    headers = [
+        "tier",
+        "op",
+        "chunk",
+        "GB/s",
+        "p50 ms",
+        "p99 ms",
+        "vs ceiling",
+        "ceil GB/s",
+        "ratio",
+        "target",
+        "met?",
+    ]
+    return _columns(headers, out, frozenset({0, 1, 6, 9, 10}))
+
+
+def format_report(report: TiersReport) -> str:
+    """The human-readable result: the ceilings, then every tier figure against its ceilings."""
+    opts = report.config.options
+    per_call = f"p50/p99 are per call; one call = one batch of up to {opts.batch} chunks"
+    lines = [
+        f"tiercache-bench tiers — {report.machine.cpu_count} CPUs ({report.machine.torch_threads} torch threads), "
+        f"L1 on {report.machine.device}, "
+        f"L3 in {report.machine.work_dir} ({report.machine.filesystem}), codec {opts.codec.value}, "
+        f"durable={opts.durable}",
+        f"GB/s = 1e9 bytes/s over the whole phase; {per_call}; {report.elapsed_s:.1f} s in all.",
+        "",
+        "Machine ceilings",
+        *_ceiling_lines(report.ceilings),
+        "",
+        "Tiers (put = reserve + copy into slot buffers + commit; get = read_into a preallocated buffer)",
+        *_tier_lines(report.rows),
+    ]
+    missed = [
+        f"{row.result.level.name} {row.result.op.value} {format_size(row.result.chunk_bytes)} vs {c.ceiling}"
+        for row in report.rows
+        for c in row.comparisons
+        if c.met is False
+    ]
+    lines.append("")
+    lines.append("All targets met." if not missed else f"Targets missed: {'; '.join(missed)}.")
+    return "\n".join(lines)
+
+
+def _timing_dict(timing: Timing) -> dict[str, Any]:
+    return {
+        "gbps": timing.gbps,
+        "p50_ms": timing.p50_ms,
+        "p99_ms": timing.p99_ms,
+        "total_bytes": timing.total_bytes,
+        "calls": timing.calls,
+        "seconds": timing.seconds,
+    }
+
+
+def report_to_dict(report: TiersReport) -> dict[str, Any]:
+    """Every figure of ``report``, plus the machine and the config, as JSON-ready values."""
+    cfg = report.config
+    opts = cfg.options
+    results = []
+    for row in report.rows:
+        r = row.result
+        results.append(
+            {
+                "tier": r.level.name,
+                "op": r.op.value,
+                "device": r.device,
+                "chunk_bytes": r.chunk_bytes,
+                **_timing_dict(r.timing),
+                "verified_bytes": r.verified_bytes,
+                "comparisons": [asdict(c) for c in row.comparisons],
+            }
+        )
+    return {
+        "schema": SCHEMA,
+        "machine": asdict(report.machine),
+        "config": {
+            "tiers": [lv.name for lv in cfg.levels],
+            "chunk_sizes": list(cfg.chunk_sizes),
+            "bytes_per_size": cfg.bytes_per_size,
+            "work_root": None if cfg.work_root is None else str(cfg.work_root),
+            "batch": opts.batch,
+            "warmup_rounds": opts.warmup_rounds,
+            "l1_device": opts.l1_device,
+            "codec": opts.codec.value,
+            "zstd_level": opts.zstd_level,
+            "durable": opts.durable,
+            "seed": cfg.seed,
+        },
+        "latency_unit": f"per call (one batch of up to {opts.batch} chunks)",
+        "elapsed_s": report.elapsed_s,
+        "ceilings": [
+            {
+                "kind": c.kind.value,
+                "device": c.device,
+                "label": c.label,
+                "chunk_bytes": c.chunk_bytes,
+                **_timing_dict(c.timing),
+                "note": c.note,
+            }
+            for c in report.ceilings
+        ],
+        "results": results,
+        "targets_met": all(c.met is not False for row in report.rows for c in row.comparisons),
+    }
+
+
+def write_json(report: TiersReport, path: Path) -> None:
+    """Write :func:`report_to_dict` of ``report`` to ``path`` (indented, UTF-8)."""
+    path.write_text(json.dumps(report_to_dict(report), indent=2) + "\n", encoding="utf-8")

@@ -1,0 +1,189 @@
+"""The ``tiers`` benchmark run: for each chunk size, the machine's ceilings, then each tier's put and get.
+
+Everything is measured in one run, size by size, on the same payload: a random bf16 payload is generated
+once per size, the memcpy and disk ceilings are taken on it, then each tier is built for exactly one round,
+timed, verified and closed (L2 unlinks its segment; L3's directory is removed). The work directory (L3 and
+the disk ceiling) is a fresh temporary directory, removed at the end.
+
+Primitives:
+    TiersBenchConfig: what to measure and how.
+    TierRow: one tier figure and its comparisons with the ceilings.
+    TiersReport: the whole run: config, machine, ceilings and rows.
+    default_work_root: where the work directory goes when none is given.
+    run_tiers: run the benchmark.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from tiercache.tiers.base import TierLevel
+
+from .ceilings import CeilingResult, MachineInfo, describe_machine, measure_disk, measure_memcpy
+from .payload import Payload, make_destinations, make_payload
+from .targets import Comparison, compare
+from .tiers import TierOpResult, TierOptions, measure_tier, open_tier, tier_device
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class TiersBenchConfig:
+    """What the ``tiers`` benchmark measures.
+
+    Attributes:
+        levels: tiers to measure, in order.
+        chunk_sizes: chunk sizes in bytes, in order.
+        bytes_per_size: payload bytes per chunk size (at least one chunk).
+        work_root: directory under which the work directory (L3, disk ceiling) is created; None for
+            :func:`default_work_root`. Only the work directory created inside it is removed.
+        options: how tiers are built and driven.
+        seed: payload generator seed.
+    """
+
+    levels: tuple[TierLevel, ...] = (TierLevel.L1, TierLevel.L2, TierLevel.L3)
+    chunk_sizes: tuple[int, ...] = (256 << 10, 1 << 20, 4 << 20, 16 << 20, 32 << 20)
+    bytes_per_size: int = 256 << 20
+    work_root: Path | None = None
+    options: TierOptions = field(default_factory=TierOptions)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.levels:
+            raise ValueError("levels: at least one tier is needed")
+        if not self.chunk_sizes or any(s <= 0 for s in self.chunk_sizes):
+            raise ValueError(f"chunk_sizes: must be positive, got {self.chunk_sizes}")
+        if self.bytes_per_size <= 0:
+            raise ValueError(f"bytes_per_size: must be positive, got {self.bytes_per_size}")
+        if self.options.batch <= 0 or self.options.warmup_rounds < 0:
+            raise ValueError("options: batch must be positive and warmup_rounds non-negative")
+
+    def num_chunks(self, chunk_bytes: int) -> int:
+        """Chunks moved at ``chunk_bytes``: ``bytes_per_size // chunk_bytes``, at least one."""
+        return max(1, self.bytes_per_size // chunk_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class TierRow:
+    """One tier figure and how it compares with the ceilings.
+
+    Attributes:
+        result: the figure.
+        comparisons: one per ceiling it is compared against.
+    """
+
+    result: TierOpResult
+    comparisons: tuple[Comparison, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TiersReport:
+    """The outcome of one ``tiers`` run.
+
+    Attributes:
+        config: what was asked for.
+        machine: what it ran on.
+        ceilings: every ceiling, by chunk size.
+        rows: every tier figure, by chunk size, tier and op.
+        elapsed_s: wall time of the whole run.
+    """
+
+    config: TiersBenchConfig
+    machine: MachineInfo
+    ceilings: tuple[CeilingResult, ...]
+    rows: tuple[TierRow, ...]
+    elapsed_s: float
+
+
+def default_work_root() -> Path:
+    """``$XDG_CACHE_HOME/tiercache-bench`` (or ``~/.cache/...``) if it can be created, else the temp dir."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    root = Path(cache) / "tiercache-bench"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return Path(tempfile.gettempdir())
+    return root if os.access(root, os.W_OK) else Path(tempfile.gettempdir())
+
+
+@contextlib.contextmanager
+def _work_dir(root: Path | None) -> Iterator[Path]:
+    base = root if root is not None else default_work_root()
+    base.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix="tiercache-bench-", dir=base))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _measure_size(
+    config: TiersBenchConfig, chunk_bytes: int, work: Path
+) -> tuple[list[CeilingResult], list[TierRow]]:
+    opts = config.options
+    payload = make_payload(chunk_bytes, config.num_chunks(chunk_bytes), config.seed)
+    devices = list(dict.fromkeys([torch.device("cpu")] + [tier_device(lv, opts) for lv in config.levels]))
+    payloads: dict[torch.device, Payload] = {d: payload.to(d) for d in devices}
+    dsts = {d: make_destinations(payload, d) for d in devices}
+    ceilings = [
+        measure_memcpy(payloads[d].chunks(), list(dsts[d].unbind(0)), opts.batch, opts.warmup_rounds)
+        for d in devices
+    ]
+    if TierLevel.L3 in config.levels:
+        cpu = torch.device("cpu")
+        ceilings.extend(measure_disk(payload.chunks(), list(dsts[cpu].unbind(0)), work, opts.batch))
+    rows: list[TierRow] = []
+    for level in config.levels:
+        device = tier_device(level, opts)
+        l3_dir = work / f"l3-{chunk_bytes}"
+        tier = open_tier(level, opts, chunk_bytes, payload.num_chunks, l3_dir)
+        try:
+            results = measure_tier(tier, payloads[device], dsts[device], opts)
+        finally:
+            tier.close()
+            shutil.rmtree(l3_dir, ignore_errors=True)
+        rows.extend(TierRow(r, compare(r, ceilings)) for r in results)
+        logger.info(
+            "%s %d KiB: put %.2f GB/s, get %.2f GB/s",
+            level.name,
+            chunk_bytes >> 10,
+            results[0].timing.gbps,
+            results[1].timing.gbps,
+        )
+    return ceilings, rows
+
+
+def run_tiers(config: TiersBenchConfig) -> TiersReport:
+    """Measure the ceilings and the tiers at every chunk size; see the module docstring.
+
+    Raises:
+        RoundTripError: a tier lost or changed bytes.
+        TierCacheError: a tier refused the configuration (e.g. no such device).
+        OSError: the work directory, shared memory or disk ceiling failed.
+    """
+    start = time.perf_counter()
+    ceilings: list[CeilingResult] = []
+    rows: list[TierRow] = []
+    with _work_dir(config.work_root) as work:
+        machine = describe_machine(torch.device(config.options.l1_device), work)
+        for chunk_bytes in config.chunk_sizes:
+            logger.info(
+                "chunk size %d KiB: %d chunks, batch %d",
+                chunk_bytes >> 10,
+                config.num_chunks(chunk_bytes),
+                config.options.batch,
+            )
+            size_ceilings, size_rows = _measure_size(config, chunk_bytes, work)
+            ceilings.extend(size_ceilings)
+            rows.extend(size_rows)
+    return TiersReport(config, machine, tuple(ceilings), tuple(rows), time.perf_counter() - start)
