@@ -118,8 +118,19 @@ class Namespace:
 
     @property
     def namespace_id(self) -> bytes:
-        """The 16-byte id under which the cache scopes this namespace's chunks."""
-        return hashlib.blake2b(self.encode(), digest_size=NAMESPACE_ID_BYTES, person=b"tc-nsid").digest()
+        """The 16-byte id under which the cache files this namespace's chunks for the default tenant."""
+        return self.scoped_id("")
+
+    def scoped_id(self, tenant: str) -> bytes:
+        """The 16-byte id under which the cache files this namespace's chunks for ``tenant``.
+
+        Different tenants get different ids for the same namespace, so knowing another tenant's keys does
+        not reach its chunks.
+        """
+        h = hashlib.blake2b(self.encode(), digest_size=NAMESPACE_ID_BYTES, person=b"tc-nsid")
+        if tenant:
+            h.update(_field(tenant))
+        return h.digest()
 
 
 def encode_tokens(tokens: Sequence[int] | np.ndarray) -> np.ndarray:

@@ -16,7 +16,7 @@ concurrent readers of one chunk share one read.
 Primitives:
     CacheConfig: policies, minimum residency, lease TTL.
     CacheManager: register_namespace, lookup, begin_store / commit_store / abort_store, put, acquire /
-        release, get, promote, demote, pin / unpin, subscribe, stats, flush, close.
+        release, get, promote, demote, pin / unpin, purge, subscribe, stats, flush, close.
     LookupResult, StoreTicket, StoreSlot, LoadTicket, LoadChunk: results.
 """
 
@@ -188,6 +188,7 @@ class _Chunk:
     res: dict[TierLevel, _Residency] = field(default_factory=dict)
     hits: int = 0
     pinned: bool = False
+    purged: bool = False  # invisible; its leased copies go when their leases end
 
 
 @dataclass(slots=True)
@@ -269,8 +270,12 @@ class CacheManager:
 
     # ------------------------------------------------------------------ registration and lookup
 
-    def register_namespace(self, namespace: Namespace) -> bytes:
-        """Register a namespace (idempotent) and return its id.
+    def register_namespace(self, namespace: Namespace, tenant: str = "") -> bytes:
+        """Register a namespace for a tenant (idempotent) and return its id.
+
+        Args:
+            namespace: the namespace.
+            tenant: the authenticated tenant; each tenant's chunks are filed under an id of its own.
 
         Raises:
             InvalidArgumentError: its chunks do not fit the tiers (``layout`` names the problem).
@@ -289,7 +294,9 @@ class CacheManager:
                 raise InvalidArgumentError(
                     "layout", f"a chunk of {nbytes} bytes exceeds {level.name}'s capacity"
                 )
-        ns_id = namespace.namespace_id
+        if not isinstance(tenant, str):
+            raise InvalidArgumentError("tenant", f"must be a string, got {type(tenant).__name__}")
+        ns_id = namespace.scoped_id(tenant)
         with self._lock:
             self._check_open()
             if ns_id not in self._namespaces:
@@ -325,13 +332,14 @@ class CacheManager:
                 n = 0
                 for cid in cids:
                     entry = self._index.get(cid)
-                    if entry is None or level not in entry.res:
+                    if entry is None or entry.purged or level not in entry.res:
                         break
                     n += 1
                 by_tier[level] = n
             anywhere = 0
             for cid in cids:
-                if cid not in self._index:
+                entry = self._index.get(cid)
+                if entry is None or entry.purged:
                     break
                 anywhere += 1
         return LookupResult(anywhere, MappingProxyType(by_tier))
@@ -594,6 +602,29 @@ class CacheManager:
         """Undo :meth:`pin`. Returns chunks unpinned."""
         return self._set_pin(namespace_id, keys, False)
 
+    def purge(self, namespace_id: bytes) -> int:
+        """Remove every chunk of a namespace from every tier. Returns how many chunks it had.
+
+        Copies under a lease stay until the lease ends but are invisible at once.
+
+        Raises:
+            NotFoundError: unknown namespace.
+        """
+        self.namespace(namespace_id)
+        with self._lock:
+            self._check_open()
+            self._pinned_namespaces.discard(namespace_id)
+            victims = [
+                (cid, e) for cid, e in self._index.items() if e.namespace_id == namespace_id and not e.purged
+            ]
+            for cid, entry in victims:
+                entry.purged = True
+                for level in list(entry.res):
+                    if entry.res[level].leases == 0:
+                        self._remove(cid, entry, level, evicted=False)
+            logger.info("purged namespace %s: %d chunks", namespace_id.hex(), len(victims))
+            return len(victims)
+
     # ------------------------------------------------------------------ observation and lifecycle
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
@@ -811,13 +842,16 @@ class CacheManager:
         for cid in lease.chunk_ids:
             entry = self._index.get(cid)
             if entry is not None and lease.level in entry.res:
-                entry.res[lease.level].leases -= 1
+                res = entry.res[lease.level]
+                res.leases -= 1
+                if entry.purged and res.leases == 0:
+                    self._remove(cid, entry, lease.level, evicted=False)
 
     def _lease_one(self, cid: bytes, level: TierLevel, lease: _Lease, promote: bool) -> bool:
         """Add one chunk to a lease, promoting it into ``level`` first when needed."""
         with self._lock:
             entry = self._index.get(cid)
-            if entry is None:
+            if entry is None or entry.purged:
                 self._counters[level].misses += 1
                 return False
             if level in entry.res:
@@ -828,7 +862,7 @@ class CacheManager:
             return False
         with self._lock:
             entry = self._index.get(cid)
-            if entry is None or level not in entry.res:
+            if entry is None or entry.purged or level not in entry.res:
                 return False
             self._take(cid, entry, level, lease)
             return True
@@ -963,7 +997,7 @@ class CacheManager:
         def bring() -> bool:
             with self._lock:
                 entry = self._index.get(cid)
-                if entry is None:
+                if entry is None or entry.purged:
                     return False
                 if target in entry.res:
                     return True
@@ -1003,6 +1037,8 @@ class CacheManager:
             self._check_open()
             self._tick += 1
             entry = self._index.get(cid)
+            if entry is not None and entry.purged:
+                entry = None
             src = min(entry.res) if entry is not None else None
             for level in self._levels:
                 if src is not None and level >= src:
@@ -1070,7 +1106,7 @@ class CacheManager:
         """Copy a chunk into the next slower tier lacking it. Returns True when a copy was made."""
         with self._lock:
             entry = self._index.get(cid)
-            if entry is None or self._closed:
+            if entry is None or entry.purged or self._closed:
                 return False
             src = min(entry.res)
             missing = [

@@ -643,3 +643,38 @@ def test_concurrent_callers_never_see_wrong_bytes(make: Callable[..., Harness]) 
     for t in stats.tiers:
         assert t.used_bytes <= t.capacity_bytes
     assert sum(t.hits for t in stats.tiers) > 0
+
+
+# ---------------------------------------------------------------- tenants and purge
+
+
+def test_tenants_never_share_chunks(make: Callable[..., Harness]) -> None:
+    h = make()
+    keys = h.keys(2)
+    h.put(keys)
+    other = h.cache.register_namespace(h.ns, tenant="tenant-b")
+    assert other != h.ns_id and h.cache.register_namespace(h.ns, tenant="") == h.ns_id
+    assert h.cache.lookup(other, keys).chunks == 0
+    assert h.cache.get(other, keys) == [None, None]
+    assert h.cache.acquire(other, keys).chunks == ()
+    assert h.check(keys) == [True, True]
+
+
+def test_purge_removes_a_namespace_but_waits_for_leases(make: Callable[..., Harness]) -> None:
+    h = make()
+    keys = h.keys(3)
+    h.put(keys)
+    h.cache.flush()
+    other = h.cache.register_namespace(h.ns, tenant="t2")
+    h.cache.put(other, keys[:1], [payload_for(keys[0], h.nbytes)])
+    h.cache.flush()
+    ticket = h.cache.acquire(h.ns_id, keys[:1], level=L2)
+    assert h.cache.purge(h.ns_id) == 3
+    assert h.cache.lookup(h.ns_id, keys).chunks == 0 and h.check(keys) == [False] * 3
+    assert torch.equal(ticket.chunks[0].view, payload_for(keys[0], h.nbytes))  # the reader is not cut off
+    assert h.cache.stats().tier(L2).chunks == 2  # the leased copy and tenant t2's chunk
+    h.cache.release(ticket.lease_id)
+    stats = h.cache.stats()
+    assert [stats.tier(lv).chunks for lv in (L1, L2, L3)] == [1, 1, 1]  # only tenant t2's chunk is left
+    assert h.cache.lookup(other, keys[:1]).chunks == 1
+    assert h.put(keys) == 3  # the namespace can be stored again
