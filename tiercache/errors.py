@@ -10,6 +10,9 @@ Primitives:
     NotFoundError: an unknown namespace, lease or ticket.
     CapacityError: a tier cannot make room (everything left is leased, pinned or too young).
     ConflictError: the operation clashes with the current state (e.g. a ticket already committed).
+    PermissionDeniedError: missing, unknown or insufficient credentials, or another tenant's handle.
+    UnavailableError: the daemon is down, restarting or shutting down (retry later; recompute now).
+    DeadlineExceededError: a call did not finish within its deadline.
 """
 
 from __future__ import annotations
@@ -48,3 +51,15 @@ class CapacityError(TierCacheError):
 
 class ConflictError(TierCacheError):
     """The operation clashes with the current state of the object it targets."""
+
+
+class PermissionDeniedError(TierCacheError):
+    """Missing, unknown or insufficient credentials, or a handle that belongs to another tenant."""
+
+
+class UnavailableError(TierCacheError):
+    """The daemon cannot be reached or is shutting down; the engine should recompute and retry later."""
+
+
+class DeadlineExceededError(TierCacheError):
+    """A call did not finish within its deadline."""
