@@ -47,6 +47,7 @@ import logging
 import os
 import struct
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -84,6 +85,8 @@ _VALUES_DB = b"values"
 _ORDER_DB = b"order"
 _MIN_EXTRA_MAP_BYTES = 1 << 30
 _STAGING_CACHE_BYTES = 256 << 20
+_DAMAGE = (lmdb.CorruptedError, lmdb.InvalidError, lmdb.PageNotFoundError, lmdb.VersionMismatchError)
+"""LMDB errors that mean the environment's files are damaged (e.g. by an OS crash without ``durable``)."""
 """Staging buffers kept for reuse after commit or abort."""
 
 
@@ -127,6 +130,8 @@ class LmdbTierConfig:
         durable: fsync every commit (``sync=True``); otherwise an OS crash may lose the last commits (see the
             module docstring).
         map_size_bytes: LMDB map size; None for ``max(4 * capacity_bytes, capacity_bytes + 1 GiB)``.
+        recover_damaged: when the environment's files are damaged, move them aside
+            (``<path>.damaged-<time>``) and start empty instead of failing: it is a cache.
     """
 
     path: str
@@ -135,6 +140,7 @@ class LmdbTierConfig:
     zstd_level: int = 3
     durable: bool = False
     map_size_bytes: int | None = None
+    recover_damaged: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, str) or not self.path:
@@ -324,37 +330,19 @@ class LmdbTier(Tier):
         self._active_reads = 0
         self._closed = False
         try:
-            self._env = lmdb.open(
-                config.path,
-                map_size=config.effective_map_size_bytes,
-                subdir=True,
-                max_dbs=2,
-                sync=config.durable,
-                metasync=config.durable,
-                readahead=False,
-                meminit=False,
-                writemap=True,
-                lock=True,
-                create=True,
+            self._open()
+        except _DAMAGE as exc:
+            if not config.recover_damaged:
+                raise InvalidArgumentError(
+                    "path", f"LMDB environment at {config.path!r} is damaged: {exc}"
+                ) from exc
+            aside = f"{config.path.rstrip(os.sep)}.damaged-{int(time.time())}"
+            logger.error(
+                "L3 at %s is damaged (%s): moved aside to %s, starting empty", config.path, exc, aside
             )
-        except lmdb.Error as exc:
-            raise InvalidArgumentError(
-                "path", f"cannot open LMDB environment at {config.path!r}: {exc}"
-            ) from exc
-        try:
-            self._max_key: int = self._env.max_key_size()
-            self._values = self._env.open_db(_VALUES_DB)
-            self._order = self._env.open_db(_ORDER_DB)
-            self._load()
-            self._preallocate()
-        except lmdb.Error as exc:
-            self._env.close()
-            raise InvalidArgumentError(
-                "path", f"cannot load the LMDB environment at {config.path!r}: {exc}"
-            ) from exc
-        except BaseException:
-            self._env.close()
-            raise
+            os.rename(config.path, aside)
+            self._reset_index()
+            self._open()
         if self._used > self._capacity:
             logger.warning(
                 "L3 at %s holds %d bytes, over its capacity of %d bytes",
@@ -418,6 +406,53 @@ class LmdbTier(Tier):
                 logger.exception("L3 at %s: map full while dropping malformed values", self._config.path)
 
     # ------------------------------------------------------------------------------------------- helpers
+
+    def _open(self) -> None:
+        """Open (or create) the environment, rebuild the index from it, reserve its disk blocks."""
+        config = self._config
+        try:
+            self._env = lmdb.open(
+                config.path,
+                map_size=config.effective_map_size_bytes,
+                subdir=True,
+                max_dbs=2,
+                sync=config.durable,
+                metasync=config.durable,
+                readahead=False,
+                meminit=False,
+                writemap=True,
+                lock=True,
+                create=True,
+            )
+        except _DAMAGE:
+            raise
+        except lmdb.Error as exc:
+            raise InvalidArgumentError(
+                "path", f"cannot open LMDB environment at {config.path!r}: {exc}"
+            ) from exc
+        try:
+            self._max_key: int = self._env.max_key_size()
+            self._values = self._env.open_db(_VALUES_DB)
+            self._order = self._env.open_db(_ORDER_DB)
+            self._load()
+            self._preallocate()
+        except _DAMAGE:
+            self._env.close()
+            raise
+        except lmdb.Error as exc:
+            self._env.close()
+            raise InvalidArgumentError(
+                "path", f"cannot load the LMDB environment at {config.path!r}: {exc}"
+            ) from exc
+        except BaseException:
+            self._env.close()
+            raise
+
+    def _reset_index(self) -> None:
+        """Forget what a damaged environment's partial load put in the index."""
+        self._index.clear()
+        self._pending_order.clear()
+        self._seq = self._used = self._corrupt_reads = 0
 
     def _preallocate(self) -> None:
         """Allocate disk blocks for the capacity up front.

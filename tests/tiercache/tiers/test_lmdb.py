@@ -692,3 +692,26 @@ def test_concurrent_writers_readers_and_deleters(open_tier: OpenTier) -> None:
     again = open_tier(codec=Codec.ZSTD, zstd_level=1)
     assert again.usage().used_bytes == used
     assert again.entries() == entries  # reading every entry in order leaves the order as it was
+
+
+def test_a_damaged_environment_is_moved_aside_and_started_empty(tmp_path: Path) -> None:
+    path = tmp_path / "l3"
+    tier = LmdbTier(LmdbTierConfig(path=str(path), capacity_bytes=1 << 20))
+    (slot,) = tier.reserve([b"d" * 48], [1000])
+    slot.buffer.fill_(3)
+    tier.commit([slot])
+    tier.close()
+    with open(path / "data.mdb", "r+b") as f:  # an OS crash tore the meta pages
+        f.write(b"\xff" * 8192)
+    with pytest.raises(InvalidArgumentError, match="path: LMDB environment .* is damaged"):
+        LmdbTier(LmdbTierConfig(path=str(path), capacity_bytes=1 << 20, recover_damaged=False))
+    tier = LmdbTier(LmdbTierConfig(path=str(path), capacity_bytes=1 << 20))
+    try:
+        assert tier.usage().chunks == 0
+        assert [p.name.split("-")[0] for p in tmp_path.iterdir() if p.name != "l3"] == ["l3.damaged"]
+        (slot,) = tier.reserve([b"d" * 48], [1000])
+        slot.buffer.fill_(4)
+        tier.commit([slot])
+        assert tier.contains([b"d" * 48]) == [True]
+    finally:
+        tier.close()
