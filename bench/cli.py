@@ -147,7 +147,7 @@ def _add_tiers_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument(
         "--device", type=_device, default="auto", help="L1 device: auto (cuda when available), cpu, cuda[:n]"
     )
-    p.add_argument("--warmup", type=_non_negative_int, default=1, help="untimed rounds per tier and size (1)")
+    p.add_argument("--warmup", type=_non_negative_int, default=2, help="untimed rounds per tier and size (2)")
     p.add_argument(
         "--threads",
         type=_positive_int,

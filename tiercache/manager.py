@@ -43,6 +43,7 @@ from tiercache.policies import (
     make_eviction_policy,
     make_write_policy,
 )
+from tiercache.prefill import PrefillClaim, PrefillCoordinator
 from tiercache.singleflight import SingleFlight
 from tiercache.stats import CacheStats, ChunkEvent, EventKind, TierStats
 from tiercache.tiers.base import SlotTier, Tier, TierLevel, WriteSlot
@@ -213,6 +214,7 @@ class _Store:
     level: TierLevel
     writes: list[WriteSlot]
     depths: list[int]
+    indices: list[int]
     expires_at: float
 
 
@@ -265,6 +267,7 @@ class CacheManager:
         self._reads: SingleFlight[torch.Tensor | None] = SingleFlight()
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tiercache-writedown")
         self._pending: set[Future[None]] = set()
+        self._prefill = PrefillCoordinator(clock)
         self._closed = False
         self._rebuild()
 
@@ -394,35 +397,60 @@ class CacheManager:
                 writes, landed = self._reserve_from(target, [cids[i] for i in todo], sizes)
             slots = tuple(StoreSlot(i, bytes(keys[i]), ws.buffer, ws.slot) for i, ws in zip(todo, writes))
             self._stores[ticket_id] = _Store(
-                namespace_id, landed, writes, [start_depth + i for i in todo], now + ttl
+                namespace_id, landed, writes, [start_depth + i for i in todo], list(todo), now + ttl
             )
             self._storing.update(ws.chunk_id for ws in writes)
             return StoreTicket(ticket_id, namespace_id, landed, slots, skipped, now + ttl)
 
-    def commit_store(self, ticket_id: int) -> int:
+    def commit_store(self, ticket_id: int, indices: Sequence[int] | None = None) -> int:
         """Make a ticket's chunks visible and apply the write policy. Returns how many chunks it added.
+
+        Args:
+            ticket_id: the ticket.
+            indices: chain positions (``StoreSlot.index``) to publish now; the ticket stays open for the rest
+                (incremental publication during a prefill). None: all that are left, closing the ticket.
 
         Raises:
             NotFoundError: unknown, finished or expired ticket.
+            InvalidArgumentError: an index that is not an open slot of the ticket.
         """
         with self._lock:
             self._check_open()
             self._tick += 1
             now = self._clock()
             self._reap(now)
-            store = self._stores.pop(ticket_id, None)
+            store = self._stores.get(ticket_id)
             if store is None:
                 raise NotFoundError("ticket_id", f"store ticket {ticket_id} is unknown, finished or expired")
-            self._storing.difference_update(ws.chunk_id for ws in store.writes)
-            self._tiers[store.level].commit(store.writes)
-            for ws, depth in zip(store.writes, store.depths):
+            if indices is None:
+                chosen = list(range(len(store.writes)))
+            else:
+                position = {index: i for i, index in enumerate(store.indices)}
+                unknown = [i for i in indices if i not in position]
+                if unknown:
+                    raise InvalidArgumentError(
+                        "indices", f"{unknown} are not open slots of ticket {ticket_id}"
+                    )
+                chosen = sorted({position[i] for i in indices})
+            writes = [store.writes[i] for i in chosen]
+            depths = [store.depths[i] for i in chosen]
+            self._tiers[store.level].commit(writes)
+            keep = [i for i in range(len(store.writes)) if i not in set(chosen)]
+            store.writes = [store.writes[i] for i in keep]
+            store.depths = [store.depths[i] for i in keep]
+            store.indices = [store.indices[i] for i in keep]
+            if not store.writes:
+                del self._stores[ticket_id]
+            self._storing.difference_update(ws.chunk_id for ws in writes)
+            for ws, depth in zip(writes, depths):
                 _, key = split_chunk_id(ws.chunk_id)
                 entry = _Chunk(store.namespace_id, key, depth, ws.nbytes)
                 self._index[ws.chunk_id] = entry
                 self._add_residency(ws.chunk_id, entry, store.level, now)
                 if self._writes.on_commit(self._is_pinned(entry)):
                     self._schedule_write_down(ws.chunk_id)
-            return len(store.writes)
+            self._prefill.published([ws.chunk_id for ws in writes])
+            return len(writes)
 
     def abort_store(self, ticket_id: int) -> bool:
         """Discard a ticket's reservations. Returns False when the ticket was unknown or already finished."""
@@ -625,6 +653,64 @@ class CacheManager:
             logger.info("purged namespace %s: %d chunks", namespace_id.hex(), len(victims))
             return len(victims)
 
+    # ------------------------------------------------------------------ single-flight prefill
+
+    def claim_prefill(
+        self, namespace_id: bytes, keys: Sequence[bytes], ttl_s: float | None = None
+    ) -> PrefillClaim:
+        """Claim the uncached chunks of a chain that no other request is computing (see :mod:`tiercache.prefill`).
+
+        The caller computes and stores the ``lead`` chunks (publishing each with ``commit_store`` as soon
+        as it is done), waits for the ``wait`` chunks with :meth:`wait_prefill`, and releases the claim with
+        :meth:`release_prefill` if it gives up.
+
+        Raises:
+            NotFoundError: unknown namespace.
+            InvalidArgumentError: malformed key or bad TTL.
+        """
+        cids = self._chunk_ids(namespace_id, keys)
+        ttl = self._ttl(ttl_s)
+        return self._prefill.claim(cids, self._cached_prefix(cids), ttl)
+
+    def wait_prefill(
+        self, namespace_id: bytes, keys: Sequence[bytes], timeout_s: float, claim_id: int = 0
+    ) -> int:
+        """Wait until the next chunk the chain needs is cached or no longer being computed, or the timeout.
+
+        Args:
+            namespace_id: a registered namespace.
+            keys: the request's key chain.
+            timeout_s: the request's own deadline, from now.
+            claim_id: the request's own claim, if it leads chunks further down the chain.
+
+        Returns:
+            The chain's contiguous cached prefix when the wait ends.
+
+        Raises:
+            NotFoundError: unknown namespace.
+            InvalidArgumentError: malformed key or negative timeout.
+        """
+        cids = self._chunk_ids(namespace_id, keys)
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or timeout_s < 0:
+            raise InvalidArgumentError(
+                "timeout_s", f"must be a non-negative number of seconds, got {timeout_s!r}"
+            )
+        return self._prefill.wait(cids, lambda: self._cached_prefix(cids), float(timeout_s), claim_id)
+
+    def release_prefill(self, claim_id: int) -> int:
+        """Give up a prefill claim at once (waiters may take over). Returns the chunks released."""
+        return self._prefill.release(claim_id)
+
+    def _cached_prefix(self, cids: Sequence[bytes]) -> int:
+        with self._lock:
+            n = 0
+            for cid in cids:
+                entry = self._index.get(cid)
+                if entry is None or entry.purged:
+                    break
+                n += 1
+            return n
+
     # ------------------------------------------------------------------ observation and lifecycle
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
@@ -672,6 +758,7 @@ class CacheManager:
                 single_flight_joins=self._promotions.joins + self._reads.joins,
                 pending_writes=len(self._pending),
                 failed_writes=self._failed_writes,
+                prefill=self._prefill.stats(),
             )
 
     def flush(self, timeout_s: float | None = None) -> None:

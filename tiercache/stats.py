@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from tiercache.prefill import PrefillStats
 from tiercache.tiers.base import TierLevel
 
 
@@ -55,6 +56,7 @@ class CacheStats:
         single_flight_joins: reads or promotions that joined one already in flight instead of doing I/O.
         pending_writes: write-downs queued or running.
         failed_writes: write-downs that could not find room (the chunk stayed only where it was).
+        prefill: single-flight prefill counters.
     """
 
     tiers: tuple[TierStats, ...]
@@ -64,6 +66,7 @@ class CacheStats:
     single_flight_joins: int
     pending_writes: int
     failed_writes: int
+    prefill: PrefillStats
 
     def tier(self, level: TierLevel) -> TierStats:
         """The stats of one tier.
