@@ -27,8 +27,10 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
+from functools import partial
 from types import MappingProxyType
 
 import torch
@@ -36,6 +38,7 @@ import torch
 from tiercache.errors import CapacityError, ConflictError, InvalidArgumentError, NotFoundError
 from tiercache.keys import Namespace, check_key, chunk_id, split_chunk_id
 from tiercache.layout import KVLayout
+from tiercache.loading import CostPlan, PrefillModel, plan_cost_aware
 from tiercache.policies import (
     Candidate,
     EvictionPolicyKind,
@@ -44,6 +47,7 @@ from tiercache.policies import (
     make_write_policy,
 )
 from tiercache.prefill import PrefillClaim, PrefillCoordinator
+from tiercache.rates import RateEstimator, TierRate
 from tiercache.singleflight import SingleFlight
 from tiercache.stats import CacheStats, ChunkEvent, EventKind, TierStats
 from tiercache.tiers.base import SlotTier, Tier, TierLevel, WriteSlot
@@ -63,6 +67,9 @@ class CacheConfig:
         selective_min_hits: reads after which the selective policy writes a chunk down.
         min_residency_s: a newly stored chunk is not evicted from a tier before this many seconds.
         lease_ttl_s: default lifetime of a load lease or store ticket.
+        prefetch_workers: threads running background promotions.
+        prefetch_inflight_bytes: bound on the bytes of promotions in flight at once, so that prefetching
+            cannot take every free slot from stores.
     """
 
     write_policy: WritePolicyKind = WritePolicyKind.WRITE_THROUGH
@@ -70,8 +77,14 @@ class CacheConfig:
     selective_min_hits: int = 2
     min_residency_s: float = 0.0
     lease_ttl_s: float = 30.0
+    prefetch_workers: int = 4
+    prefetch_inflight_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
+        for name in ("prefetch_workers", "prefetch_inflight_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise InvalidArgumentError(name, f"must be a positive integer, got {value!r}")
         if not isinstance(self.write_policy, WritePolicyKind):
             raise InvalidArgumentError(
                 "write_policy", f"must be a WritePolicyKind, got {self.write_policy!r}"
@@ -146,12 +159,14 @@ class LoadChunk:
         key: the chunk key.
         slot: slot index inside the tier's pool.
         view: zero-copy read view of the chunk's bytes (valid until the lease ends).
+        source: the fastest tier that held the chunk when the load asked for it.
     """
 
     index: int
     key: bytes
     slot: int
     view: torch.Tensor
+    source: TierLevel
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +186,53 @@ class LoadTicket:
     level: TierLevel
     chunks: tuple[LoadChunk, ...]
     expires_at: float
+
+
+class Prefetch:
+    """Background promotions of the cached prefix of a chain into a slot tier.
+
+    Attributes:
+        futures: per chunk of the cached prefix (chain order), True once it is in the tier; False if it
+            could not be brought (no room, corrupt, cancelled).
+    """
+
+    def __init__(self, futures: list[Future[bool]], cancelled: threading.Event) -> None:
+        """Wrap the futures of the promotions (built by :meth:`CacheManager.prefetch`)."""
+        self.futures = tuple(futures)
+        self._cancelled = cancelled
+
+    def cancel(self) -> int:
+        """Drop promotions that have not started (the request went away). Returns how many were dropped."""
+        self._cancelled.set()
+        return sum(fut.cancel() for fut in self.futures)
+
+    def ready(self) -> int:
+        """Length of the prefix already promoted."""
+        n = 0
+        for fut in self.futures:
+            if not fut.done() or fut.cancelled() or fut.exception() is not None or not fut.result():
+                break
+            n += 1
+        return n
+
+
+class _ByteBudget:
+    """Bounds the bytes of promotions in flight; one oversized promotion may run alone."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._used = 0
+        self._cond = threading.Condition()
+
+    def acquire(self, nbytes: int) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._used == 0 or self._used + nbytes <= self._limit)
+            self._used += nbytes
+
+    def release(self, nbytes: int) -> None:
+        with self._cond:
+            self._used -= nbytes
+            self._cond.notify_all()
 
 
 @dataclass(slots=True)
@@ -202,6 +264,13 @@ class _Counters:
 
 
 @dataclass(slots=True)
+class _TokenCounters:
+    lookup_hit: int = 0
+    load_success: int = 0
+    effective_hit: int = 0
+
+
+@dataclass(slots=True)
 class _Lease:
     level: TierLevel
     chunk_ids: list[bytes]
@@ -216,6 +285,17 @@ class _Store:
     depths: list[int]
     indices: list[int]
     expires_at: float
+
+
+def _wait_until(future: Future[bool], deadline: float) -> bool:
+    """A promotion's result if it arrives before ``deadline`` (``time.monotonic``), else False."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0 and not future.done():
+        return False
+    try:
+        return future.result(timeout=max(0.0, remaining))
+    except (FutureTimeout, CancelledError):
+        return False
 
 
 class CacheManager:
@@ -268,6 +348,13 @@ class CacheManager:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tiercache-writedown")
         self._pending: set[Future[None]] = set()
         self._prefill = PrefillCoordinator(clock)
+        self._rates = RateEstimator()
+        self._prefetcher = ThreadPoolExecutor(
+            max_workers=self._config.prefetch_workers, thread_name_prefix="tiercache-prefetch"
+        )
+        self._prefetch_budget = _ByteBudget(self._config.prefetch_inflight_bytes)
+        self._tokens = {lv: _TokenCounters() for lv in self._levels}
+        self._recomputed_tokens = 0
         self._closed = False
         self._rebuild()
 
@@ -321,8 +408,14 @@ class CacheManager:
             raise NotFoundError("namespace_id", f"namespace {bytes(namespace_id).hex()} is not registered")
         return ns
 
-    def lookup(self, namespace_id: bytes, keys: Sequence[bytes]) -> LookupResult:
+    def lookup(self, namespace_id: bytes, keys: Sequence[bytes], count: bool = False) -> LookupResult:
         """Per tier, and over all tiers, the length of the contiguous cached prefix of ``keys``.
+
+        Args:
+            namespace_id: a registered namespace.
+            keys: the key chain.
+            count: count the hit in the token-weighted lookup statistics (an engine's request; internal
+                and diagnostic lookups leave the counters alone).
 
         Raises:
             NotFoundError: unknown namespace.
@@ -345,6 +438,10 @@ class CacheManager:
                 if entry is None or entry.purged:
                     break
                 anywhere += 1
+                if count:
+                    self._tokens[min(entry.res)].lookup_hit += self._namespaces[
+                        namespace_id
+                    ].layout.chunk_tokens
         return LookupResult(anywhere, MappingProxyType(by_tier))
 
     # ------------------------------------------------------------------ stores
@@ -497,27 +594,37 @@ class CacheManager:
         keys: Sequence[bytes],
         level: TierLevel | None = None,
         ttl_s: float | None = None,
+        wait_s: float | None = None,
     ) -> LoadTicket:
         """Lease the contiguous cached prefix of ``keys`` in a slot tier, promoting chunks into it first.
 
         The prefix ends at the first chunk that is not cached, or that cannot be brought into ``level``
-        (no room, or its only copy turned out corrupt).
+        (no room, its only copy turned out corrupt, or not in time).
 
         Args:
             namespace_id: a registered namespace.
             keys: the key chain.
             level: a slot tier (L1 or L2); default the fastest one.
             ttl_s: lease lifetime; default the config's TTL.
+            wait_s: how long promotion may be waited for: None for as long as it takes, 0 for not at all
+                (only chunks already in ``level``), else a deadline from now; promotions still running at
+                the deadline go on in the background.
 
         Raises:
             NotFoundError: unknown namespace.
-            InvalidArgumentError: malformed key, bad TTL, or ``level`` is not a slot tier of this cache.
+            InvalidArgumentError: malformed key, bad TTL or wait, or ``level`` is not a slot tier.
         """
         cids = self._chunk_ids(namespace_id, keys)
         target = self._slot_level(level)
         ttl = self._ttl(ttl_s)
+        if wait_s is not None and (
+            isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or wait_s < 0
+        ):
+            raise InvalidArgumentError("wait_s", f"must be None or a non-negative number, got {wait_s!r}")
         tier = self._tiers[target]
         assert isinstance(tier, SlotTier)
+        deadline = time.monotonic() + wait_s if wait_s else 0.0
+        background = self.prefetch(namespace_id, keys, target) if wait_s else None
         with self._lock:
             self._check_open()
             self._tick += 1
@@ -529,19 +636,133 @@ class CacheManager:
         chunks: list[LoadChunk] = []
         try:
             for i, cid in enumerate(cids):
-                if not self._lease_one(cid, target, lease, promote=True):
+                bring: Callable[[], bool] | None
+                if wait_s is None:
+                    bring = partial(self._ensure_in, cid, target)
+                elif background is not None and i < len(background.futures):
+                    bring = partial(_wait_until, background.futures[i], deadline)
+                else:
+                    bring = None
+                source = self._lease_one(cid, target, lease, bring)
+                if source is None:
                     break
                 with self._lock:
                     slot, view = tier.slot_of(cid), tier.view(cid)
                 assert slot is not None and view is not None
-                chunks.append(LoadChunk(i, bytes(keys[i]), slot, view))
+                chunks.append(LoadChunk(i, bytes(keys[i]), slot, view, source))
         except BaseException:
             self.release(lease_id)
             raise
         if not chunks:
             self.release(lease_id)
             lease_id = 0
+        else:
+            with self._lock:
+                chunk_tokens = self._namespaces[namespace_id].layout.chunk_tokens
+                for ch in chunks:
+                    self._tokens[ch.source].load_success += chunk_tokens
         return LoadTicket(lease_id, namespace_id, target, tuple(chunks), lease.expires_at)
+
+    def prefetch(
+        self, namespace_id: bytes, keys: Sequence[bytes], level: TierLevel | None = None
+    ) -> Prefetch:
+        """Start promoting the cached prefix of ``keys`` into a slot tier in the background.
+
+        Promotions of one chunk coalesce with any other in flight (one read), and the bytes in flight are
+        bounded by ``prefetch_inflight_bytes``.
+
+        Raises:
+            NotFoundError: unknown namespace.
+            InvalidArgumentError: malformed key, or ``level`` is not a slot tier.
+        """
+        cids = self._chunk_ids(namespace_id, keys)
+        target = self._slot_level(level)
+        cancelled = threading.Event()
+        futures: list[Future[bool]] = []
+        with self._lock:
+            self._check_open()
+            for cid in cids:
+                entry = self._index.get(cid)
+                if entry is None or entry.purged:
+                    break
+                if target in entry.res:
+                    done: Future[bool] = Future()
+                    done.set_result(True)
+                    futures.append(done)
+                else:
+                    futures.append(
+                        self._prefetcher.submit(self._prefetch_one, cid, target, entry.nbytes, cancelled)
+                    )
+        return Prefetch(futures, cancelled)
+
+    def plan_load(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        prefill: PrefillModel,
+        level: TierLevel | None = None,
+    ) -> CostPlan:
+        """The cost-aware decision for a chain: how much of its cached prefix beats recompute.
+
+        A chunk's load time is its promotion into ``level`` from the fastest tier holding it plus the copy
+        out of ``level`` into the engine, from the tiers' measured rates.
+
+        Raises:
+            NotFoundError: unknown namespace.
+            InvalidArgumentError: malformed key, or ``level`` is not a slot tier.
+        """
+        cids = self._chunk_ids(namespace_id, keys)
+        target = self._slot_level(level)
+        layout = self._layout(namespace_id)
+        nbytes = layout.chunk_bytes
+        sources: list[TierLevel] = []
+        with self._lock:
+            for cid in cids:
+                entry = self._index.get(cid)
+                if entry is None or entry.purged:
+                    break
+                sources.append(min(entry.res))
+        copy_out = self._rates.load_seconds(target, nbytes)
+
+        def chunk_seconds(source: TierLevel) -> float:
+            bring = 0.0 if source == target else self._rates.load_seconds(source, nbytes)
+            return bring + copy_out
+
+        return plan_cost_aware(sources, layout.chunk_tokens, chunk_seconds, prefill)
+
+    def rates(self) -> dict[TierLevel, TierRate]:
+        """The measured (or prior) latency and bandwidth of each tier."""
+        return {level: self._rates.rate(level) for level in self._levels}
+
+    def report_usage(
+        self, namespace_id: bytes, effective_by_tier: Mapping[TierLevel, int], recomputed_tokens: int
+    ) -> None:
+        """Record what the engine did with a load: prefill tokens it skipped (per source tier) and recomputed.
+
+        Raises:
+            NotFoundError: unknown namespace.
+            InvalidArgumentError: negative counts or an unknown tier.
+        """
+        self.namespace(namespace_id)
+        if (
+            isinstance(recomputed_tokens, bool)
+            or not isinstance(recomputed_tokens, int)
+            or recomputed_tokens < 0
+        ):
+            raise InvalidArgumentError(
+                "recomputed_tokens", f"must be a non-negative integer, got {recomputed_tokens!r}"
+            )
+        for level, tokens in effective_by_tier.items():
+            if level not in self._tokens:
+                raise InvalidArgumentError("effective_by_tier", f"{level!r} is not a tier of this cache")
+            if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+                raise InvalidArgumentError(
+                    "effective_by_tier", f"token counts must be non-negative, got {tokens!r}"
+                )
+        with self._lock:
+            for level, tokens in effective_by_tier.items():
+                self._tokens[level].effective_hit += tokens
+            self._recomputed_tokens += recomputed_tokens
 
     def release(self, lease_id: int) -> bool:
         """End a lease. Returns False when it was unknown, already released or expired."""
@@ -736,9 +957,16 @@ class CacheManager:
             for level, tier in self._tiers.items():
                 usage = tier.usage()
                 c = self._counters[level]
+                tokens = self._tokens[level]
+                rate = self._rates.rate(level)
                 tiers.append(
                     TierStats(
                         level=level,
+                        lookup_hit_tokens=tokens.lookup_hit,
+                        load_success_tokens=tokens.load_success,
+                        effective_hit_tokens=tokens.effective_hit,
+                        latency_s=rate.latency_s,
+                        bytes_per_s=rate.bytes_per_s,
                         chunks=usage.chunks,
                         used_bytes=usage.used_bytes,
                         capacity_bytes=usage.capacity_bytes,
@@ -759,6 +987,7 @@ class CacheManager:
                 pending_writes=len(self._pending),
                 failed_writes=self._failed_writes,
                 prefill=self._prefill.stats(),
+                recomputed_tokens=self._recomputed_tokens,
             )
 
     def flush(self, timeout_s: float | None = None) -> None:
@@ -774,6 +1003,7 @@ class CacheManager:
             if self._closed:
                 return
             self._closed = True
+        self._prefetcher.shutdown(wait=True, cancel_futures=True)
         self._writer.shutdown(wait=True)
         with self._lock:
             for store in self._stores.values():
@@ -934,25 +1164,41 @@ class CacheManager:
                 if entry.purged and res.leases == 0:
                     self._remove(cid, entry, lease.level, evicted=False)
 
-    def _lease_one(self, cid: bytes, level: TierLevel, lease: _Lease, promote: bool) -> bool:
-        """Add one chunk to a lease, promoting it into ``level`` first when needed."""
+    def _lease_one(
+        self, cid: bytes, level: TierLevel, lease: _Lease, bring: Callable[[], bool] | None
+    ) -> TierLevel | None:
+        """Add one chunk to a lease, bringing it into ``level`` first when needed.
+
+        Returns:
+            The fastest tier that held the chunk before (None when it could not be leased).
+        """
         with self._lock:
             entry = self._index.get(cid)
             if entry is None or entry.purged:
                 self._counters[level].misses += 1
-                return False
+                return None
+            source = min(entry.res)
             if level in entry.res:
                 self._take(cid, entry, level, lease)
-                return True
+                return source
             self._counters[level].misses += 1
-        if not promote or not self._ensure_in(cid, level):
-            return False
+        if bring is None or not bring():
+            return None
         with self._lock:
             entry = self._index.get(cid)
             if entry is None or entry.purged or level not in entry.res:
-                return False
+                return None
             self._take(cid, entry, level, lease)
-            return True
+            return source
+
+    def _prefetch_one(self, cid: bytes, target: TierLevel, nbytes: int, cancelled: threading.Event) -> bool:
+        if cancelled.is_set():
+            return False
+        self._prefetch_budget.acquire(nbytes)
+        try:
+            return not cancelled.is_set() and self._ensure_in(cid, target)
+        finally:
+            self._prefetch_budget.release(nbytes)
 
     def _take(self, cid: bytes, entry: _Chunk, level: TierLevel, lease: _Lease) -> None:
         entry.res[level].leases += 1
@@ -1053,10 +1299,12 @@ class CacheManager:
         except (CapacityError, ConflictError) as exc:
             logger.debug("no room for %s in %s: %s", cid.hex(), dst.name, exc)
             return False
+        started = time.perf_counter()
         if not self._tiers[src].read_into([cid], [ws.buffer])[0]:
             self._tiers[dst].abort([ws])
             self._lost(cid, src)
             return False
+        self._rates.observe(src, entry.nbytes, time.perf_counter() - started)
         self._tiers[dst].commit([ws])
         self._landed(cid, entry, src, dst, now)
         return True
@@ -1099,6 +1347,7 @@ class CacheManager:
                     logger.debug("cannot bring %s into %s: %s", cid.hex(), target.name, exc)
                     return False
                 self._copying.add((cid, target))
+            started = time.perf_counter()
             try:
                 ok = self._tiers[src].read_into([cid], [ws.buffer])[0]
             except BaseException:
@@ -1112,6 +1361,7 @@ class CacheManager:
                     self._tiers[target].abort([ws])
                     self._lost(cid, src)
                     return False
+                self._rates.observe(src, entry.nbytes, time.perf_counter() - started)
                 self._tiers[target].commit([ws])
                 self._counters[src].hits += 1
                 self._landed(cid, entry, src, target, self._clock())
@@ -1144,7 +1394,10 @@ class CacheManager:
 
         def read() -> torch.Tensor | None:
             buf = torch.empty(nbytes, dtype=torch.uint8)
+            started = time.perf_counter()
             ok = tier.read_into([cid], [buf])[0]
+            if ok:
+                self._rates.observe(src, nbytes, time.perf_counter() - started)
             with self._lock:
                 if not ok:
                     self._lost(cid, src)

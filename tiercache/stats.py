@@ -30,6 +30,11 @@ class TierStats:
         promotions: chunks copied into this tier from a slower one.
         demotions: chunks copied into this tier from a faster one (write-downs and evictions).
         corrupt_reads: values that failed their checksum (served as misses, deleted).
+        lookup_hit_tokens: tokens of engine lookups' cached prefixes whose fastest copy was here.
+        load_success_tokens: tokens loaded into engines (leased intact, in time) that came from here.
+        effective_hit_tokens: prefill tokens engines reported skipped thanks to chunks from here.
+        latency_s: measured (or prior) fixed cost of a read from this tier.
+        bytes_per_s: measured (or prior) read bandwidth of this tier.
     """
 
     level: TierLevel
@@ -42,6 +47,11 @@ class TierStats:
     promotions: int
     demotions: int
     corrupt_reads: int
+    lookup_hit_tokens: int = 0
+    load_success_tokens: int = 0
+    effective_hit_tokens: int = 0
+    latency_s: float = 0.0
+    bytes_per_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +67,7 @@ class CacheStats:
         pending_writes: write-downs queued or running.
         failed_writes: write-downs that could not find room (the chunk stayed only where it was).
         prefill: single-flight prefill counters.
+        recomputed_tokens: prefill tokens engines reported recomputing although they had looked them up.
     """
 
     tiers: tuple[TierStats, ...]
@@ -67,6 +78,7 @@ class CacheStats:
     pending_writes: int
     failed_writes: int
     prefill: PrefillStats
+    recomputed_tokens: int = 0
 
     def tier(self, level: TierLevel) -> TierStats:
         """The stats of one tier.

@@ -132,6 +132,8 @@ class LmdbTierConfig:
         map_size_bytes: LMDB map size; None for ``max(4 * capacity_bytes, capacity_bytes + 1 GiB)``.
         recover_damaged: when the environment's files are damaged, move them aside
             (``<path>.damaged-<time>``) and start empty instead of failing: it is a cache.
+        fault_read_delay_s: fault injection, off by default: extra latency added to every read call.
+        fault_read_bytes_per_s: fault injection, off (0) by default: reads are throttled to this rate.
     """
 
     path: str
@@ -141,8 +143,17 @@ class LmdbTierConfig:
     durable: bool = False
     map_size_bytes: int | None = None
     recover_damaged: bool = True
+    fault_read_delay_s: float = 0.0
+    fault_read_bytes_per_s: int = 0
 
     def __post_init__(self) -> None:
+        if isinstance(self.fault_read_delay_s, bool) or not self.fault_read_delay_s >= 0:
+            raise InvalidArgumentError("fault_read_delay_s", f"must be >= 0, got {self.fault_read_delay_s!r}")
+        if not _is_int(self.fault_read_bytes_per_s) or self.fault_read_bytes_per_s < 0:
+            raise InvalidArgumentError(
+                "fault_read_bytes_per_s",
+                f"must be a non-negative integer, got {self.fault_read_bytes_per_s!r}",
+            )
         if not isinstance(self.path, str) or not self.path:
             raise InvalidArgumentError("path", f"must be a non-empty string, got {self.path!r}")
         if not _is_int(self.capacity_bytes) or self.capacity_bytes <= 0:
@@ -772,6 +783,7 @@ class LmdbTier(Tier):
                     self._idle.notify_all()
         if corrupt:
             self._drop_corrupt(corrupt)
+        self._inject_read_faults(sizes)
         hits = [cid for cid, ok in zip(chunk_ids, results, strict=True) if ok]
         if hits and self._touch(hits):
             self._flush_quietly()
@@ -809,6 +821,15 @@ class LmdbTier(Tier):
                     np.copyto(staging.numpy(), src)
                     dst[:n].copy_(staging)
                 results[i] = True
+
+    def _inject_read_faults(self, sizes: list[tuple[int, int] | None]) -> None:
+        """Slow reads down as configured (fault injection for deadline tests; off by default)."""
+        delay = self._config.fault_read_delay_s
+        rate = self._config.fault_read_bytes_per_s
+        if rate:
+            delay += sum(entry[0] for entry in sizes if entry is not None) / rate
+        if delay > 0:
+            time.sleep(delay)
 
     def _drop_corrupt(self, chunk_ids: list[bytes]) -> None:
         """Count corrupt reads and delete those values if they are still corrupt (not replaced)."""
