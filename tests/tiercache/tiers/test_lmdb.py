@@ -703,7 +703,7 @@ def test_a_damaged_environment_is_moved_aside_and_started_empty(tmp_path: Path) 
     tier.close()
     with open(path / "data.mdb", "r+b") as f:  # an OS crash tore the meta pages
         f.write(b"\xff" * 8192)
-    with pytest.raises(InvalidArgumentError, match="path: LMDB environment .* is damaged"):
+    with pytest.raises(InvalidArgumentError, match=r"path: LMDB environment .* is damaged"):
         LmdbTier(LmdbTierConfig(path=str(path), capacity_bytes=1 << 20, recover_damaged=False))
     tier = LmdbTier(LmdbTierConfig(path=str(path), capacity_bytes=1 << 20))
     try:
