@@ -1,1 +1,73 @@
-"""tiercache.connector — placeholder package; see DESIGN.md (built in a later issue)."""
+"""tiercache.connector — the engine side of tiercache: a gRPC client of the daemon and KV copy helpers.
+
+Typical use in an engine process::
+
+    client = TierCacheClient.connect("unix:/run/user/1000/tiercache.sock", token=None)
+    connector = KVConnector(client, namespace)
+    hit = connector.load(prompt_tokens, PagedKV(kv_caches, block_ids))   # never raises on daemon trouble
+    ...  # prefill the tokens after hit.tokens_loaded
+    connector.store(prompt_tokens, PagedKV(kv_caches, block_ids))
+
+Modules (one responsibility each):
+    channel: address parsing, channel options, bearer-token metadata.
+    errors: gRPC status -> typed tiercache errors (the one place).
+    backoff: reconnect backoff.
+    wire: core values <-> proto messages.
+    results: typed results of the client's calls.
+    client: ``TierCacheClient`` (deadlines, reconnect and re-register).
+    dataplane: the daemon's shared-memory segment mapped into the engine.
+    stream: byte-stream framing (pieces, zstd).
+    kv: copies between chunk buffers and engine KV tensors (contiguous and paged layouts).
+    engine: ``KVConnector`` — load / store that fall back to recompute on daemon trouble.
+
+The connector never imports ``tiercache.daemon``.
+"""
+
+from .channel import ChannelConfig, Endpoint, parse_address
+from .client import ClientConfig, TierCacheClient
+from .engine import ConnectorConfig, KVConnector, LoadResult, StoreResult
+from .kv import ContiguousKV, EngineKV, PagedKV, check_kv, chunk_to_kv, kv_to_chunk
+from .results import (
+    DaemonStats,
+    DataPlaneInfo,
+    LoadLease,
+    LookupInfo,
+    Registration,
+    SlotRef,
+    StoreTicket,
+    StreamChunk,
+    StreamStoreResult,
+    Tier,
+    TierStatsInfo,
+)
+from .stream import Codec
+
+__all__ = [
+    "ChannelConfig",
+    "ClientConfig",
+    "Codec",
+    "ConnectorConfig",
+    "ContiguousKV",
+    "DaemonStats",
+    "DataPlaneInfo",
+    "Endpoint",
+    "EngineKV",
+    "KVConnector",
+    "LoadLease",
+    "LoadResult",
+    "LookupInfo",
+    "PagedKV",
+    "Registration",
+    "SlotRef",
+    "StoreResult",
+    "StoreTicket",
+    "StreamChunk",
+    "StreamStoreResult",
+    "Tier",
+    "TierCacheClient",
+    "TierStatsInfo",
+    "check_kv",
+    "chunk_to_kv",
+    "kv_to_chunk",
+    "parse_address",
+]

@@ -1,1 +1,17 @@
-"""tiercache.daemon — placeholder package; see DESIGN.md (built in a later issue)."""
+"""tiercache.daemon — the cache served over gRPC to engine processes (``tiercache-daemon``).
+
+Modules, each with one responsibility:
+    cli: the console entry point (exit codes 0 / 1 / 2).
+    options: the option table and its sources (defaults < TOML file < ``TIERCACHE_*`` < flags).
+    config: value parsers and the frozen per-component configs.
+    auth: bearer tokens -> tenant.
+    handles: handle -> tenant, ticket/lease -> handle.
+    convert: proto <-> core types, with field-named validation.
+    status: tiercache errors -> gRPC status codes (the one place).
+    events: numbered cache events, replay buffer, fan-out to WatchEvents subscribers.
+    streams: the byte-stream data plane (pieces, zstd).
+    metrics: Prometheus metrics in a registry of their own, optional /metrics endpoint.
+    servicer: KVCacheService and Diagnostics (translation only).
+    listen: the unix socket file (stale check, mode, removal).
+    server: tiers + cache manager + grpc.aio server + health, graceful shutdown.
+"""

@@ -1446,7 +1446,7 @@ class CacheManager:
         """Copy a chunk into the next slower tier lacking it. Returns True when a copy was made."""
         with self._lock:
             entry = self._index.get(cid)
-            if entry is None or entry.purged or self._closed:
+            if entry is None or entry.purged:
                 return False
             src = min(entry.res)
             missing = [

@@ -678,3 +678,16 @@ def test_purge_removes_a_namespace_but_waits_for_leases(make: Callable[..., Harn
     assert [stats.tier(lv).chunks for lv in (L1, L2, L3)] == [1, 1, 1]  # only tenant t2's chunk is left
     assert h.cache.lookup(other, keys[:1]).chunks == 1
     assert h.put(keys) == 3  # the namespace can be stored again
+
+
+def test_close_finishes_queued_write_downs(tmp_path: Path, namespace: Namespace) -> None:
+    h = Harness(tmp_path, namespace, l1=None, l2=30, l3=30)
+    keys = h.keys(24)
+    for k in keys:
+        h.put([k])  # each queues a write-down to L3
+    h.close()  # no flush: close itself must finish them
+    h2 = Harness(tmp_path, namespace, l1=None, l2=2, l3=30)
+    try:
+        assert h2.cache.lookup(h2.ns_id, keys).by_tier[L3] == 24
+    finally:
+        h2.close()

@@ -1,0 +1,234 @@
+"""Copies between chunk buffers (layer-major bytes) and the engine's own KV tensors.
+
+Two engine layouts are supported:
+
+* :class:`ContiguousKV` — one tensor per layer, ``[2, tokens, kv_heads, head_dim]`` (MLA: ``[tokens, dim]``);
+  chunk ``i`` is tokens ``[i * C, (i + 1) * C)``.
+* :class:`PagedKV` — the vLLM layout: one tensor per layer, ``[2, num_blocks, block_size, kv_heads,
+  head_dim]`` (MLA: ``[num_blocks, block_size, dim]``) with ``block_size == layout.page_tokens``, plus the
+  request's block ids; chunk ``i`` covers ``block_ids[i * C/B : (i + 1) * C/B]``.
+
+Each (chunk, layer) moves with one copy straight between the chunk buffer (e.g. a shared-memory slot) and
+the engine tensor: a slice ``copy_`` when the chunk's blocks are consecutive, one ``index_copy_`` /
+``index_select(out=)`` when they are scattered on the same device, else one copy per run of consecutive
+blocks. No intermediate buffers.
+
+Primitives:
+    ContiguousKV, PagedKV, EngineKV: the engine's tensors.
+    check_kv: validate an engine KV against a layout for a number of chunks.
+    chunk_to_kv / kv_to_chunk: copy one chunk (all layers, or one layer) in or out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from tiercache.errors import InvalidArgumentError
+from tiercache.layout import KVLayout
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ContiguousKV:
+    """Per-layer contiguous KV tensors of one request.
+
+    Attributes:
+        layers: one tensor per layer, ``[2, tokens, kv_heads, head_dim]`` (MLA ``[tokens, head_dim]``).
+    """
+
+    layers: tuple[torch.Tensor, ...]
+
+    def __init__(self, layers: Sequence[torch.Tensor]) -> None:
+        object.__setattr__(self, "layers", tuple(layers))
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PagedKV:
+    """A paged KV buffer (vLLM layout) and the blocks of one request.
+
+    Attributes:
+        layers: one tensor per layer, ``[2, num_blocks, block_size, kv_heads, head_dim]``
+            (MLA ``[num_blocks, block_size, head_dim]``).
+        block_ids: the request's blocks, in token order.
+    """
+
+    layers: tuple[torch.Tensor, ...]
+    block_ids: tuple[int, ...]
+    _index_cache: dict[tuple[int, str], torch.Tensor] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def __init__(self, layers: Sequence[torch.Tensor], block_ids: Sequence[int]) -> None:
+        object.__setattr__(self, "layers", tuple(layers))
+        object.__setattr__(self, "block_ids", tuple(int(b) for b in block_ids))
+        object.__setattr__(self, "_index_cache", {})
+
+    def chunk_blocks(self, layout: KVLayout, chunk: int) -> tuple[int, ...]:
+        """The block ids chunk ``chunk`` covers."""
+        per = layout.chunk_tokens // layout.page_tokens
+        return self.block_ids[chunk * per : (chunk + 1) * per]
+
+    def chunk_index(self, layout: KVLayout, chunk: int, device: torch.device) -> torch.Tensor:
+        """The chunk's block ids as an int64 tensor on ``device`` (cached per chunk and device)."""
+        key = (chunk, str(device))
+        idx = self._index_cache.get(key)
+        if idx is None:
+            idx = torch.tensor(self.chunk_blocks(layout, chunk), dtype=torch.int64, device=device)
+            self._index_cache[key] = idx
+        return idx
+
+
+EngineKV = ContiguousKV | PagedKV
+
+
+def _expect_shape(name: str, tensor: torch.Tensor, expected: tuple[int | None, ...]) -> None:
+    ok = tensor.dim() == len(expected) and all(e is None or s == e for s, e in zip(tensor.shape, expected))
+    if not ok:
+        shown = tuple("*" if e is None else e for e in expected)
+        raise InvalidArgumentError(name, f"has shape {tuple(tensor.shape)}, expected {shown}")
+
+
+def check_kv(layout: KVLayout, kv: EngineKV, num_chunks: int, field: str = "kv") -> None:
+    """Check that ``kv`` matches ``layout`` and holds the first ``num_chunks`` chunks.
+
+    Raises:
+        InvalidArgumentError: naming the offending argument (``kv.layers[3]``, ``kv.block_ids``, ...).
+    """
+    if not isinstance(kv, (ContiguousKV, PagedKV)):
+        raise InvalidArgumentError(field, f"must be a ContiguousKV or PagedKV, got {type(kv).__name__}")
+    if len(kv.layers) != layout.num_layers:
+        raise InvalidArgumentError(
+            f"{field}.layers", f"has {len(kv.layers)} layers, the layout {layout.num_layers}"
+        )
+    dtype = layout.dtype.torch_dtype
+    device = kv.layers[0].device
+    heads, dim, c_tokens = layout.num_kv_heads, layout.head_dim, layout.chunk_tokens
+    for i, t in enumerate(kv.layers):
+        name = f"{field}.layers[{i}]"
+        if not isinstance(t, torch.Tensor):
+            raise InvalidArgumentError(name, f"must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != dtype:
+            raise InvalidArgumentError(name, f"has dtype {t.dtype}, the layout {dtype}")
+        if t.device != device:
+            raise InvalidArgumentError(name, f"is on {t.device}, layer 0 on {device}")
+        if isinstance(kv, ContiguousKV):
+            _expect_shape(name, t, (None, dim) if layout.mla else (2, None, heads, dim))
+            tokens = t.shape[0] if layout.mla else t.shape[1]
+            if tokens < num_chunks * c_tokens:
+                raise InvalidArgumentError(
+                    name, f"holds {tokens} tokens, {num_chunks} chunks need {num_chunks * c_tokens}"
+                )
+        else:
+            b = layout.page_tokens
+            _expect_shape(name, t, (None, b, dim) if layout.mla else (2, None, b, heads, dim))
+    if isinstance(kv, PagedKV):
+        num_blocks = kv.layers[0].shape[0 if layout.mla else 1]
+        if any(t.shape[0 if layout.mla else 1] != num_blocks for t in kv.layers):
+            raise InvalidArgumentError(f"{field}.layers", "layers differ in their number of blocks")
+        need = num_chunks * (c_tokens // layout.page_tokens)
+        if len(kv.block_ids) < need:
+            raise InvalidArgumentError(
+                f"{field}.block_ids", f"has {len(kv.block_ids)} blocks, {num_chunks} chunks need {need}"
+            )
+        bad = [b for b in kv.block_ids[:need] if not 0 <= b < num_blocks]
+        if bad:
+            raise InvalidArgumentError(f"{field}.block_ids", f"block {bad[0]} not in [0, {num_blocks})")
+
+
+def _runs(blocks: Sequence[int]) -> list[tuple[int, int, int]]:
+    """Runs of consecutive block ids: ``(position in chunk, first block, length)``."""
+    runs: list[tuple[int, int, int]] = []
+    for pos, block in enumerate(blocks):
+        if runs and runs[-1][1] + runs[-1][2] == block:
+            start, first, length = runs[-1]
+            runs[-1] = (start, first, length + 1)
+        else:
+            runs.append((pos, block, 1))
+    return runs
+
+
+def _engine_slice(layout: KVLayout, tensor: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """``tensor[start:stop]`` along the token/block axis (dim 0 for MLA, else dim 1)."""
+    return tensor[start:stop] if layout.mla else tensor[:, start:stop]
+
+
+def _paged_chunk_view(layout: KVLayout, layer: torch.Tensor) -> torch.Tensor:
+    """A chunk's layer view reshaped to blocks: ``[2, C/B, B, H, D]`` (MLA ``[C/B, B, D]``)."""
+    per, b = layout.chunk_tokens // layout.page_tokens, layout.page_tokens
+    if layout.mla:
+        return layer.view(per, b, layout.head_dim)
+    return layer.view(2, per, b, layout.num_kv_heads, layout.head_dim)
+
+
+def _copy_layer(
+    layout: KVLayout, kv: EngineKV, chunk: int, layer: int, buf: torch.Tensor, into_kv: bool
+) -> None:
+    src_or_dst = layout.layer_view(buf, layer)
+    engine = kv.layers[layer]
+    if isinstance(kv, ContiguousKV):
+        c = layout.chunk_tokens
+        target = _engine_slice(layout, engine, chunk * c, (chunk + 1) * c)
+        if into_kv:
+            target.copy_(src_or_dst)
+        else:
+            src_or_dst.copy_(target)
+        return
+    blocks = _paged_chunk_view(layout, src_or_dst)
+    runs = _runs(kv.chunk_blocks(layout, chunk))
+    dim = 0 if layout.mla else 1
+    if len(runs) > 1 and engine.device == blocks.device:
+        idx = kv.chunk_index(layout, chunk, engine.device)
+        if into_kv:
+            engine.index_copy_(dim, idx, blocks)
+        else:
+            torch.index_select(engine, dim, idx, out=blocks)
+        return
+    for pos, first, length in runs:
+        part = _engine_slice(layout, blocks, pos, pos + length)
+        target = _engine_slice(layout, engine, first, first + length)
+        if into_kv:
+            target.copy_(part)
+        else:
+            part.copy_(target)
+
+
+def chunk_to_kv(
+    layout: KVLayout, chunk_buf: torch.Tensor, kv: EngineKV, chunk: int, layers: Sequence[int] | None = None
+) -> None:
+    """Copy chunk ``chunk`` from a chunk buffer into the engine's tensors.
+
+    Args:
+        layout: the KV layout.
+        chunk_buf: 1-D ``uint8`` tensor of ``layout.chunk_bytes`` (layer-major), e.g. a shared-memory slot.
+        kv: the engine's tensors (validated with :func:`check_kv` for at least ``chunk + 1`` chunks).
+        chunk: position of the chunk in the request.
+        layers: the layers to copy (default all), e.g. one at a time for layerwise loading.
+
+    Raises:
+        InvalidArgumentError: ``chunk_buf`` has the wrong dtype, rank or size, or a layer is out of range.
+    """
+    layout.check_buffer(chunk_buf, field="chunk_buf")
+    for layer in range(layout.num_layers) if layers is None else layers:
+        _copy_layer(layout, kv, chunk, layer, chunk_buf, into_kv=True)
+
+
+def kv_to_chunk(
+    layout: KVLayout, kv: EngineKV, chunk: int, chunk_buf: torch.Tensor, layers: Sequence[int] | None = None
+) -> None:
+    """Copy chunk ``chunk`` of the engine's tensors into a chunk buffer (layer-major).
+
+    Args:
+        layout: the KV layout.
+        kv: the engine's tensors (validated with :func:`check_kv` for at least ``chunk + 1`` chunks).
+        chunk: position of the chunk in the request.
+        chunk_buf: 1-D ``uint8`` tensor of ``layout.chunk_bytes``, e.g. a shared-memory slot.
+        layers: the layers to copy (default all).
+
+    Raises:
+        InvalidArgumentError: ``chunk_buf`` has the wrong dtype, rank or size, or a layer is out of range.
+    """
+    layout.check_buffer(chunk_buf, field="chunk_buf")
+    for layer in range(layout.num_layers) if layers is None else layers:
+        _copy_layer(layout, kv, chunk, layer, chunk_buf, into_kv=False)

@@ -1,0 +1,193 @@
+"""Framing of the byte-stream data plane (engines on another host): chunks <-> bounded messages.
+
+A chunk travels as pieces of at most ``piece_bytes`` raw bytes; each piece is compressed on its own (zstd
+level 1) when the codec asks for it and compression pays, so every message stays within the daemon's
+``max_stream_message_bytes`` and ``offset`` always counts raw bytes.
+
+Primitives:
+    Codec: RAW or ZSTD.
+    piece_bytes: raw bytes per piece for a message size limit.
+    store_messages: the ``StreamStoreMessage`` sequence of a store.
+    StreamAssembler: rebuilds whole chunks from ``StreamLoadMessage`` pieces, checking every field.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Iterator, Sequence
+
+import zstandard
+
+from tiercache.errors import InvalidArgumentError, TierCacheError
+from tiercache.proto import tiercache_pb2 as pb
+
+from .results import StreamChunk
+
+DEFAULT_MESSAGE_BYTES = 4 * 1024 * 1024
+"""Message size limit used when the daemon names none."""
+_OVERHEAD_BYTES = 512
+"""Room left in a message for everything but the data (key, offsets, flags, framing)."""
+ZSTD_LEVEL = 1
+
+
+class Codec(enum.Enum):
+    """Encoding of stream data."""
+
+    RAW = pb.CODEC_RAW
+    ZSTD = pb.CODEC_ZSTD
+
+
+def piece_bytes(max_message_bytes: int) -> int:
+    """Raw bytes per piece so that a message (data plus fields) stays within ``max_message_bytes``.
+
+    Raises:
+        InvalidArgumentError: the limit leaves no room for data.
+    """
+    limit = max_message_bytes or DEFAULT_MESSAGE_BYTES
+    if limit <= _OVERHEAD_BYTES:
+        raise InvalidArgumentError(
+            "max_message_bytes", f"{limit} leaves no room for data (need > {_OVERHEAD_BYTES})"
+        )
+    return limit - _OVERHEAD_BYTES
+
+
+class _Encoder:
+    def __init__(self, codec: Codec) -> None:
+        self.codec = codec
+        self._zstd = zstandard.ZstdCompressor(level=ZSTD_LEVEL) if codec is Codec.ZSTD else None
+
+    def encode(self, raw: memoryview) -> tuple[bytes, Codec]:
+        if self._zstd is not None:
+            packed = self._zstd.compress(raw)
+            if len(packed) < len(raw):
+                return packed, Codec.ZSTD
+        return bytes(raw), Codec.RAW
+
+
+def store_messages(
+    handle: bytes,
+    keys: Sequence[bytes],
+    payloads: Iterable[memoryview],
+    chunk_bytes: int,
+    max_piece_bytes: int,
+    codec: Codec = Codec.RAW,
+    start_depth: int = 0,
+) -> Iterator[pb.StreamStoreMessage]:
+    """The messages of a stream store: the pieces of each chunk, in order; the first carries the handle.
+
+    Args:
+        handle: the namespace handle.
+        keys: chunk keys; ``index`` in the messages is the position in ``keys``.
+        payloads: one raw chunk (``chunk_bytes`` bytes) per key, produced lazily.
+        chunk_bytes: raw bytes of a chunk.
+        max_piece_bytes: raw bytes per piece (see :func:`piece_bytes`).
+        codec: RAW, or ZSTD to compress pieces where it pays.
+        start_depth: chain depth of ``keys[0]``.
+
+    Raises:
+        InvalidArgumentError: naming ``payloads[i]``, when a payload has the wrong size; or ``payloads``
+            when their number differs from the keys'.
+    """
+    encoder = _Encoder(codec)
+    first = True
+    count = 0
+    for index, (key, payload) in enumerate(zip(keys, payloads)):
+        count += 1
+        raw = payload.cast("B") if payload.format != "B" or payload.ndim != 1 else payload
+        if raw.nbytes != chunk_bytes:
+            raise InvalidArgumentError(f"payloads[{index}]", f"has {raw.nbytes} bytes, need {chunk_bytes}")
+        for offset in range(0, chunk_bytes, max_piece_bytes):
+            stop = min(offset + max_piece_bytes, chunk_bytes)
+            data, used = encoder.encode(raw[offset:stop])
+            msg = pb.StreamStoreMessage(
+                key=key,
+                index=index,
+                offset=offset,
+                data=data,
+                codec=used.value,
+                last=stop == chunk_bytes,
+                chunk_bytes=chunk_bytes,
+            )
+            if first:
+                msg.handle = handle
+                msg.start_depth = start_depth
+                first = False
+            yield msg
+    if count != len(keys):
+        raise InvalidArgumentError("payloads", f"{count} payloads for {len(keys)} keys")
+
+
+class StreamAssembler:
+    """Rebuilds whole chunks from the pieces of a StreamLoad, in order, validating each message.
+
+    The daemon sends the contiguous cached prefix: chunk 0, 1, 2, ... each as consecutive pieces.
+    """
+
+    def __init__(self, keys: Sequence[bytes], chunk_bytes: int) -> None:
+        self._keys = keys
+        self._chunk_bytes = chunk_bytes
+        self._zstd = zstandard.ZstdDecompressor()
+        self._next_index = 0
+        self._buffer: bytearray | None = None
+        self._filled = 0
+
+    def _fail(self, message: str) -> TierCacheError:
+        return TierCacheError(f"stream load: {message}")
+
+    def feed(self, msg: pb.StreamLoadMessage) -> StreamChunk | None:
+        """Take one message; returns the chunk it completes, else None.
+
+        Raises:
+            TierCacheError: a message is out of order, names the wrong key or size, or fails to decode.
+        """
+        if self._buffer is None:
+            if msg.index != self._next_index or msg.index >= len(self._keys):
+                raise self._fail(f"chunk {msg.index} arrived, expected {self._next_index}")
+            if msg.offset != 0:
+                raise self._fail(f"chunk {msg.index} starts at offset {msg.offset}")
+            self._buffer = bytearray(self._chunk_bytes)
+            self._filled = 0
+        elif msg.index != self._next_index:
+            raise self._fail(f"chunk {msg.index} interleaved with unfinished chunk {self._next_index}")
+        if msg.chunk_bytes and msg.chunk_bytes != self._chunk_bytes:
+            raise self._fail(
+                f"chunk {msg.index} has {msg.chunk_bytes} bytes, the layout needs {self._chunk_bytes}"
+            )
+        if msg.key and bytes(msg.key) != self._keys[msg.index]:
+            raise self._fail(f"chunk {msg.index} carries another key")
+        if msg.offset != self._filled:
+            raise self._fail(f"chunk {msg.index}: piece at offset {msg.offset}, expected {self._filled}")
+        data = self._decode(msg)
+        stop = self._filled + len(data)
+        if stop > self._chunk_bytes:
+            raise self._fail(f"chunk {msg.index} overflows {self._chunk_bytes} bytes")
+        self._buffer[self._filled : stop] = data
+        self._filled = stop
+        if not msg.last:
+            return None
+        if self._filled != self._chunk_bytes:
+            raise self._fail(f"chunk {msg.index} ended after {self._filled} of {self._chunk_bytes} bytes")
+        chunk = StreamChunk(msg.index, self._keys[msg.index], self._buffer)
+        self._buffer = None
+        self._next_index += 1
+        return chunk
+
+    def _decode(self, msg: pb.StreamLoadMessage) -> bytes:
+        if msg.codec == pb.CODEC_RAW:
+            return bytes(msg.data)
+        if msg.codec == pb.CODEC_ZSTD:
+            try:
+                return self._zstd.decompress(msg.data, max_output_size=self._chunk_bytes - self._filled)
+            except zstandard.ZstdError as exc:
+                raise self._fail(f"chunk {msg.index}: bad zstd data ({exc})") from None
+        raise self._fail(f"chunk {msg.index}: unknown codec {msg.codec}")
+
+    def finish(self) -> int:
+        """Check that the stream did not stop inside a chunk; returns the number of whole chunks.
+
+        Raises:
+            TierCacheError: the last chunk is incomplete.
+        """
+        if self._buffer is not None:
+            raise self._fail(f"stream ended inside chunk {self._next_index}")
+        return self._next_index

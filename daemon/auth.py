@@ -1,0 +1,126 @@
+"""Bearer-token authentication: which tenant a call comes from.
+
+The tokens file is TOML with one table, ``[tokens]``, mapping token strings to tenant names::
+
+    [tokens]
+    "s3cr3t-token-of-team-a" = "team-a"
+    "another-token" = "team-b"
+
+Without a tokens file every caller is the default tenant ``""``. With one, every call (health checks
+excepted) carries the metadata ``authorization: Bearer <token>``. Tokens are kept as SHA-256 digests only.
+
+Primitives:
+    UnauthenticatedError: a missing, malformed or unknown token (gRPC ``UNAUTHENTICATED``).
+    load_tokens: read a tokens file into a token-digest -> tenant map.
+    Authenticator: ``tenant(metadata)`` for every call; ``enabled`` tells whether tokens are checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import stat
+import sys
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+
+from tiercache.errors import PermissionDeniedError
+
+from .config import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+logger = logging.getLogger(__name__)
+
+METADATA_KEY = "authorization"
+"""gRPC metadata key carrying the token (lower case, as gRPC delivers it)."""
+SCHEME = "bearer"
+"""The only accepted authorization scheme (case-insensitive)."""
+DEFAULT_TENANT = ""
+"""The tenant of every caller when authentication is off."""
+
+
+class UnauthenticatedError(PermissionDeniedError):
+    """The call carries no valid credentials (missing, malformed or unknown bearer token)."""
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8")).digest()
+
+
+def load_tokens(path: str) -> Mapping[bytes, str]:
+    """Read a tokens file.
+
+    Returns:
+        SHA-256 digest of each token -> tenant name.
+
+    Raises:
+        ConfigError: naming ``tokens_file``, when the file is unreadable or malformed.
+    """
+    try:
+        with open(path, "rb") as fh:
+            mode = os.fstat(fh.fileno()).st_mode
+            table = tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError("tokens_file", f"cannot read {path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("tokens_file", f"{path} is not valid TOML: {exc}") from None
+    extra = sorted(set(table) - {"tokens"})
+    if extra:
+        raise ConfigError("tokens_file", f"{path}: unknown key(s) {extra}; expected one [tokens] table")
+    tokens = table.get("tokens")
+    if not isinstance(tokens, dict) or not tokens:
+        raise ConfigError("tokens_file", f'{path}: needs a non-empty [tokens] table of "token" = "tenant"')
+    out: dict[bytes, str] = {}
+    for token, tenant in tokens.items():
+        if not token.strip() or any(c.isspace() for c in token):
+            raise ConfigError("tokens_file", f"{path}: a token is empty or contains whitespace")
+        if not isinstance(tenant, str) or not tenant:
+            raise ConfigError("tokens_file", f"{path}: the tenant of a token must be a non-empty string")
+        out[_digest(token)] = tenant
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        logger.warning("tokens file %s is readable by other users (mode %o)", path, stat.S_IMODE(mode))
+    logger.info("loaded %d token(s) for %d tenant(s) from %s", len(out), len(set(out.values())), path)
+    return MappingProxyType(out)
+
+
+class Authenticator:
+    """Maps the metadata of a call to its tenant."""
+
+    def __init__(self, tokens: Mapping[bytes, str] | None) -> None:
+        """Args: tokens: token digest -> tenant (from :func:`load_tokens`); None turns authentication off."""
+        self._tokens = tokens
+
+    @property
+    def enabled(self) -> bool:
+        """Whether calls must carry a token."""
+        return self._tokens is not None
+
+    def tenant(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
+        """The tenant of a call.
+
+        Args:
+            metadata: the call's invocation metadata (key, value) pairs.
+
+        Raises:
+            UnauthenticatedError: authentication is on and the token is missing, malformed or unknown.
+        """
+        if self._tokens is None:
+            return DEFAULT_TENANT
+        values = [v for k, v in (metadata or ()) if k.lower() == METADATA_KEY]
+        if not values:
+            raise UnauthenticatedError(
+                f"{METADATA_KEY}: missing; this daemon needs the metadata '{METADATA_KEY}: Bearer <token>'"
+            )
+        value = values[0].decode("utf-8", "replace") if isinstance(values[0], bytes) else values[0]
+        scheme, _, token = value.strip().partition(" ")
+        if scheme.lower() != SCHEME or not token.strip():
+            raise UnauthenticatedError(f"{METADATA_KEY}: expected 'Bearer <token>'")
+        tenant = self._tokens.get(_digest(token.strip()))
+        if tenant is None:
+            raise UnauthenticatedError(f"{METADATA_KEY}: unknown token")
+        return tenant

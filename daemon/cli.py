@@ -1,0 +1,62 @@
+"""``tiercache-daemon``: parse the configuration, then run the daemon until SIGTERM/SIGINT.
+
+Exit codes: 0 after a clean shutdown (and for ``--help``); 2 for a bad configuration (the message names the
+option); 1 when the daemon cannot start (another daemon on the socket, a bind or a tier that fails).
+
+Primitives:
+    main: the console entry point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Mapping, Sequence
+
+from tiercache.errors import InvalidArgumentError
+
+from .auth import load_tokens
+from .config import ConfigError
+from .listen import StartupError
+from .options import load_config
+from .server import Daemon
+
+logger = logging.getLogger(__name__)
+
+PROG = "tiercache-daemon"
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_CONFIG = 2
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        force=True,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the daemon; returns the process exit code."""
+    try:
+        config = load_config(argv)
+        _configure_logging(config.log_level)
+        tokens: Mapping[bytes, str] | None = None
+        if config.listen.tokens_file:
+            tokens = load_tokens(config.listen.tokens_file)
+    except SystemExit as exc:  # argparse: --help, or a usage error (already printed)
+        return exc.code if isinstance(exc.code, int) else EXIT_CONFIG
+    except ConfigError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        return asyncio.run(Daemon(config, tokens).run())
+    except StartupError as exc:
+        logger.error("%s", exc)
+        return EXIT_FAILURE
+    except (InvalidArgumentError, OSError) as exc:
+        logger.error("cannot start: %s", exc)
+        return EXIT_FAILURE

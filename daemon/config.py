@@ -1,0 +1,458 @@
+"""The daemon's configuration: value parsers, one frozen dataclass per component, and their validation.
+
+Values arrive as strings (CLI flags, ``TIERCACHE_*`` environment variables) or TOML scalars; each option has
+one parser that accepts both and raises :class:`ConfigError` naming the option. :mod:`.options` decides which
+source wins; this module turns the resolved flat :class:`Options` into the per-component configs.
+
+Primitives:
+    ConfigError: a bad option value; names the option (and where the value came from).
+    parse_size, format_size, parse_int, parse_float, parse_bool, parse_octal, parse_tcp, parse_choice:
+        value parsers.
+    Options: every option, resolved and typed (flat; what the CLI documents).
+    ListenConfig, StreamConfig, MetricsConfig, TierConfigs: daemon sub-configs.
+    DaemonConfig: all sub-configs (core ``CacheConfig`` and tier configs included), validated.
+    L1Device: how ``--l1-device`` is spelled.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from tiercache.errors import InvalidArgumentError
+from tiercache.manager import CacheConfig
+from tiercache.policies import EvictionPolicyKind, WritePolicyKind
+from tiercache.tiers.hbm import HbmTierConfig
+from tiercache.tiers.host import HostTierConfig
+from tiercache.tiers.lmdb import HEADER_BYTES, Codec, LmdbTierConfig
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+"""Valid ``--log-level`` values."""
+MESSAGE_OVERHEAD_BYTES = 4096
+"""Room a stream message needs besides its data bytes (keys, offsets, framing)."""
+
+_E = TypeVar("_E", bound=enum.Enum)
+
+
+class ConfigError(InvalidArgumentError):
+    """A bad option value. ``field`` is the option's name (underscores, as in the TOML file).
+
+    Attributes:
+        option: the option name with underscores.
+        source: where the value came from (``--flag``, ``TIERCACHE_X``, the config file), or empty.
+    """
+
+    def __init__(self, option: str, message: str, source: str = "") -> None:
+        flag = "--" + option.replace("_", "-")
+        where = f" (from {source})" if source and source != flag else ""
+        super().__init__(option, message)
+        self.option = option
+        self.source = source
+        self.args = (f"{flag}{where}: {message}",)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def _core_message(exc: InvalidArgumentError) -> str:
+    """The message of a core error without its ``field: `` prefix."""
+    text = str(exc)
+    prefix = f"{exc.field}: "
+    return text[len(prefix) :] if text.startswith(prefix) else text
+
+
+def reraise_as_option(exc: InvalidArgumentError, option: str) -> ConfigError:
+    """A ConfigError for ``option`` carrying a core validation message."""
+    return ConfigError(option, _core_message(exc))
+
+
+# ---------------------------------------------------------------------------------------------- parsers
+
+
+def parse_size(raw: object) -> int:
+    """A byte size: a non-negative integer, or a string with an optional binary suffix K/M/G/T.
+
+    ``"64K"``, ``"32M"``, ``"2GiB"``, ``"1t"`` and ``"4096"`` are accepted.
+
+    Raises:
+        ValueError: not a size.
+    """
+    if isinstance(raw, bool):
+        raise ValueError(f"expected a size such as 512M or 2G, got {raw!r}")
+    if isinstance(raw, int):
+        if raw < 0:
+            raise ValueError(f"must not be negative, got {raw}")
+        return raw
+    if isinstance(raw, str):
+        match = _SIZE.match(raw)
+        if match:
+            return int(match.group(1)) * _UNITS[match.group(2).lower()]
+    raise ValueError(f"expected a size such as 512M or 2G (binary K/M/G/T suffixes), got {raw!r}")
+
+
+def format_size(nbytes: int) -> str:
+    """The shortest exact spelling of a size with a binary suffix (``33554432`` -> ``32M``)."""
+    for suffix, unit in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes >= unit and nbytes % unit == 0:
+            return f"{nbytes // unit}{suffix}"
+    return str(nbytes)
+
+
+def parse_int(raw: object) -> int:
+    """An integer (TOML int or decimal string).
+
+    Raises:
+        ValueError: not an integer.
+    """
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str):
+        try:
+            return int(raw.strip(), 10)
+        except ValueError:
+            pass
+    raise ValueError(f"expected an integer, got {raw!r}")
+
+
+def parse_float(raw: object) -> float:
+    """A finite number (TOML int/float or a string).
+
+    Raises:
+        ValueError: not a finite number.
+    """
+    value: float | None = None
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        value = float(raw)
+    elif isinstance(raw, str):
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            value = None
+    if value is None or not math.isfinite(value):
+        raise ValueError(f"expected a finite number, got {raw!r}")
+    return value
+
+
+def parse_bool(raw: object) -> bool:
+    """A boolean: TOML bool, or one of 1/0, true/false, yes/no, on/off.
+
+    Raises:
+        ValueError: not a boolean.
+    """
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str):
+        text = raw.strip().lower()
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+    raise ValueError(f"expected true or false, got {raw!r}")
+
+
+def parse_str(raw: object) -> str:
+    """A string (TOML strings only; CLI and environment values are strings already).
+
+    Raises:
+        ValueError: not a string.
+    """
+    if isinstance(raw, str):
+        return raw
+    raise ValueError(f"expected a string, got {raw!r}")
+
+
+def parse_octal(raw: object) -> int:
+    """A file mode: an octal string (``0600``, ``600``, ``0o600``) or a TOML integer such as ``0o600``.
+
+    Raises:
+        ValueError: not a mode in ``[0, 0o777]``.
+    """
+    value: int | None = None
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        value = raw
+    elif isinstance(raw, str):
+        text = raw.strip().lower().removeprefix("0o")
+        try:
+            value = int(text, 8)
+        except ValueError:
+            value = None
+    if value is None or not 0 <= value <= 0o777:
+        raise ValueError(f"expected an octal file mode such as 0600, got {raw!r}")
+    return value
+
+
+def parse_tcp(raw: object) -> str:
+    """``HOST:PORT`` (``[v6addr]:PORT`` for IPv6) or empty for off.
+
+    Raises:
+        ValueError: malformed address or port.
+    """
+    text = parse_str(raw).strip()
+    if not text:
+        return ""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected HOST:PORT (port 0-65535), got {text!r}")
+    return text
+
+
+def parse_choice(enum_type: type[_E]) -> Callable[[object], _E]:
+    """A parser of an Enum's values (case-insensitive); the error lists the valid names."""
+
+    def parse(raw: object) -> _E:
+        text = parse_str(raw).strip().lower()
+        for member in enum_type:
+            if str(member.value).lower() == text:
+                return member
+        valid = ", ".join(str(m.value) for m in enum_type)
+        raise ValueError(f"unknown value {raw!r}; valid: {valid}")
+
+    return parse
+
+
+def parse_log_level(raw: object) -> str:
+    """A logging level name.
+
+    Raises:
+        ValueError: not one of :data:`LOG_LEVELS`.
+    """
+    text = parse_str(raw).strip().upper()
+    if text not in LOG_LEVELS:
+        raise ValueError(f"unknown level {raw!r}; valid: {', '.join(LOG_LEVELS)}")
+    return text
+
+
+def parse_device(raw: object) -> str:
+    """``auto``, ``none``, ``cpu``, ``cuda`` or ``cuda:N`` (resolved later, when torch is asked).
+
+    Raises:
+        ValueError: none of those.
+    """
+    text = parse_str(raw).strip().lower()
+    if text in {d.value for d in L1Device} or re.fullmatch(r"cuda:\d+", text):
+        return text
+    raise ValueError(f"expected auto, none, cpu, cuda or cuda:N, got {raw!r}")
+
+
+class L1Device(enum.Enum):
+    """The spellings of ``--l1-device`` besides ``cuda:N``."""
+
+    AUTO = "auto"
+    NONE = "none"
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+# ---------------------------------------------------------------------------------------------- configs
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """Every option of ``tiercache-daemon``, resolved (defaults < TOML < environment < CLI) and typed.
+
+    Attributes mirror the CLI flags (``--slot-bytes`` is ``slot_bytes``); sizes are bytes, times seconds.
+    """
+
+    socket: str
+    socket_mode: int
+    tcp: str
+    tokens_file: str
+    slot_bytes: int
+    l1_device: str
+    l1_bytes: int
+    l2_bytes: int
+    l2_prefix: str
+    l3_path: str
+    l3_bytes: int
+    l3_codec: Codec
+    l3_zstd_level: int
+    l3_durable: bool
+    write_policy: WritePolicyKind
+    eviction_policy: EvictionPolicyKind
+    selective_min_hits: int
+    lease_ttl_s: float
+    min_residency_s: float
+    metrics_port: int
+    metrics_host: str
+    max_message_bytes: int
+    stream_chunk_bytes: int
+    log_level: str
+
+
+@dataclass(frozen=True, slots=True)
+class ListenConfig:
+    """Where the gRPC server listens and who may call it.
+
+    Attributes:
+        socket: unix socket path, empty for none.
+        socket_mode: permission bits of the socket file.
+        tcp: ``HOST:PORT``, empty for none.
+        tokens_file: TOML file of bearer tokens, empty for no authentication.
+    """
+
+    socket: str
+    socket_mode: int
+    tcp: str
+    tokens_file: str
+
+
+@dataclass(frozen=True, slots=True)
+class StreamConfig:
+    """Message limits of the gRPC server.
+
+    Attributes:
+        max_message_bytes: gRPC's receive and send limit per message.
+        stream_chunk_bytes: most data bytes in one byte-stream message.
+    """
+
+    max_message_bytes: int
+    stream_chunk_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    """The Prometheus endpoint.
+
+    Attributes:
+        port: TCP port of ``/metrics``; 0 for off.
+        host: address it binds.
+    """
+
+    port: int
+    host: str
+
+
+@dataclass(frozen=True, slots=True)
+class TierConfigs:
+    """The tiers to build: L1 when ``l1`` is set, L2 always, L3 when ``l3`` is set."""
+
+    l1: HbmTierConfig | None
+    l2: HostTierConfig
+    l3: LmdbTierConfig | None
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonConfig:
+    """The validated configuration of one daemon, one sub-config per component.
+
+    Attributes:
+        listen: sockets and authentication.
+        tiers: tier configs (core dataclasses).
+        cache: the cache manager's policies and timing (core dataclass).
+        stream: message size limits.
+        metrics: the Prometheus endpoint.
+        log_level: logging level name.
+    """
+
+    listen: ListenConfig
+    tiers: TierConfigs
+    cache: CacheConfig
+    stream: StreamConfig
+    metrics: MetricsConfig
+    log_level: str
+
+    @classmethod
+    def from_options(cls, opts: Options, cuda_devices: int) -> DaemonConfig:
+        """Validate the options across each other and build the sub-configs.
+
+        Args:
+            opts: resolved options.
+            cuda_devices: CUDA devices on this host (resolves ``--l1-device auto``, checks ``cuda:N``).
+
+        Raises:
+            ConfigError: naming the offending option.
+        """
+        if not opts.socket and not opts.tcp:
+            raise ConfigError("socket", "both --socket and --tcp are empty: nothing to listen on")
+        if opts.socket and len(opts.socket.encode()) > 107:
+            raise ConfigError(
+                "socket", f"path is longer than a unix socket allows (107 bytes): {opts.socket}"
+            )
+        if opts.slot_bytes <= 0:
+            raise ConfigError("slot_bytes", "must be positive")
+        for name, value in (("l2_bytes", opts.l2_bytes), ("l1_bytes", opts.l1_bytes)):
+            if value < opts.slot_bytes:
+                raise ConfigError(name, f"{value} bytes is smaller than one slot ({opts.slot_bytes} bytes)")
+        _check_prefix(opts.l2_prefix)
+        if opts.selective_min_hits <= 0:
+            raise ConfigError(
+                "selective_min_hits", f"must be a positive integer, got {opts.selective_min_hits}"
+            )
+        if not 0 <= opts.metrics_port <= 65535:
+            raise ConfigError("metrics_port", f"must be in [0, 65535], got {opts.metrics_port}")
+        if opts.max_message_bytes <= MESSAGE_OVERHEAD_BYTES:
+            raise ConfigError("max_message_bytes", f"must exceed {MESSAGE_OVERHEAD_BYTES}")
+        if not 0 < opts.stream_chunk_bytes <= opts.max_message_bytes - MESSAGE_OVERHEAD_BYTES:
+            raise ConfigError(
+                "stream_chunk_bytes",
+                f"must be in (0, max_message_bytes - {MESSAGE_OVERHEAD_BYTES}] = "
+                f"(0, {opts.max_message_bytes - MESSAGE_OVERHEAD_BYTES}], got {opts.stream_chunk_bytes}",
+            )
+        try:
+            cache = CacheConfig(
+                write_policy=opts.write_policy,
+                eviction_policy=opts.eviction_policy,
+                selective_min_hits=opts.selective_min_hits,
+                min_residency_s=opts.min_residency_s,
+                lease_ttl_s=opts.lease_ttl_s,
+            )
+        except InvalidArgumentError as exc:
+            raise reraise_as_option(exc, exc.field) from None
+        return cls(
+            listen=ListenConfig(opts.socket, opts.socket_mode, opts.tcp, opts.tokens_file),
+            tiers=TierConfigs(
+                l1=_l1_config(opts, cuda_devices),
+                l2=HostTierConfig(
+                    capacity_bytes=opts.l2_bytes, slot_bytes=opts.slot_bytes, segment_prefix=opts.l2_prefix
+                ),
+                l3=_l3_config(opts),
+            ),
+            cache=cache,
+            stream=StreamConfig(opts.max_message_bytes, opts.stream_chunk_bytes),
+            metrics=MetricsConfig(opts.metrics_port, opts.metrics_host),
+            log_level=opts.log_level,
+        )
+
+
+def _check_prefix(prefix: str) -> None:
+    if not prefix or "/" in prefix or prefix.startswith(".") or len(prefix) > 150:
+        raise ConfigError("l2_prefix", f"{prefix!r} is not a valid shared-memory name prefix")
+
+
+def _l1_config(opts: Options, cuda_devices: int) -> HbmTierConfig | None:
+    device = opts.l1_device
+    if device == L1Device.AUTO.value:
+        device = L1Device.CUDA.value if cuda_devices > 0 else L1Device.NONE.value
+    if device == L1Device.NONE.value:
+        return None
+    if device.startswith(L1Device.CUDA.value):
+        index = int(device.partition(":")[2] or 0)
+        if index >= cuda_devices:
+            raise ConfigError("l1_device", f"{device!r}: this host has {cuda_devices} CUDA device(s)")
+    return HbmTierConfig(capacity_bytes=opts.l1_bytes, slot_bytes=opts.slot_bytes, device=device)
+
+
+def _l3_config(opts: Options) -> LmdbTierConfig | None:
+    if not opts.l3_path:
+        return None
+    if opts.l3_bytes < opts.slot_bytes + HEADER_BYTES:
+        raise ConfigError("l3_bytes", f"{opts.l3_bytes} bytes cannot hold one chunk of --slot-bytes")
+    fields = {"path": "l3_path", "capacity_bytes": "l3_bytes", "zstd_level": "l3_zstd_level"}
+    try:
+        return LmdbTierConfig(
+            path=opts.l3_path,
+            capacity_bytes=opts.l3_bytes,
+            codec=opts.l3_codec,
+            zstd_level=opts.l3_zstd_level,
+            durable=opts.l3_durable,
+        )
+    except InvalidArgumentError as exc:
+        raise reraise_as_option(exc, fields.get(exc.field, "l3_" + exc.field)) from None

@@ -1,0 +1,216 @@
+"""The event hub: chunk stored / removed / namespace cleared, numbered, retained and fanned out.
+
+The cache manager calls its listeners under its lock, on whatever thread changed the cache; the hub's
+listener only hands the event to the event loop (``call_soon_threadsafe``, which keeps the order), where it
+gets the next sequence number, enters a bounded replay buffer and is queued for every subscriber. A
+subscriber first receives the retained events after the sequence number it asks for, then live ones. A
+subscriber whose bounded queue overflows is ended with :class:`~tiercache.errors.CapacityError` after the
+events it already has (it can resubscribe with the last sequence it saw); closing the hub ends every
+subscription cleanly.
+
+All methods except the manager listener run on the event loop.
+
+Primitives:
+    HubEventKind, HubEvent: a numbered event (``handle`` is the namespace id the chunk is filed under).
+    EventHubConfig: replay buffer and per-subscriber queue bounds.
+    EventHub: ``attach(manager)``, ``publish``, ``subscribe(after, accept)``, ``close``.
+    Subscription: an async iterator of HubEvents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from tiercache.errors import CapacityError
+from tiercache.manager import CacheManager
+from tiercache.stats import ChunkEvent, EventKind
+from tiercache.tiers.base import TierLevel
+
+logger = logging.getLogger(__name__)
+
+
+class HubEventKind(enum.Enum):
+    """What happened."""
+
+    STORED = "stored"
+    REMOVED = "removed"
+    CLEARED = "cleared"
+
+
+_FROM_CHUNK = {EventKind.STORED: HubEventKind.STORED, EventKind.REMOVED: HubEventKind.REMOVED}
+
+
+@dataclass(frozen=True, slots=True)
+class HubEvent:
+    """A numbered cache event.
+
+    Attributes:
+        sequence: 1, 2, 3, ... in the order the cache changed (per daemon process).
+        kind: stored, removed or cleared (a namespace was purged).
+        level: the tier, None for CLEARED.
+        handle: the namespace id.
+        key: the chunk key, empty for CLEARED.
+        evicted: for REMOVED, whether it was evicted for room.
+    """
+
+    sequence: int
+    kind: HubEventKind
+    level: TierLevel | None
+    handle: bytes
+    key: bytes
+    evicted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class EventHubConfig:
+    """Bounds of the hub.
+
+    Attributes:
+        replay_events: events retained for subscribers that resume after a sequence number.
+        queue_events: events a subscriber may fall behind before it is dropped.
+    """
+
+    replay_events: int = 65536
+    queue_events: int = 8192
+
+
+class Subscription:
+    """The events of one subscriber, as an async iterator; ``close`` ends it."""
+
+    def __init__(
+        self, accept: Callable[[HubEvent], bool], limit: int, on_close: Callable[[Subscription], None]
+    ) -> None:
+        """Args: accept: which events this subscriber sees; limit: queue bound; on_close: unregisters it."""
+        self._accept = accept
+        self._limit = limit
+        self._on_close = on_close
+        self._pending: deque[HubEvent] = deque()
+        self._wake = asyncio.Event()
+        self._overflowed = False
+        self._closed = False
+
+    def _offer(self, event: HubEvent, replay: bool = False) -> None:
+        if self._closed or self._overflowed or not self._accept(event):
+            return
+        if not replay and len(self._pending) >= self._limit:
+            self._overflowed = True
+        else:
+            self._pending.append(event)
+        self._wake.set()
+
+    def _end(self) -> None:
+        self._closed = True
+        self._wake.set()
+
+    def close(self) -> None:
+        """Stop receiving events (idempotent)."""
+        if not self._closed:
+            self._end()
+            self._on_close(self)
+
+    def __aiter__(self) -> AsyncIterator[HubEvent]:
+        return self
+
+    async def __anext__(self) -> HubEvent:
+        """The next event.
+
+        Raises:
+            StopAsyncIteration: the subscription or the hub was closed.
+            CapacityError: this subscriber fell more than the queue bound behind.
+        """
+        while True:
+            if self._pending:
+                return self._pending.popleft()
+            if self._closed:
+                raise StopAsyncIteration
+            if self._overflowed:
+                self.close()
+                raise CapacityError(
+                    f"events: this subscriber fell more than {self._limit} events behind; "
+                    "resubscribe with after_sequence set to the last sequence received"
+                )
+            self._wake.clear()
+            await self._wake.wait()
+
+
+class EventHub:
+    """Numbers cache events, keeps the latest ones and fans them out to subscribers."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, config: EventHubConfig | None = None) -> None:
+        """Args: loop: the event loop every method but the manager listener runs on; config: bounds."""
+        self._loop = loop
+        self._config = config or EventHubConfig()
+        self._retained: deque[HubEvent] = deque(maxlen=self._config.replay_events)
+        self._subscribers: set[Subscription] = set()
+        self._sequence = 0
+        self._closed = False
+
+    @property
+    def sequence(self) -> int:
+        """The sequence number of the latest event (0 before the first)."""
+        return self._sequence
+
+    def attach(self, manager: CacheManager) -> Callable[[], None]:
+        """Listen to the manager's chunk events; returns the function that stops listening."""
+        return manager.subscribe(self._from_manager)
+
+    def _from_manager(self, event: ChunkEvent) -> None:
+        """Manager listener: runs under the manager's lock on any thread; only hands over to the loop."""
+        try:
+            self._loop.call_soon_threadsafe(
+                self.publish,
+                _FROM_CHUNK[event.kind],
+                event.level,
+                event.namespace_id,
+                event.key,
+                event.evicted,
+            )
+        except RuntimeError:  # the loop is closed: the daemon is gone
+            logger.debug("event after the event loop closed: %s", event)
+
+    def publish(
+        self,
+        kind: HubEventKind,
+        level: TierLevel | None,
+        handle: bytes,
+        key: bytes = b"",
+        evicted: bool = False,
+    ) -> HubEvent | None:
+        """Number an event, retain it and queue it for every subscriber that accepts it (None once closed)."""
+        if self._closed:
+            return None
+        self._sequence += 1
+        event = HubEvent(self._sequence, kind, level, bytes(handle), bytes(key), evicted)
+        self._retained.append(event)
+        for sub in list(self._subscribers):
+            sub._offer(event)
+        return event
+
+    def subscribe(self, after_sequence: int, accept: Callable[[HubEvent], bool]) -> Subscription:
+        """A subscription that first replays the retained events numbered above ``after_sequence``.
+
+        Args:
+            after_sequence: the last sequence number the subscriber has seen (0 for everything retained).
+            accept: which events the subscriber may see (its tenant's namespaces).
+        """
+        sub = Subscription(accept, self._config.queue_events, self._subscribers.discard)
+        if self._closed:
+            sub._end()
+            return sub
+        for event in self._retained:
+            if event.sequence > after_sequence:
+                sub._offer(event, replay=True)
+        self._subscribers.add(sub)
+        return sub
+
+    def close(self) -> None:
+        """End every subscription; later events are dropped (idempotent)."""
+        self._closed = True
+        for sub in list(self._subscribers):
+            sub._end()
+        self._subscribers.clear()

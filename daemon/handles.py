@@ -1,0 +1,119 @@
+"""Who owns what: the tenant of each handle, and the handle of each store ticket and load lease.
+
+A handle is the cache manager's tenant-scoped namespace id. The daemon remembers which tenant registered it
+so that a handle presented by another tenant is refused, and which handle each ticket or lease was taken
+under so that one engine cannot commit or release another namespace's work. The maps live in memory: after a
+restart engines register again (and get the same handle bytes, since ids are deterministic).
+
+Both classes are used from the event loop only (no locks).
+
+Primitives:
+    HandleInfo: the tenant and chunk size of a handle.
+    HandleRegistry: ``add(handle, tenant, chunk_bytes)``, ``owner(handle)``, ``check(handle, tenant)``.
+    Claims: ticket or lease id -> (handle, expiry); ``add``, ``take``, ``owned``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tiercache.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
+from tiercache.keys import NAMESPACE_ID_BYTES
+
+EXPIRY_GRACE_S = 5.0
+"""A claim is forgotten this long after the manager's own expiry of the ticket or lease."""
+
+
+@dataclass(frozen=True, slots=True)
+class HandleInfo:
+    """What the daemon remembers of a handle.
+
+    Attributes:
+        tenant: the tenant that registered it.
+        chunk_bytes: the chunk size of its namespace's layout.
+    """
+
+    tenant: str
+    chunk_bytes: int
+
+
+class HandleRegistry:
+    """The tenant of every handle registered since the daemon started."""
+
+    def __init__(self) -> None:
+        """Start empty."""
+        self._owners: dict[bytes, HandleInfo] = {}
+
+    def add(self, handle: bytes, tenant: str, chunk_bytes: int) -> None:
+        """Record that ``tenant`` registered ``handle`` (idempotent)."""
+        self._owners[handle] = HandleInfo(tenant, chunk_bytes)
+
+    def owner(self, handle: bytes) -> str | None:
+        """The tenant that registered ``handle``, None when nobody has since start."""
+        info = self._owners.get(handle)
+        return None if info is None else info.tenant
+
+    def __len__(self) -> int:
+        return len(self._owners)
+
+    def check(self, handle: bytes, tenant: str, field: str = "handle") -> HandleInfo:
+        """What is known of ``handle`` if ``tenant`` registered it.
+
+        Raises:
+            InvalidArgumentError: not a handle (wrong length).
+            NotFoundError: nobody registered it since the daemon started.
+            PermissionDeniedError: another tenant registered it.
+        """
+        if len(handle) != NAMESPACE_ID_BYTES:
+            raise InvalidArgumentError(
+                field,
+                f"must be the {NAMESPACE_ID_BYTES}-byte handle Register returned, got {len(handle)} bytes",
+            )
+        info = self._owners.get(handle)
+        if info is None:
+            raise NotFoundError(
+                field,
+                f"{handle.hex()} is not registered (call Register first; after a daemon restart, register again)",
+            )
+        if info.tenant != tenant:
+            raise PermissionDeniedError(f"{field}: {handle.hex()} belongs to another tenant")
+        return info
+
+
+@dataclass(frozen=True, slots=True)
+class _Claim:
+    handle: bytes
+    forget_at: float
+
+
+class Claims:
+    """Ticket or lease ids taken under a handle, forgotten a little after they expire in the manager."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        """Args: clock: the cache manager's clock (expiry times are in its seconds)."""
+        self._clock = clock
+        self._claims: dict[int, _Claim] = {}
+
+    def add(self, ident: int, handle: bytes, expires_at: float) -> None:
+        """Record that ``ident`` was taken under ``handle``; forget long-expired claims."""
+        now = self._clock()
+        for old in [i for i, c in self._claims.items() if c.forget_at <= now]:
+            del self._claims[old]
+        self._claims[ident] = _Claim(handle, expires_at + EXPIRY_GRACE_S)
+
+    def owned(self, ident: int, handle: bytes) -> bool:
+        """Whether ``ident`` is a live claim of ``handle``."""
+        claim = self._claims.get(ident)
+        return claim is not None and claim.handle == handle
+
+    def take(self, ident: int, handle: bytes) -> bool:
+        """Remove and return True when ``ident`` is a claim of ``handle``; False (nothing removed) otherwise."""
+        if not self.owned(ident, handle):
+            return False
+        del self._claims[ident]
+        return True
+
+    def __len__(self) -> int:
+        return len(self._claims)

@@ -1,0 +1,212 @@
+"""The daemon process: tiers and cache manager from the config, the grpc.aio server, and a clean shutdown.
+
+Start: check the socket path (a live daemon there is an error, a stale file is removed), build the tiers (L1
+when configured, L2 always, L3 unless disabled; a warm L3 is re-indexed) and the cache manager in the
+executor, start ``/metrics`` when configured, bind the unix socket (then chmod it) and/or TCP, mark the
+health service SERVING and log ``tiercache-daemon listening on ...``.
+
+Stop (SIGTERM or SIGINT): health NOT_SERVING, event streams ended, ``server.stop(grace)`` refuses new calls
+and waits for in-flight ones, the executor finishes its work, the manager finishes its write-downs and
+closes the tiers (the L2 segment is unlinked, L3 is closed and kept), ``/metrics`` stops, the socket file
+is removed.
+
+Primitives:
+    build_cache: the tiers and the cache manager of a config.
+    Daemon: ``run()`` until a signal or ``stop()``; returns the exit code.
+    DRAIN_GRACE_S, HEALTH_SERVICES.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+
+from tiercache.manager import CacheConfig, CacheManager
+from tiercache.proto import tiercache_pb2_grpc as pb_grpc
+from tiercache.tiers.base import Tier
+from tiercache.tiers.hbm import HbmTier
+from tiercache.tiers.host import HostTier
+from tiercache.tiers.lmdb import LmdbTier
+
+from .auth import Authenticator
+from .config import DaemonConfig, TierConfigs
+from .events import EventHub
+from .handles import HandleRegistry
+from .listen import SocketFile, StartupError, prepare_socket_path, restrictive_umask
+from .metrics import DaemonMetrics
+from .servicer import DataPlaneInfo, DiagnosticsServicer, KVCacheServicer, ServiceDeps
+
+logger = logging.getLogger(__name__)
+
+DRAIN_GRACE_S = 10.0
+"""How long in-flight calls may take to finish once a stop is requested."""
+HEALTH_SERVICES = ("", "tiercache.v1.KVCacheService", "tiercache.v1.Diagnostics")
+"""Services reported by the gRPC health service."""
+
+
+def build_cache(tiers: TierConfigs, cache: CacheConfig) -> tuple[CacheManager, HostTier]:
+    """Build the tiers and a cache manager over them (blocking: L2 is pre-faulted, L3 re-indexed).
+
+    Returns:
+        The manager (it owns the tiers) and the L2 tier (whose segment engines map).
+
+    Raises:
+        InvalidArgumentError, OSError: a tier could not be built (those built are closed again).
+    """
+    built: list[Tier] = []
+    try:
+        if tiers.l1 is not None:
+            built.append(HbmTier(tiers.l1))
+        host = HostTier(tiers.l2)
+        built.append(host)
+        if tiers.l3 is not None:
+            os.makedirs(tiers.l3.path, exist_ok=True)
+            built.append(LmdbTier(tiers.l3))
+        return CacheManager(built, cache), host
+    except BaseException:
+        for tier in built:
+            tier.close()
+        raise
+
+
+class Daemon:
+    """One daemon: serves until SIGTERM/SIGINT (or :meth:`stop`), then drains and cleans up."""
+
+    def __init__(self, config: DaemonConfig, tokens: Mapping[bytes, str] | None) -> None:
+        """Args: config: the validated configuration; tokens: from the tokens file, None for no auth."""
+        self._config = config
+        self._auth = Authenticator(tokens)
+        self._stop: asyncio.Event | None = None
+
+    def stop(self) -> None:
+        """Ask a running daemon to drain and exit (call on its event loop)."""
+        if self._stop is not None:
+            self._stop.set()
+
+    def _on_signal(self, signum: int) -> None:
+        if self._stop is not None and self._stop.is_set():
+            logger.warning("%s again: already draining", signal.Signals(signum).name)
+            return
+        logger.info("%s: draining", signal.Signals(signum).name)
+        self.stop()
+
+    async def run(self) -> int:
+        """Start, serve until asked to stop, drain, clean up.
+
+        Returns:
+            0 after a clean shutdown.
+
+        Raises:
+            StartupError: the socket is in use or a listener cannot be bound.
+            InvalidArgumentError, OSError: the tiers could not be built.
+        """
+        loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self._on_signal, signum)
+        if self._config.listen.socket:
+            prepare_socket_path(self._config.listen.socket)
+        executor = ThreadPoolExecutor(
+            max_workers=min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="tiercache-rpc"
+        )
+        manager: CacheManager | None = None
+        try:
+            built, host = await loop.run_in_executor(
+                executor, build_cache, self._config.tiers, self._config.cache
+            )
+            manager = built
+            await self._serve(loop, manager, host, executor)
+        finally:
+            await asyncio.to_thread(executor.shutdown, True, cancel_futures=True)
+            if manager is not None:
+                await asyncio.to_thread(manager.close)
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(signum)
+            logger.info("tiercache-daemon stopped")
+        return 0
+
+    async def _serve(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        manager: CacheManager,
+        host: HostTier,
+        executor: ThreadPoolExecutor,
+    ) -> None:
+        assert self._stop is not None
+        cfg = self._config
+        hub = EventHub(loop)
+        detach = hub.attach(manager)
+        metrics = DaemonMetrics(manager.stats)
+        deps = ServiceDeps(
+            manager=manager,
+            executor=executor,
+            auth=self._auth,
+            handles=HandleRegistry(),
+            events=hub,
+            metrics=metrics,
+            data_plane=DataPlaneInfo(host.segment_name, host.slot_bytes, host.num_slots),
+            stream=cfg.stream,
+            lease_ttl_s=cfg.cache.lease_ttl_s,
+        )
+        limit = cfg.stream.max_message_bytes
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", limit),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        pb_grpc.add_KVCacheServiceServicer_to_server(KVCacheServicer(deps), server)
+        pb_grpc.add_DiagnosticsServicer_to_server(DiagnosticsServicer(deps), server)
+        health = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        socket_file: SocketFile | None = None
+        try:
+            metrics.serve(cfg.metrics)
+            addresses, socket_file = self._bind(server)
+            await server.start()
+            if socket_file is not None:
+                socket_file.chmod(cfg.listen.socket_mode)
+            for service in HEALTH_SERVICES:
+                await health.set(service, health_pb2.HealthCheckResponse.SERVING)
+            logger.info("tiercache-daemon listening on %s", " and ".join(addresses))
+            await self._stop.wait()
+            await health.enter_graceful_shutdown()
+            hub.close()
+        finally:
+            await server.stop(DRAIN_GRACE_S)
+            hub.close()
+            detach()
+            await asyncio.to_thread(metrics.stop)
+            if socket_file is not None:
+                socket_file.remove()
+
+    def _bind(self, server: grpc.aio.Server) -> tuple[list[str], SocketFile | None]:
+        """Add the configured listeners; returns their addresses and the unix socket file."""
+        listen = self._config.listen
+        addresses: list[str] = []
+        socket_file = None
+        if listen.socket:
+            try:
+                with restrictive_umask():
+                    server.add_insecure_port("unix:" + listen.socket)
+            except RuntimeError as exc:
+                raise StartupError(f"--socket: cannot listen on {listen.socket}: {exc}") from None
+            socket_file = SocketFile.bound(listen.socket)
+            addresses.append("unix:" + listen.socket)
+        if listen.tcp:
+            try:
+                port = server.add_insecure_port(listen.tcp)
+            except RuntimeError as exc:
+                raise StartupError(f"--tcp: cannot listen on {listen.tcp}: {exc}") from None
+            host = listen.tcp.rpartition(":")[0]
+            addresses.append(f"tcp:{host}:{port}")
+        return addresses, socket_file

@@ -1,0 +1,185 @@
+"""The byte-stream data plane: chunks cut into messages and put back together, optionally zstd per message.
+
+A chunk travels as one or more pieces ``(key, index, offset, data, codec, last, chunk_bytes)``; a piece's
+``offset`` counts raw (decoded) bytes. :class:`ChunkAssembler` checks every piece of a StreamStore against the
+namespace's layout and writes the decoded bytes straight into the buffer reserved for the chunk (a
+shared-memory slot), so a chunk is never staged in an extra buffer. :func:`encode_piece` makes the pieces of
+a StreamLoad. Both are synchronous: the servicer runs large pieces in its executor.
+
+Primitives:
+    Piece: a validated piece of a StreamStore.
+    ChunkAssembler: ``check`` a message, ``open`` the chunk's buffer, ``write`` a piece, ``finish``.
+    encode_piece: the data and codec flag of one StreamLoad piece.
+    INLINE_BYTES: pieces at most this large are copied on the event loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import zstandard
+
+from tiercache.errors import InvalidArgumentError
+from tiercache.proto import tiercache_pb2 as pb
+
+from .convert import check_key_field, codec_from_proto
+
+INLINE_BYTES = 256 << 10
+"""Pieces up to this size are copied or coded inline; larger ones go to the executor."""
+LOAD_ZSTD_LEVEL = 1
+"""zstd level of StreamLoad pieces (fast)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """A StreamStore message that passed the stream-level checks.
+
+    Attributes:
+        starts_chunk: the first piece of a new chunk (the caller reserves its buffer first).
+        key: the chunk key.
+        index: the chunk's position in the caller's chain (``start_depth + index`` is its depth).
+        offset: raw offset of the data in the chunk.
+        data: the message's data as sent.
+        zstd: whether ``data`` is a zstd frame.
+        last: the chunk's last piece.
+    """
+
+    starts_chunk: bool
+    key: bytes
+    index: int
+    offset: int
+    data: bytes
+    zstd: bool
+    last: bool
+
+
+class ChunkAssembler:
+    """Validates the pieces of one StreamStore and writes them into the chunks' buffers."""
+
+    def __init__(self, chunk_bytes: int) -> None:
+        """Args: chunk_bytes: raw size of every chunk (from the namespace's layout)."""
+        self._chunk_bytes = chunk_bytes
+        self._key: bytes | None = None  # the open chunk, None between chunks
+        self._index = -1
+        self._received = 0
+        self._target: np.ndarray | None = None  # None: the chunk is skipped (its bytes are dropped)
+        self._messages = 0
+        self._dctx = zstandard.ZstdDecompressor()
+
+    @property
+    def open_index(self) -> int | None:
+        """Index of the chunk being received, None between chunks."""
+        return self._index if self._key is not None else None
+
+    def check(self, msg: pb.StreamStoreMessage) -> Piece:
+        """Validate a message against the stream so far.
+
+        Raises:
+            InvalidArgumentError: naming the field (``key``, ``index``, ``offset``, ``chunk_bytes``, ``codec``).
+        """
+        n = self._messages
+        self._messages += 1
+        zstd = codec_from_proto(int(msg.codec))
+        if msg.chunk_bytes != self._chunk_bytes:
+            raise InvalidArgumentError(
+                "chunk_bytes",
+                f"{msg.chunk_bytes} (message {n}), the namespace's layout needs {self._chunk_bytes}",
+            )
+        if self._key is None:
+            key = check_key_field(msg.key, "key")
+            if msg.index <= self._index:
+                raise InvalidArgumentError(
+                    "index", f"{msg.index} (message {n}) is not after the previous chunk's {self._index}"
+                )
+            if msg.offset != 0:
+                raise InvalidArgumentError(
+                    "offset",
+                    f"a chunk's first piece starts at 0, got {msg.offset} (message {n}, index {msg.index})",
+                )
+            return Piece(True, key, msg.index, 0, msg.data, zstd, msg.last)
+        if msg.key != self._key or msg.index != self._index:
+            raise InvalidArgumentError(
+                "key" if msg.key != self._key else "index",
+                f"message {n} is not a piece of chunk index {self._index}, which has {self._received} of "
+                f"{self._chunk_bytes} bytes (finish a chunk with last=true before the next)",
+            )
+        if msg.offset != self._received:
+            raise InvalidArgumentError(
+                "offset", f"expected {self._received}, got {msg.offset} (message {n}, index {self._index})"
+            )
+        return Piece(False, self._key, self._index, msg.offset, msg.data, zstd, msg.last)
+
+    def open(self, piece: Piece, buffer: torch.Tensor | None) -> None:
+        """Start the chunk of a first piece; ``buffer`` is its reserved memory, None when it is skipped."""
+        self._key, self._index, self._received = piece.key, piece.index, 0
+        self._target = None if buffer is None else buffer.numpy()
+
+    def write(self, piece: Piece) -> None:
+        """Decode a piece into the open chunk's buffer (thread-safe with respect to the event loop).
+
+        Raises:
+            InvalidArgumentError: ``data`` does not decode or overruns the chunk, or the chunk's last piece
+                leaves it short.
+        """
+        room = self._chunk_bytes - piece.offset
+        data: bytes = piece.data
+        if piece.zstd and data:
+            if room == 0:
+                raise InvalidArgumentError("data", f"chunk index {piece.index} is already complete")
+            try:
+                data = self._dctx.decompress(data, max_output_size=room)
+            except zstandard.ZstdError as exc:
+                raise InvalidArgumentError(
+                    "data",
+                    f"chunk index {piece.index} at offset {piece.offset}: not a zstd frame of <= {room} bytes ({exc})",
+                ) from None
+        end = piece.offset + len(data)
+        if end > self._chunk_bytes:
+            raise InvalidArgumentError(
+                "data",
+                f"chunk index {piece.index} overruns: {end} bytes, the layout needs {self._chunk_bytes}",
+            )
+        if piece.last and end != self._chunk_bytes:
+            raise InvalidArgumentError(
+                "data",
+                f"chunk index {piece.index} ended at {end} bytes, the layout needs {self._chunk_bytes}",
+            )
+        if self._target is not None and data:
+            self._target[piece.offset : end] = np.frombuffer(data, dtype=np.uint8)
+        self._received = end
+        if piece.last:
+            self._key, self._target = None, None
+
+    def finish(self) -> None:
+        """Check that the stream did not end inside a chunk.
+
+        Raises:
+            InvalidArgumentError: naming ``last``.
+        """
+        if self._key is not None:
+            raise InvalidArgumentError(
+                "last",
+                f"the stream ended inside chunk index {self._index} after {self._received} of "
+                f"{self._chunk_bytes} bytes",
+            )
+
+
+def encode_piece(
+    view: torch.Tensor, start: int, stop: int, cctx: zstandard.ZstdCompressor | None
+) -> tuple[bytes, bool]:
+    """The data of one StreamLoad piece and whether it is zstd.
+
+    Args:
+        view: the chunk's bytes (a leased 1-D uint8 CPU view).
+        start: raw offset of the piece.
+        stop: raw end of the piece.
+        cctx: a compressor when the client accepts zstd; a piece that does not shrink is sent raw.
+    """
+    raw = view[start:stop].numpy().tobytes()
+    if cctx is not None:
+        packed = cctx.compress(raw)
+        if len(packed) < len(raw):
+            return packed, True
+    return raw, False

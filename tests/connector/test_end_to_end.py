@@ -1,0 +1,271 @@
+"""End to end: engine processes, the connector and a real ``tiercache.daemon`` process.
+
+Every bit-exactness check compares against the source KV regenerated from a seed (``engine_proc.py``).
+No test asserts wall-clock timings; waits are bounded loops on observable state.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import grpc
+import pytest
+
+from tiercache.connector import (
+    ClientConfig,
+    Codec,
+    ConnectorConfig,
+    ContiguousKV,
+    KVConnector,
+    Tier,
+    TierCacheClient,
+)
+from tiercache.connector.channel import ChannelConfig, auth_metadata, open_channel, parse_address
+from tiercache.connector.errors import error_from_rpc
+from tiercache.errors import PermissionDeniedError, UnavailableError
+from tiercache.keys import chunk_keys
+from tiercache.proto import tiercache_pb2 as pb
+from tiercache.proto.tiercache_pb2_grpc import KVCacheServiceStub
+
+Daemon = Any  # tests/connector/conftest.py:Daemon (conftest modules are not importable here)
+
+WAIT_S = 30.0
+TOKENS = 64 + 5  # four full chunks and a partial one (never keyed)
+FULL = 64
+
+RunEngine = Callable[..., dict[str, Any]]
+
+
+def _connector(
+    address: str, engine: ModuleType, token: str | None = None, salt: str = "", **cfg: Any
+) -> KVConnector:
+    client = TierCacheClient.connect(address, token=token, config=ClientConfig(timeout_s=10.0))
+    return KVConnector(client, engine.namespace(salt), ConnectorConfig(**cfg))
+
+
+def _wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_two_engine_processes_share_a_prefix(
+    daemon: Daemon, run_engine: RunEngine, engine_mod: ModuleType, paged: bool
+) -> None:
+    common = {"address": daemon.address, "seed": 1, "tokens": TOKENS, "paged": paged}
+    stored = run_engine(mode="store", **common)
+    assert stored == {"stored": FULL, "skipped": 0, "remote": False}
+    again = run_engine(mode="store", **common)
+    assert again == {"stored": 0, "skipped": FULL, "remote": False}
+    loaded = run_engine(mode="load", **common)
+    assert loaded["loaded"] == loaded["hit"] == FULL and not loaded["remote"]
+    assert loaded["exact"]
+    assert loaded["digest"] == engine_mod.digest(engine_mod.token_major(1, TOKENS), FULL)
+    other = run_engine(mode="load", **{**common, "seed": 2})
+    assert other["loaded"] == 0 and other["hit"] == 0
+
+
+@pytest.mark.parametrize("call_while_down", [True, False], ids=["seen-down", "unseen-restart"])
+def test_a_restarted_daemon_serves_l3_after_the_client_reconnects(
+    daemon: Daemon, engine_mod: ModuleType, call_while_down: bool
+) -> None:
+    """seen-down: the client meets UNAVAILABLE, backs off, reconnects and registers again. unseen-restart:
+    its next call reaches the new daemon, which does not know the handle: it registers again and retries."""
+    conn = _connector(daemon.address, engine_mod)
+    tokens = engine_mod.prompt(3, TOKENS)
+    assert conn.store(tokens, engine_mod.source_kv(3, TOKENS, False)).tokens_stored == FULL
+    old_segment = conn.client.registration(conn.namespace).data_plane
+    assert daemon.stop(signal.SIGTERM) == 0
+    if call_while_down:
+        down = conn.load(tokens, engine_mod.empty_kv(3, TOKENS, False))
+        assert down.tokens_loaded == 0
+    daemon.start()
+    results = []
+
+    def loaded() -> bool:
+        kv = engine_mod.empty_kv(3, TOKENS, False)
+        res = conn.load(tokens, kv)
+        results.append((res, kv))
+        return res.tokens_loaded > 0
+
+    _wait_for(loaded, "the client to reconnect and load")
+    res, kv = results[-1]
+    assert res.tokens_loaded == FULL
+    assert engine_mod.exact(kv, 3, TOKENS, FULL)
+    assert conn.client.registration(conn.namespace).data_plane != old_segment  # re-mapped the new segment
+    conn.client.close()
+
+
+def test_a_killed_engine_loses_its_lease_at_the_ttl(
+    daemon: Daemon, run_engine: RunEngine, spawn_engine: Callable[..., Any], engine_mod: ModuleType
+) -> None:
+    common = {"address": daemon.address, "seed": 4, "tokens": TOKENS}
+    assert run_engine(mode="store", **common)["stored"] == FULL
+    proc, held = spawn_engine(mode="hold", **common)
+    assert held["lease_id"] != 0 and held["chunks"] == FULL // 16
+    assert held["active_leases"] == 1
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    client = TierCacheClient.connect(daemon.address)
+    _wait_for(lambda: client.stats().active_leases == 0, "the dead engine's lease to expire")
+    stats = client.stats()
+    assert stats.expired_leases >= 1
+    # Every L2 slot is reclaimable: one store that needs all of them succeeds.
+    conn = KVConnector(client, engine_mod.namespace(), ConnectorConfig())
+    reg = client.registration(engine_mod.namespace())
+    assert reg.data_plane is not None
+    n_tokens = reg.data_plane.num_slots * 16
+    tokens = engine_mod.prompt(5, n_tokens)
+    kv = ContiguousKV(engine_mod.token_major(5, n_tokens))
+    assert conn.store(tokens, kv).tokens_stored == n_tokens
+    client.close()
+
+
+def test_daemon_down_means_zero_tokens_not_an_exception(tmp_path: Path, engine_mod: ModuleType) -> None:
+    conn = _connector(f"unix:{tmp_path / 'nobody.sock'}", engine_mod)
+    tokens = engine_mod.prompt(6, TOKENS)
+    for _ in range(3):  # the first attempt fails at the socket, later ones at the backoff
+        res = conn.load(tokens, engine_mod.empty_kv(6, TOKENS, False))
+        assert (res.tokens_looked_up, res.tokens_hit, res.tokens_loaded) == (FULL, 0, 0)
+        assert conn.store(tokens, engine_mod.source_kv(6, TOKENS, False)).tokens_stored == 0
+        assert conn.lookup(tokens) == 0
+    with pytest.raises(UnavailableError):
+        conn.client.stats()
+    remote = _connector(f"unix:{tmp_path / 'nobody.sock'}", engine_mod, force_remote=True)
+    assert remote.load(tokens, engine_mod.empty_kv(6, TOKENS, True)).tokens_loaded == 0
+    assert remote.store(tokens, engine_mod.source_kv(6, TOKENS, True)).tokens_stored == 0
+    conn.client.close()
+    remote.client.close()
+
+
+@pytest.mark.parametrize("codec", [Codec.RAW, Codec.ZSTD], ids=["raw", "zstd"])
+@pytest.mark.parametrize(
+    ("store_remote", "load_remote"),
+    [(True, True), (True, False), (False, True)],
+    ids=["stream-stream", "stream-shm", "shm-stream"],
+)
+def test_byte_stream_round_trip(
+    shared_daemon: Daemon, engine_mod: ModuleType, codec: Codec, store_remote: bool, load_remote: bool
+) -> None:
+    seed = 100 + 10 * int(store_remote) + 2 * int(load_remote) + (codec is Codec.ZSTD)
+    tokens = engine_mod.prompt(seed, TOKENS)
+    storer = _connector(shared_daemon.address, engine_mod, force_remote=store_remote, codec=codec)
+    loader = _connector(shared_daemon.address, engine_mod, force_remote=load_remote, codec=codec)
+    stored = storer.store(tokens, engine_mod.source_kv(seed, TOKENS, True))
+    assert (stored.tokens_stored, stored.tokens_skipped, stored.remote) == (FULL, 0, store_remote)
+    kv = engine_mod.empty_kv(seed, TOKENS, True)
+    loaded = loader.load(tokens, kv)
+    assert (loaded.tokens_hit, loaded.tokens_loaded, loaded.remote) == (FULL, FULL, load_remote)
+    assert engine_mod.exact(kv, seed, TOKENS, FULL)
+    storer.client.close()
+    loader.client.close()
+
+
+def test_stream_store_skips_the_cached_prefix(shared_daemon: Daemon, engine_mod: ModuleType) -> None:
+    conn = _connector(shared_daemon.address, engine_mod, force_remote=True, codec=Codec.ZSTD)
+    tokens = engine_mod.prompt(8, TOKENS)
+    half = ContiguousKV(engine_mod.token_major(8, TOKENS))
+    assert conn.store(tokens[:32], half).tokens_stored == 32
+    res = conn.store(tokens, half)
+    assert (res.tokens_stored, res.tokens_skipped, res.remote) == (32, 32, True)
+    kv = engine_mod.empty_kv(8, TOKENS, False)
+    assert conn.load(tokens, kv).tokens_loaded == FULL
+    assert engine_mod.exact(kv, 8, TOKENS, FULL)
+    conn.client.close()
+
+
+def test_engine_copy_errors_release_the_lease_and_abort_the_store(
+    daemon: Daemon, engine_mod: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conn = _connector(daemon.address, engine_mod, load_ttl_s=60.0, store_ttl_s=60.0)
+    tokens = engine_mod.prompt(9, TOKENS)
+    src = engine_mod.source_kv(9, TOKENS, False)
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("engine-side copy failed")
+
+    import tiercache.connector.engine as engine_module
+
+    with monkeypatch.context() as m:
+        m.setattr(engine_module, "kv_to_chunk", broken)
+        with pytest.raises(RuntimeError, match="engine-side copy"):
+            conn.store(tokens, src)
+    # Aborted, not left "being stored" until its 60 s TTL: a new store gets every chunk.
+    assert conn.store(tokens, src).tokens_stored == FULL
+    with monkeypatch.context() as m:
+        m.setattr(engine_module, "chunk_to_kv", broken)
+        with pytest.raises(RuntimeError, match="engine-side copy"):
+            conn.load(tokens, engine_mod.empty_kv(9, TOKENS, False))
+    assert conn.client.stats().active_leases == 0  # released, not waiting for its 60 s TTL
+    conn.client.close()
+
+
+def test_tenant_isolation(
+    daemon_factory: Callable[..., Daemon], engine_mod: ModuleType, tmp_path: Path
+) -> None:
+    tokens_file = tmp_path / "tokens.toml"
+    tokens_file.write_text('[tokens]\n"token-a" = "alice"\n"token-b" = "bob"\n')
+    tokens_file.chmod(0o600)
+    d = daemon_factory("--tokens-file", str(tokens_file))
+    d.start(token="token-a")
+    a = _connector(d.address, engine_mod, token="token-a")
+    b = _connector(d.address, engine_mod, token="token-b")
+    prompt = engine_mod.prompt(10, TOKENS)
+    assert a.store(prompt, engine_mod.source_kv(10, TOKENS, False)).tokens_stored == FULL
+    assert b.lookup(prompt) == 0
+    assert b.load(prompt, engine_mod.empty_kv(10, TOKENS, False)).tokens_loaded == 0
+    assert b.client.acquire_load(b.namespace, chunk_keys(b.namespace, prompt)).lease_id == 0
+    kv = engine_mod.empty_kv(10, TOKENS, False)
+    assert a.load(prompt, kv).tokens_loaded == FULL and engine_mod.exact(kv, 10, TOKENS, FULL)
+    # B's handle differs from A's, and A's handle is refused to B.
+    handle_a = a.client.registration(a.namespace).handle
+    assert b.client.registration(b.namespace).handle != handle_a
+    channel = open_channel(parse_address(d.address), ChannelConfig())
+    try:
+        stub = KVCacheServiceStub(channel)
+        request = pb.LookupRequest(handle=handle_a, keys=chunk_keys(a.namespace, prompt))
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Lookup(request, timeout=10, metadata=auth_metadata("token-b"))
+        assert isinstance(error_from_rpc(info.value), PermissionDeniedError)
+    finally:
+        channel.close()
+    for bad in (None, "not-a-token"):
+        stranger = _connector(d.address, engine_mod, token=bad)
+        assert stranger.load(prompt, engine_mod.empty_kv(10, TOKENS, False)).tokens_loaded == 0
+        with pytest.raises(PermissionDeniedError):
+            stranger.client.register(stranger.namespace)
+        stranger.client.close()
+    for conn in (a, b):
+        conn.client.close()
+
+
+def test_control_calls_through_the_client(shared_daemon: Daemon, engine_mod: ModuleType) -> None:
+    conn = _connector(shared_daemon.address, engine_mod, salt="control")
+    client, ns = conn.client, conn.namespace
+    reg = client.register(ns)
+    assert reg.layout == ns.layout and reg.chunk_bytes == ns.layout.chunk_bytes == 4096
+    assert reg.lease_ttl_s == 2.0 and reg.data_plane is not None and reg.data_plane.slot_bytes == 64 * 1024
+    assert client.register(ns).handle == reg.handle  # deterministic
+    tokens = engine_mod.prompt(11, TOKENS)
+    keys = chunk_keys(ns, tokens)
+    assert client.lookup(ns, keys).chunks == 0
+    assert conn.store(tokens[:32], engine_mod.source_kv(11, TOKENS, False)).tokens_stored == 32
+    info = client.lookup(ns, keys, prefetch=True)
+    assert info.chunks == 2 and info.by_tier[Tier.L2] == 2
+    assert client.prefetch(ns, keys, wait_s=5.0) == 2
+    assert conn.lookup(tokens) == 32
+    assert client.pin(ns, keys) == 2 and client.unpin(ns, keys[:1]) == 1  # chunks changed
+    assert client.pin(ns) == 2 and client.unpin(ns) == 2  # the whole namespace: chunks it holds
+    assert client.purge(ns) == 2
+    assert client.lookup(ns, keys).chunks == 0 and conn.lookup(tokens) == 0
+    stats = client.stats()
+    assert stats.namespaces >= 1 and stats.tier(Tier.L2) is not None
+    client.close()

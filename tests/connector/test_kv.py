@@ -1,0 +1,211 @@
+"""KV copy helpers: chunk buffers <-> engine tensors, contiguous and paged (vLLM) layouts, bit-exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tiercache.connector.kv import ContiguousKV, PagedKV, check_kv, chunk_to_kv, kv_to_chunk
+from tiercache.errors import InvalidArgumentError
+from tiercache.layout import KVDtype, KVLayout
+
+LAYOUTS = {
+    "bf16-gqa": KVLayout(3, 2, 16, KVDtype.BFLOAT16, chunk_tokens=16, page_tokens=4),
+    "fp32-mha": KVLayout(2, 4, 8, KVDtype.FLOAT32, chunk_tokens=8, page_tokens=2),
+    "bf16-mla": KVLayout(2, 1, 32, KVDtype.BFLOAT16, chunk_tokens=16, page_tokens=4, mla=True),
+    "fp16-one-page": KVLayout(2, 2, 8, KVDtype.FLOAT16, chunk_tokens=8, page_tokens=8),
+}
+
+
+def _rand(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype)
+
+
+def _contiguous(layout: KVLayout, tokens: int, seed: int) -> ContiguousKV:
+    shape = (tokens, layout.head_dim) if layout.mla else (2, tokens, layout.num_kv_heads, layout.head_dim)
+    return ContiguousKV([_rand(shape, layout.dtype.torch_dtype, seed + i) for i in range(layout.num_layers)])
+
+
+def _paged(layout: KVLayout, num_blocks: int, block_ids: list[int], seed: int) -> PagedKV:
+    b = layout.page_tokens
+    shape = (
+        (num_blocks, b, layout.head_dim)
+        if layout.mla
+        else (2, num_blocks, b, layout.num_kv_heads, layout.head_dim)
+    )
+    layers = [_rand(shape, layout.dtype.torch_dtype, seed + i) for i in range(layout.num_layers)]
+    return PagedKV(layers, block_ids)
+
+
+def _token(layout: KVLayout, kv: ContiguousKV | PagedKV, layer: int, t: int) -> torch.Tensor:
+    """The KV of token ``t`` in ``layer``, read token by token (independent of the code under test)."""
+    x = kv.layers[layer]
+    if isinstance(kv, ContiguousKV):
+        return x[t] if layout.mla else x[:, t]
+    block, off = kv.block_ids[t // layout.page_tokens], t % layout.page_tokens
+    return x[block, off] if layout.mla else x[:, block, off]
+
+
+def _reference_chunk(layout: KVLayout, kv: ContiguousKV | PagedKV, chunk: int) -> bytes:
+    """Expected chunk bytes: ``[layer][k|v][token][head][dim]`` (MLA ``[layer][token][dim]``)."""
+    c = layout.chunk_tokens
+    out = bytearray()
+    for layer in range(layout.num_layers):
+        toks = [_token(layout, kv, layer, t) for t in range(chunk * c, (chunk + 1) * c)]
+        stacked = torch.stack(toks, dim=0 if layout.mla else 1).contiguous()
+        out += stacked.view(-1).view(torch.uint8).numpy().tobytes()
+    return bytes(out)
+
+
+def _chunk_buf(layout: KVLayout, seed: int) -> torch.Tensor:
+    n = layout.chunk_bytes // layout.dtype.itemsize
+    return _rand((n,), layout.dtype.torch_dtype, seed).view(torch.uint8)
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_contiguous_out_matches_reference_and_round_trips(name: str) -> None:
+    layout = LAYOUTS[name]
+    kv = _contiguous(layout, tokens=3 * layout.chunk_tokens + 5, seed=1)
+    check_kv(layout, kv, 3)
+    for chunk in range(3):
+        buf = torch.empty(layout.chunk_bytes, dtype=torch.uint8)
+        kv_to_chunk(layout, kv, chunk, buf)
+        assert buf.numpy().tobytes() == _reference_chunk(layout, kv, chunk)
+        dst = _contiguous(layout, tokens=3 * layout.chunk_tokens, seed=99)
+        chunk_to_kv(layout, buf, dst, chunk)
+        assert _reference_chunk(layout, dst, chunk) == buf.numpy().tobytes()
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+@pytest.mark.parametrize(
+    "block_ids",
+    [
+        pytest.param("consecutive", id="consecutive"),
+        pytest.param("scattered", id="scattered"),
+        pytest.param("runs", id="runs"),
+    ],
+)
+def test_paged_out_and_in_are_bit_exact(name: str, block_ids: str) -> None:
+    layout = LAYOUTS[name]
+    per = layout.chunk_tokens // layout.page_tokens
+    need = 3 * per
+    num_blocks = 4 * need
+    if block_ids == "consecutive":
+        ids = list(range(5, 5 + need))
+    elif block_ids == "scattered":
+        gen = torch.Generator().manual_seed(7)
+        ids = torch.randperm(num_blocks, generator=gen)[:need].tolist()
+    else:  # each chunk: two runs of consecutive blocks (or one block each when a chunk is one page)
+        half = max(1, per // 2)
+        ids = [(7 * (i // half) + i % half) % num_blocks for i in range(need)]
+    src = _paged(layout, num_blocks, ids, seed=3)
+    check_kv(layout, src, 3)
+    dst = _paged(layout, num_blocks, ids, seed=50)
+    for chunk in range(3):
+        buf = torch.empty(layout.chunk_bytes, dtype=torch.uint8)
+        kv_to_chunk(layout, src, chunk, buf)
+        assert buf.numpy().tobytes() == _reference_chunk(layout, src, chunk)
+        chunk_to_kv(layout, buf, dst, chunk)
+        assert _reference_chunk(layout, dst, chunk) == buf.numpy().tobytes()
+
+
+@pytest.mark.parametrize("name", ["bf16-gqa", "bf16-mla"])
+def test_load_touches_only_the_chunk_tokens(name: str) -> None:
+    layout = LAYOUTS[name]
+    kv = _contiguous(layout, tokens=2 * layout.chunk_tokens, seed=11)
+    before = [t.clone() for t in kv.layers]
+    buf = _chunk_buf(layout, seed=5)
+    chunk_to_kv(layout, buf, kv, 1)
+    c = layout.chunk_tokens
+    for layer, (old, new) in enumerate(zip(before, kv.layers)):
+        untouched = (new[:c], old[:c]) if layout.mla else (new[:, :c], old[:, :c])
+        assert torch.equal(*untouched), layer
+    assert _reference_chunk(layout, kv, 1) == buf.numpy().tobytes()
+
+
+def test_paged_load_touches_only_the_request_blocks() -> None:
+    layout = LAYOUTS["bf16-gqa"]
+    ids = [9, 2, 7, 4]  # one chunk of 4 pages
+    kv = _paged(layout, 12, ids, seed=21)
+    before = [t.clone() for t in kv.layers]
+    buf = _chunk_buf(layout, seed=8)
+    chunk_to_kv(layout, buf, kv, 0)
+    others = [b for b in range(12) if b not in ids]
+    for old, new in zip(before, kv.layers):
+        assert torch.equal(old[:, others], new[:, others])
+    assert _reference_chunk(layout, kv, 0) == buf.numpy().tobytes()
+
+
+def test_single_layer_copies_leave_other_layers_alone() -> None:
+    layout = LAYOUTS["fp32-mha"]
+    kv = _contiguous(layout, tokens=layout.chunk_tokens, seed=2)
+    before = kv.layers[0].clone()
+    buf = _chunk_buf(layout, seed=4)
+    chunk_to_kv(layout, buf, kv, 0, layers=[1])
+    assert torch.equal(kv.layers[0], before)
+    start, stop = layout.layer_range(1)
+    assert (
+        kv.layers[1].contiguous().view(torch.uint8).view(-1).numpy().tobytes()
+        == buf[start:stop].numpy().tobytes()
+    )
+
+
+def test_check_kv_names_the_bad_argument() -> None:
+    layout = LAYOUTS["bf16-gqa"]
+    good = _contiguous(layout, tokens=32, seed=1)
+    with pytest.raises(InvalidArgumentError, match=r"kv\.layers:"):
+        check_kv(layout, ContiguousKV(good.layers[:2]), 1)
+    with pytest.raises(InvalidArgumentError, match=r"kv\.layers\[1\].*dtype"):
+        check_kv(layout, ContiguousKV([good.layers[0], good.layers[1].float(), good.layers[2]]), 1)
+    with pytest.raises(InvalidArgumentError, match=r"kv\.layers\[0\].*shape"):
+        check_kv(layout, ContiguousKV([t.transpose(1, 2) for t in good.layers]), 1)
+    with pytest.raises(InvalidArgumentError, match=r"kv\.layers\[0\].*32 tokens"):
+        check_kv(layout, good, 3)
+    paged = _paged(layout, 8, [0, 1, 2, 3], seed=1)
+    with pytest.raises(InvalidArgumentError, match=r"kv\.block_ids.*need 8"):
+        check_kv(layout, paged, 2)
+    with pytest.raises(InvalidArgumentError, match=r"kv\.block_ids.*block 8"):
+        check_kv(layout, PagedKV(paged.layers, [0, 1, 2, 8]), 1)
+    wrong_page = KVLayout(3, 2, 16, KVDtype.BFLOAT16, chunk_tokens=16, page_tokens=8)
+    with pytest.raises(InvalidArgumentError, match=r"kv\.layers\[0\].*shape"):
+        check_kv(wrong_page, paged, 1)
+    with pytest.raises(InvalidArgumentError, match="kv:"):
+        check_kv(layout, good.layers, 1)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="chunk_buf"):
+        chunk_to_kv(layout, torch.zeros(layout.chunk_bytes - 1, dtype=torch.uint8), good, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_cuda_engine_tensors_round_trip_through_a_host_buffer(paged: bool) -> None:
+    layout = LAYOUTS["bf16-gqa"]
+    per = layout.chunk_tokens // layout.page_tokens
+    ids = [5, 1, 2, 9, 3, 4, 0, 8]  # scattered: the cross-device path copies run by run
+    src_cpu = (
+        _paged(layout, 10, ids, seed=31) if paged else _contiguous(layout, 2 * layout.chunk_tokens, seed=31)
+    )
+    dst_cpu = (
+        _paged(layout, 10, ids, seed=32) if paged else _contiguous(layout, 2 * layout.chunk_tokens, seed=32)
+    )
+
+    def on_cuda(kv: ContiguousKV | PagedKV) -> ContiguousKV | PagedKV:
+        layers = [t.cuda() for t in kv.layers]
+        return PagedKV(layers, kv.block_ids) if isinstance(kv, PagedKV) else ContiguousKV(layers)
+
+    src, dst = on_cuda(src_cpu), on_cuda(dst_cpu)
+    check_kv(layout, src, 2)
+    assert len(ids) == 2 * per
+    for chunk in range(2):
+        buf = torch.empty(layout.chunk_bytes, dtype=torch.uint8).pin_memory()
+        kv_to_chunk(layout, src, chunk, buf)
+        torch.cuda.synchronize()
+        assert buf.numpy().tobytes() == _reference_chunk(layout, src_cpu, chunk)
+        chunk_to_kv(layout, buf, dst, chunk)
+        torch.cuda.synchronize()
+        back = (
+            PagedKV([t.cpu() for t in dst.layers], ids)
+            if paged
+            else ContiguousKV([t.cpu() for t in dst.layers])
+        )
+        assert _reference_chunk(layout, back, chunk) == buf.numpy().tobytes()

@@ -1,0 +1,110 @@
+"""Byte-stream framing: bounded pieces, per-piece zstd, strict reassembly."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import zstandard
+
+from tiercache.connector.stream import Codec, StreamAssembler, piece_bytes, store_messages
+from tiercache.errors import InvalidArgumentError, TierCacheError
+from tiercache.proto import tiercache_pb2 as pb
+
+KEYS = [bytes([i]) * 32 for i in range(3)]
+CHUNK = 10_000
+
+
+def _payloads(compressible: bool) -> list[bytes]:
+    if compressible:
+        return [bytes([i]) * (CHUNK // 2) + os.urandom(CHUNK // 2) for i in range(3)]
+    return [os.urandom(CHUNK) for _ in range(3)]
+
+
+def _as_load(msg: pb.StreamStoreMessage) -> pb.StreamLoadMessage:
+    return pb.StreamLoadMessage(
+        index=msg.index,
+        key=msg.key,
+        offset=msg.offset,
+        data=msg.data,
+        codec=msg.codec,
+        last=msg.last,
+        chunk_bytes=msg.chunk_bytes,
+    )
+
+
+@pytest.mark.parametrize("codec", [Codec.RAW, Codec.ZSTD])
+@pytest.mark.parametrize("compressible", [True, False])
+def test_round_trip_within_the_message_limit(codec: Codec, compressible: bool) -> None:
+    payloads = _payloads(compressible)
+    limit = 3000
+    msgs = list(
+        store_messages(b"h" * 16, KEYS, map(memoryview, payloads), CHUNK, piece_bytes(limit), codec, 4)
+    )
+    assert msgs[0].handle == b"h" * 16 and msgs[0].start_depth == 4
+    assert all(not m.handle for m in msgs[1:])
+    assert all(m.ByteSize() <= limit for m in msgs)
+    used = {m.codec for m in msgs}
+    if codec is Codec.RAW or not compressible:
+        assert used == {pb.CODEC_RAW}  # incompressible pieces travel raw even under zstd
+    else:
+        assert pb.CODEC_ZSTD in used
+    asm = StreamAssembler(KEYS, CHUNK)
+    chunks = [c for m in msgs if (c := asm.feed(_as_load(m))) is not None]
+    assert asm.finish() == 3
+    assert [c.index for c in chunks] == [0, 1, 2]
+    assert [bytes(c.data) for c in chunks] == payloads
+    assert [c.key for c in chunks] == KEYS
+
+
+def test_payload_size_and_count_are_checked() -> None:
+    with pytest.raises(InvalidArgumentError, match=r"payloads\[1\]"):
+        list(store_messages(b"h", KEYS, [memoryview(b"x" * CHUNK), memoryview(b"x")], CHUNK, 4096))
+    with pytest.raises(InvalidArgumentError, match=r"^payloads:"):
+        list(store_messages(b"h", KEYS, [memoryview(b"x" * CHUNK)], CHUNK, 4096))
+    with pytest.raises(InvalidArgumentError, match="max_message_bytes"):
+        piece_bytes(100)
+    assert piece_bytes(0) > 1 << 20  # 0: the default limit
+
+
+def _msg(
+    index: int = 0, offset: int = 0, data: bytes = b"a" * 10, last: bool = True, **kw: object
+) -> pb.StreamLoadMessage:
+    return pb.StreamLoadMessage(
+        index=index, key=KEYS[index], offset=offset, data=data, last=last, chunk_bytes=10, **kw
+    )  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("msgs", "match"),
+    [
+        ([_msg(index=1)], "chunk 1 arrived, expected 0"),
+        ([_msg(offset=4)], "starts at offset 4"),
+        ([_msg(data=b"a" * 4, last=False), _msg(offset=5, data=b"a" * 6)], "offset 5, expected 4"),
+        ([_msg(data=b"a" * 4, last=False), _msg(index=1, offset=4, data=b"a" * 6)], "interleaved"),
+        ([_msg(data=b"a" * 11)], "overflows"),
+        ([_msg(data=b"a" * 9)], "ended after 9"),
+        (
+            [pb.StreamLoadMessage(index=0, key=KEYS[1], data=b"a" * 10, last=True, chunk_bytes=10)],
+            "another key",
+        ),
+        ([pb.StreamLoadMessage(index=0, key=KEYS[0], data=b"a" * 10, last=True, chunk_bytes=12)], "12 bytes"),
+        ([_msg(data=b"not zstd at all", codec=pb.CODEC_ZSTD)], "bad zstd"),
+        (
+            [_msg(data=zstandard.ZstdCompressor().compress(b"a" * 20), codec=pb.CODEC_ZSTD)],
+            "bad zstd|overflows",
+        ),
+    ],
+)
+def test_malformed_streams_are_rejected(msgs: list[pb.StreamLoadMessage], match: str) -> None:
+    asm = StreamAssembler(KEYS, 10)
+    with pytest.raises(TierCacheError, match=match):
+        for m in msgs:
+            asm.feed(m)
+
+
+def test_stream_that_stops_inside_a_chunk() -> None:
+    asm = StreamAssembler(KEYS, 10)
+    assert asm.feed(_msg(data=b"a" * 4, last=False)) is None
+    with pytest.raises(TierCacheError, match="inside chunk 0"):
+        asm.finish()

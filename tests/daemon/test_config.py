@@ -1,0 +1,193 @@
+"""Configuration: precedence (defaults < TOML < environment < flags), defaults, bad values -> exit code 2."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tiercache.daemon.cli import main
+from tiercache.daemon.config import format_size, parse_size
+from tiercache.daemon.options import OPTIONS, default_l2_bytes, load_config, resolve_options
+from tiercache.policies import EvictionPolicyKind, WritePolicyKind
+from tiercache.tiers.lmdb import Codec
+
+
+def test_precedence_defaults_toml_env_cli(tmp_path: Path) -> None:
+    cfg = tmp_path / "daemon.toml"
+    cfg.write_text(
+        'slot_bytes = "1M"\nl2_bytes = "8M"\nlease_ttl_s = 5\neviction_policy = "lfu"\n'
+        "l3_durable = true\nsocket_mode = 0o640\n"
+    )
+    env = {"TIERCACHE_L2_BYTES": "16M", "TIERCACHE_LEASE_TTL_S": "7", "HOME": str(tmp_path)}
+    opts = resolve_options(["--config", str(cfg), "--lease-ttl-s", "9"], env)
+    assert opts.slot_bytes == 1 << 20  # TOML over the default
+    assert opts.l2_bytes == 16 << 20  # environment over TOML
+    assert opts.lease_ttl_s == 9.0  # flag over environment
+    assert opts.eviction_policy is EvictionPolicyKind.LFU  # TOML
+    assert opts.l3_durable is True and opts.socket_mode == 0o640  # TOML natives
+    assert opts.write_policy is WritePolicyKind.WRITE_THROUGH  # default
+    assert opts.l3_codec is Codec.RAW and opts.stream_chunk_bytes == 4 << 20  # defaults
+    # The config file can also come from the environment; a --no- flag beats it.
+    opts = resolve_options(["--no-l3-durable"], {"TIERCACHE_CONFIG": str(cfg), "HOME": str(tmp_path)})
+    assert opts.slot_bytes == 1 << 20 and opts.l3_durable is False
+
+
+def test_computed_defaults(tmp_path: Path) -> None:
+    opts = resolve_options([], {"XDG_RUNTIME_DIR": "/run/user/7", "XDG_CACHE_HOME": str(tmp_path / "c")})
+    assert opts.socket == "/run/user/7/tiercache/daemon.sock"
+    assert opts.l3_path == str(tmp_path / "c" / "tiercache" / "l3")
+    assert 0 < opts.l3_bytes <= 16 << 30
+    assert opts.l2_bytes % opts.slot_bytes == 0 and opts.l2_bytes >= opts.slot_bytes
+    assert opts.l1_device == "auto" and opts.l1_bytes == 2 << 30
+    opts = resolve_options([], {"HOME": str(tmp_path)})
+    assert opts.socket == f"/tmp/tiercache-{os.getuid()}/daemon.sock"
+    assert opts.l3_path == str(tmp_path / ".cache" / "tiercache" / "l3")
+    assert default_l2_bytes(1 << 50) == 1 << 50  # at least one slot
+
+
+def test_sizes() -> None:
+    assert parse_size("64K") == 65536
+    assert parse_size("32m") == 32 << 20
+    assert parse_size("2GiB") == 2 << 30
+    assert parse_size("1T") == 1 << 40
+    assert parse_size("4096") == 4096
+    assert parse_size(123) == 123
+    for bad in ("12Q", "-1", "1.5G", "", True, -3):
+        with pytest.raises(ValueError):
+            parse_size(bad)
+    assert format_size(32 << 20) == "32M" and format_size(1000) == "1000"
+
+
+def test_l1_device_none_and_cpu(tmp_path: Path) -> None:
+    env = {"HOME": str(tmp_path)}
+    assert (
+        load_config(["--l1-device", "none", "--l2-bytes", "1M", "--slot-bytes", "64K"], env).tiers.l1 is None
+    )
+    cfg = load_config(
+        ["--l1-device", "cpu", "--l1-bytes", "1M", "--l2-bytes", "1M", "--slot-bytes", "64K"], env
+    )
+    assert cfg.tiers.l1 is not None and cfg.tiers.l1.device == "cpu"
+    assert load_config(["--l3-path", "", "--l2-bytes", "1M", "--slot-bytes", "64K"], env).tiers.l3 is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "toml", "expected"),
+    [
+        (["--slot-bytes", "12Q"], {}, None, "--slot-bytes: expected a size"),
+        (["--write-policy", "fifo"], {}, None, "--write-policy: unknown value 'fifo'; valid: write_through"),
+        (
+            [],
+            {"TIERCACHE_EVICTION_POLICY": "mru"},
+            None,
+            "--eviction-policy (from TIERCACHE_EVICTION_POLICY)",
+        ),
+        ([], {}, 'slot_size = "1M"\n', "unknown option 'slot_size'"),
+        ([], {}, 'l3_zstd_level = "x"\n', "--l3-zstd-level (from config file"),
+        ([], {}, "this is not toml", "is not valid TOML"),
+        (["--l3-zstd-level", "99"], {}, None, "--l3-zstd-level: must be an integer in"),
+        (["--l2-bytes", "1K"], {}, None, "--l2-bytes: 1024 bytes is smaller than one slot"),
+        (["--tcp", "nope"], {}, None, "--tcp: expected HOST:PORT"),
+        (["--socket-mode", "999"], {}, None, "--socket-mode: expected an octal file mode"),
+        (["--lease-ttl-s", "0"], {}, None, "--lease-ttl-s: must be > 0"),
+        (["--lease-ttl-s", "nan"], {}, None, "--lease-ttl-s: expected a finite number"),
+        (["--stream-chunk-bytes", "8M"], {}, None, "--stream-chunk-bytes: must be in"),
+        (["--socket", "", "--tcp", ""], {}, None, "--socket: both --socket and --tcp are empty"),
+        (["--l1-device", "tpu"], {}, None, "--l1-device: expected auto, none, cpu, cuda or cuda:N"),
+        (["--l1-device", "cuda:7"], {}, None, "--l1-device: 'cuda:7'"),
+        (["--log-level", "LOUD"], {}, None, "--log-level: unknown level"),
+        (["--l3-codec", "lz4"], {}, None, "--l3-codec: unknown value 'lz4'; valid: raw, zstd"),
+        (["--selective-min-hits", "0"], {}, None, "--selective-min-hits: must be a positive integer"),
+        (["--l2-prefix", "a/b"], {}, None, "--l2-prefix:"),
+        (["--metrics-port", "70000"], {}, None, "--metrics-port:"),
+    ],
+)
+def test_bad_values_exit_2_naming_the_option(
+    argv: list[str],
+    env: dict[str, str],
+    toml: str | None,
+    expected: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in [k for k in os.environ if k.startswith("TIERCACHE_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    if toml is not None:
+        (tmp_path / "c.toml").write_text(toml)
+        argv = [*argv, "--config", str(tmp_path / "c.toml")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert expected in err, err
+
+
+def test_bad_value_in_a_real_process_exits_2(tmp_path: Path) -> None:
+    env = {**os.environ, "HOME": str(tmp_path)}
+    tokens = tmp_path / "missing-tokens.toml"
+    for argv, expected in (
+        (
+            ["--tokens-file", str(tokens), "--l2-bytes", "1M", "--slot-bytes", "64K"],
+            "--tokens-file: cannot read",
+        ),
+        (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    ):
+        out = subprocess.run(
+            [sys.executable, "-m", "tiercache.daemon", *argv],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert out.returncode == 2, out.stderr
+        assert expected in out.stderr
+
+
+def test_bad_tokens_file_exits_2(tmp_path: Path) -> None:
+    env = {**os.environ, "HOME": str(tmp_path)}
+    tokens = tmp_path / "tokens.toml"
+    for text, expected in (
+        ('[tokens]\n"t" = 3\n', "tenant of a token must be a non-empty string"),
+        ("[tokens]\n", "needs a non-empty [tokens] table"),
+    ):
+        tokens.write_text(text)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tiercache.daemon",
+                "--tokens-file",
+                str(tokens),
+                "--l2-bytes",
+                "1M",
+                "--slot-bytes",
+                "64K",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert out.returncode == 2 and "--tokens-file" in out.stderr and expected in out.stderr, out.stderr
+
+
+def test_help_lists_every_option_with_its_default() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "tiercache.daemon", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0
+    text = " ".join(out.stdout.split())
+    assert "--config PATH" in text
+    for opt in OPTIONS:
+        assert opt.flag in text, opt.flag
+        assert f"env {opt.env})" in text, opt.env
+    assert text.count("(default:") == len(OPTIONS) + 1
+    for fragment in ("(default: 32M;", "(default: 0600;", "(default: write_through;", "(default: lru;", "(default: 8M;",
+                     "(default: 4M;", "(default: tiercache-l2;", "(default: 127.0.0.1;", "(default: INFO;",
+                     "10% of physical RAM", "min(8G, 10% of the free space"):  # fmt: skip
+        assert fragment in text, fragment

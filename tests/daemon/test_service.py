@@ -1,0 +1,318 @@
+"""A real daemon process driven through the generated stubs: register, lookup, shared-memory and byte-stream
+stores and loads (bit-exact), prefetch, pin, events, stats, health, diagnostics, socket mode, /metrics."""
+
+from __future__ import annotations
+
+import os
+import queue
+import stat
+import threading
+import urllib.request
+from collections.abc import Iterator, Sequence
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.daemon.conftest import (
+    LAYOUT,
+    NAMESPACE,
+    RPC_TIMEOUT_S,
+    SLOT_BYTES,
+    STREAM_CHUNK_BYTES,
+    DaemonProc,
+    make_keys,
+    namespace_spec,
+    payload,
+    register,
+    shm_load,
+    shm_store,
+)
+from tiercache.proto import tiercache_pb2 as pb
+from tiercache.proto import tiercache_pb2_grpc as pb_grpc
+from tiercache.shm import SHM_DIR
+
+L2 = pb.TIER_L2
+
+
+def by_tier(reply: pb.LookupResponse) -> dict[int, int]:
+    return {t.tier: t.chunks for t in reply.by_tier}
+
+
+def lookup(stub: pb_grpc.KVCacheServiceStub, handle: bytes, keys: Sequence[bytes]) -> pb.LookupResponse:
+    reply: pb.LookupResponse = stub.Lookup(pb.LookupRequest(handle=handle, keys=keys), timeout=RPC_TIMEOUT_S)
+    return reply
+
+
+def stream_store_messages(
+    handle: bytes,
+    keys: Sequence[bytes],
+    chunks: Sequence[bytes],
+    piece: int,
+    zstd: bool,
+    start_depth: int = 0,
+) -> Iterator[pb.StreamStoreMessage]:
+    import zstandard
+
+    cctx = zstandard.ZstdCompressor(level=3)
+    first = True
+    for i, (key, chunk) in enumerate(zip(keys, chunks)):
+        for off in range(0, len(chunk), piece):
+            data = chunk[off : off + piece]
+            yield pb.StreamStoreMessage(
+                handle=handle if first else b"",
+                start_depth=start_depth,
+                key=key,
+                index=i,
+                offset=off,
+                data=cctx.compress(data) if zstd else data,
+                codec=pb.CODEC_ZSTD if zstd else pb.CODEC_RAW,
+                last=off + piece >= len(chunk),
+                chunk_bytes=len(chunk),
+            )
+            first = False
+
+
+def stream_load(
+    stub: pb_grpc.KVCacheServiceStub,
+    handle: bytes,
+    keys: Sequence[bytes],
+    zstd: bool,
+    max_message_bytes: int = 0,
+) -> tuple[list[bytes], list[pb.StreamLoadMessage]]:
+    import zstandard
+
+    dctx = zstandard.ZstdDecompressor()
+    messages = list(
+        stub.StreamLoad(
+            pb.StreamLoadRequest(
+                handle=handle,
+                keys=keys,
+                codec=pb.CODEC_ZSTD if zstd else pb.CODEC_RAW,
+                max_message_bytes=max_message_bytes,
+            ),
+            timeout=RPC_TIMEOUT_S,
+        )
+    )
+    chunks: dict[int, bytearray] = {}
+    for m in messages:
+        data = dctx.decompress(m.data) if m.codec == pb.CODEC_ZSTD else m.data
+        buf = chunks.setdefault(m.index, bytearray())
+        assert m.offset == len(buf) and m.chunk_bytes == LAYOUT.chunk_bytes and m.key == keys[m.index]
+        buf += data
+    for i, m in enumerate(messages):
+        assert m.last == (i == len(messages) - 1 or messages[i + 1].index != m.index)
+    return [bytes(chunks[i]) for i in sorted(chunks)], messages
+
+
+@pytest.fixture(scope="module")
+def stub(shared_daemon: DaemonProc) -> pb_grpc.KVCacheServiceStub:
+    return shared_daemon.stub()
+
+
+@pytest.fixture(scope="module")
+def reg(stub: pb_grpc.KVCacheServiceStub) -> pb.RegisterResponse:
+    return register(stub)
+
+
+def test_register_describes_layout_and_data_plane(
+    stub: pb_grpc.KVCacheServiceStub, reg: pb.RegisterResponse
+) -> None:
+    assert len(reg.handle) == 16
+    assert reg.handle == NAMESPACE.scoped_id("")  # the default tenant's namespace id
+    assert reg.chunk_bytes == LAYOUT.chunk_bytes
+    assert reg.layout == namespace_spec().layout
+    dp = reg.data_plane
+    assert dp.slot_bytes == SLOT_BYTES and dp.num_slots == (16 << 20) // SLOT_BYTES
+    assert dp.segment_bytes == dp.slot_bytes * dp.num_slots
+    assert (SHM_DIR / dp.shm_segment).stat().st_size == dp.segment_bytes
+    assert reg.lease_ttl_s == 30.0 and reg.max_stream_message_bytes == STREAM_CHUNK_BYTES
+    assert register(stub).handle == reg.handle  # idempotent
+
+
+def test_shared_memory_store_and_load_are_bit_exact(
+    stub: pb_grpc.KVCacheServiceStub, reg: pb.RegisterResponse
+) -> None:
+    keys = make_keys(3, seed=1)
+    chunks = [payload(i, seed=1) for i in range(3)]
+    assert lookup(stub, reg.handle, keys).chunks == 0
+    assert shm_store(stub, reg, keys, chunks) == 3
+    found = lookup(stub, reg.handle, keys)
+    assert found.chunks == 3 and by_tier(found)[L2] == 3
+    assert shm_load(stub, reg, keys) == chunks
+    # A prefix of a longer chain; a store of cached chunks skips them.
+    longer = make_keys(5, seed=1)
+    assert lookup(stub, reg.handle, longer).chunks == 3
+    begin = stub.BeginStore(pb.BeginStoreRequest(handle=reg.handle, keys=longer), timeout=RPC_TIMEOUT_S)
+    assert list(begin.skipped) == [0, 1, 2] and [s.index for s in begin.slots] == [3, 4]
+    assert begin.expires_in_s > 0
+    aborted = stub.AbortStore(
+        pb.AbortStoreRequest(handle=reg.handle, ticket_id=begin.ticket_id), timeout=RPC_TIMEOUT_S
+    )
+    assert aborted.aborted
+    assert lookup(stub, reg.handle, longer).chunks == 3
+
+
+@pytest.mark.parametrize("zstd", [False, True], ids=["raw", "zstd"])
+def test_byte_stream_store_and_load_round_trip(
+    stub: pb_grpc.KVCacheServiceStub, reg: pb.RegisterResponse, zstd: bool
+) -> None:
+    seed = 20 + zstd
+    keys = make_keys(3, seed=seed)
+    chunks = [payload(i, seed=seed) for i in range(3)]
+    reply = stub.StreamStore(
+        stream_store_messages(reg.handle, keys, chunks, piece=10_000, zstd=zstd), timeout=RPC_TIMEOUT_S
+    )
+    assert reply.stored == 3 and list(reply.skipped) == []
+    assert by_tier(lookup(stub, reg.handle, keys))[L2] == 3
+    loaded, messages = stream_load(stub, reg.handle, keys, zstd)
+    assert loaded == chunks
+    assert all(len(m.data) <= STREAM_CHUNK_BYTES for m in messages)
+    assert any(m.codec == pb.CODEC_ZSTD for m in messages) == zstd
+    # The client may ask for smaller messages; what is stored through the stream loads through shm too.
+    small, messages = stream_load(stub, reg.handle, keys, zstd, max_message_bytes=5000)
+    assert small == chunks and all(len(m.data) <= 5000 for m in messages if m.codec == pb.CODEC_RAW)
+    assert shm_load(stub, reg, keys) == chunks
+
+
+def test_stream_store_skips_cached_chunks(stub: pb_grpc.KVCacheServiceStub, reg: pb.RegisterResponse) -> None:
+    keys = make_keys(3, seed=30)
+    chunks = [payload(i, seed=30) for i in range(3)]
+    assert shm_store(stub, reg, keys[:2], chunks[:2]) == 2
+    reply = stub.StreamStore(
+        stream_store_messages(reg.handle, keys, chunks, piece=LAYOUT.chunk_bytes, zstd=False),
+        timeout=RPC_TIMEOUT_S,
+    )
+    assert reply.stored == 1 and list(reply.skipped) == [0, 1]
+    assert stream_load(stub, reg.handle, keys, zstd=False)[0] == chunks
+
+
+def test_prefetch_lookup_pin_stats(stub: pb_grpc.KVCacheServiceStub, reg: pb.RegisterResponse) -> None:
+    keys = make_keys(2, seed=40)
+    shm_store(stub, reg, keys, [payload(i, seed=40) for i in range(2)])
+    ready = stub.Prefetch(
+        pb.PrefetchRequest(handle=reg.handle, keys=keys, timeout_s=5), timeout=RPC_TIMEOUT_S
+    )
+    assert ready.ready == 2
+    assert (
+        stub.Lookup(
+            pb.LookupRequest(handle=reg.handle, keys=keys, prefetch=True), timeout=RPC_TIMEOUT_S
+        ).chunks
+        == 2
+    )
+    assert stub.Pin(pb.PinRequest(handle=reg.handle, keys=keys), timeout=RPC_TIMEOUT_S).chunks == 2
+    assert stub.Unpin(pb.PinRequest(handle=reg.handle, keys=keys), timeout=RPC_TIMEOUT_S).chunks == 2
+    assert stub.Pin(pb.PinRequest(handle=reg.handle), timeout=RPC_TIMEOUT_S).chunks >= 2  # whole namespace
+    stub.Unpin(pb.PinRequest(handle=reg.handle), timeout=RPC_TIMEOUT_S)
+    stats = stub.Stats(pb.StatsRequest(), timeout=RPC_TIMEOUT_S)
+    assert [t.tier for t in stats.tiers] == [pb.TIER_L1, pb.TIER_L2, pb.TIER_L3]
+    l2 = stats.tiers[1]
+    assert l2.chunks >= 2 and l2.capacity_bytes == 16 << 20 and l2.hits > 0
+    assert stats.namespaces >= 1 and stats.active_leases == 0
+
+
+def test_watch_events_stored_then_cleared(shared_daemon: DaemonProc) -> None:
+    stub = shared_daemon.stub()
+    spec = namespace_spec()
+    spec.cache_salt = "events"
+    reg = stub.Register(pb.RegisterRequest(namespace=spec), timeout=RPC_TIMEOUT_S)
+    keys = make_keys(2, seed=50)
+    chunks = [payload(i, seed=50) for i in range(2)]
+    received: queue.Queue[pb.CacheEvent | BaseException] = queue.Queue()
+    call = stub.WatchEvents(pb.WatchEventsRequest(after_sequence=2**62))  # live events only
+
+    def collect() -> None:
+        try:
+            for event in call:
+                received.put(event)
+        except grpc.RpcError as exc:
+            received.put(exc)
+
+    threading.Thread(target=collect, daemon=True).start()
+    call.initial_metadata()  # sent once the subscription is live
+    try:
+        assert shm_store(stub, reg, keys, chunks) == 2
+        purged = stub.Purge(pb.PurgeRequest(handle=reg.handle), timeout=RPC_TIMEOUT_S)
+        assert purged.removed == 2
+        mine: list[pb.CacheEvent] = []
+        while not mine or mine[-1].kind != pb.CacheEvent.KIND_CLEARED:
+            item = received.get(timeout=RPC_TIMEOUT_S)
+            assert not isinstance(item, BaseException), item
+            if item.handle == reg.handle:
+                mine.append(item)
+    finally:
+        call.cancel()
+    stored = [e for e in mine if e.kind == pb.CacheEvent.KIND_STORED and e.tier == L2]
+    removed = [e for e in mine if e.kind == pb.CacheEvent.KIND_REMOVED]
+    assert sorted(e.key for e in stored) == sorted(keys)
+    assert {e.key for e in removed} == set(keys) and not any(e.evicted for e in removed)
+    sequences = [e.sequence for e in mine]
+    assert sequences == sorted(sequences) and len(set(sequences)) == len(sequences)
+    assert mine[-1].kind == pb.CacheEvent.KIND_CLEARED and mine[-1].tier == pb.TIER_UNSPECIFIED
+    assert lookup(stub, reg.handle, keys).chunks == 0
+    # Replay: a subscriber resuming after the first event gets the rest, in order, from the buffer.
+    replay = stub.WatchEvents(pb.WatchEventsRequest(after_sequence=sequences[0]))
+    try:
+        again = []
+        for event in replay:
+            if event.handle == reg.handle:
+                again.append(event.sequence)
+            if event.sequence == sequences[-1]:
+                break
+    finally:
+        replay.cancel()
+    assert again == sequences[1:]
+
+
+def test_health_and_diagnostics(shared_daemon: DaemonProc) -> None:
+    channel = shared_daemon.channel()
+    health = health_pb2_grpc.HealthStub(channel)
+    for service in ("", "tiercache.v1.KVCacheService"):
+        reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=RPC_TIMEOUT_S)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    diag = pb_grpc.DiagnosticsStub(channel)
+    assert diag.Echo(pb.EchoMessage(data=b"ping"), timeout=RPC_TIMEOUT_S).data == b"ping"
+    echoed = [m.data for m in diag.EchoStream(iter([pb.EchoMessage(data=b"a"), pb.EchoMessage(data=b"bc")]))]
+    assert echoed == [b"a", b"bc"]
+
+
+def test_socket_file_mode_is_0600(shared_daemon: DaemonProc) -> None:
+    mode = os.stat(shared_daemon.socket).st_mode
+    assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600
+
+
+def test_metrics_endpoint(
+    shared_daemon: DaemonProc, stub: pb_grpc.KVCacheServiceStub, reg: pb.RegisterResponse
+) -> None:
+    keys = make_keys(1, seed=60)
+    shm_store(stub, reg, keys, [payload(0, seed=60)])
+    shm_load(stub, reg, keys)
+    port = shared_daemon.args[shared_daemon.args.index("--metrics-port") + 1]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=RPC_TIMEOUT_S) as resp:
+        assert resp.status == 200
+        text = resp.read().decode()
+    for fragment in (
+        'tiercache_tier_chunks{tier="L2"}',
+        'tiercache_tier_capacity_bytes{tier="L3"} 6.7108864e+07',
+        'tiercache_tier_hits_total{tier="L2"}',
+        'tiercache_tier_misses_total{tier="L1"}',
+        'tiercache_tier_evictions_total{tier="L2"}',
+        'tiercache_tier_promotions_total{tier="L1"}',
+        'tiercache_tier_corrupt_reads_total{tier="L3"}',
+        "tiercache_active_leases 0.0",
+        'tiercache_rpc_duration_seconds_bucket{code="OK",le="0.1",method="CommitStore"}',
+        'tiercache_bytes_moved_total{direction="store",path="shm"}',
+        'tiercache_bytes_moved_total{direction="load",path="shm"}',
+        'tiercache_lookup_hit_tokens_total{tier="L2"}',
+        'tiercache_load_success_tokens_total{tier="L2"}',
+    ):
+        assert fragment in text, fragment
+    assert "python_gc_objects_collected_total" not in text  # its own registry, not the global one
+
+
+def test_tcp_listener(shared_daemon: DaemonProc) -> None:
+    address = shared_daemon.args[shared_daemon.args.index("--tcp") + 1]
+    with grpc.insecure_channel(address) as channel:
+        stats = pb_grpc.KVCacheServiceStub(channel).Stats(pb.StatsRequest(), timeout=RPC_TIMEOUT_S)
+    assert len(stats.tiers) == 3
+    assert f"listening on unix:{shared_daemon.socket} and tcp:{address}" in shared_daemon.stderr()
