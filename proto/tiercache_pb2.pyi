@@ -28,6 +28,13 @@ class Codec(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     CODEC_RAW: _ClassVar[Codec]
     CODEC_ZSTD: _ClassVar[Codec]
+
+class LoadPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LOAD_POLICY_WAIT_COMPLETE: _ClassVar[LoadPolicy]
+    LOAD_POLICY_BEST_EFFORT: _ClassVar[LoadPolicy]
+    LOAD_POLICY_TIMEOUT: _ClassVar[LoadPolicy]
+    LOAD_POLICY_COST_AWARE: _ClassVar[LoadPolicy]
 KV_DTYPE_UNSPECIFIED: KVDtype
 KV_DTYPE_FLOAT32: KVDtype
 KV_DTYPE_FLOAT16: KVDtype
@@ -41,6 +48,28 @@ TIER_L2: Tier
 TIER_L3: Tier
 CODEC_RAW: Codec
 CODEC_ZSTD: Codec
+LOAD_POLICY_WAIT_COMPLETE: LoadPolicy
+LOAD_POLICY_BEST_EFFORT: LoadPolicy
+LOAD_POLICY_TIMEOUT: LoadPolicy
+LOAD_POLICY_COST_AWARE: LoadPolicy
+
+class PrefillModel(_message.Message):
+    __slots__ = ("tokens_per_s", "quadratic_s")
+    TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    QUADRATIC_S_FIELD_NUMBER: _ClassVar[int]
+    tokens_per_s: float
+    quadratic_s: float
+    def __init__(self, tokens_per_s: _Optional[float] = ..., quadratic_s: _Optional[float] = ...) -> None: ...
+
+class DeadlineModel(_message.Message):
+    __slots__ = ("base_s", "per_1k_tokens_s", "cap_s")
+    BASE_S_FIELD_NUMBER: _ClassVar[int]
+    PER_1K_TOKENS_S_FIELD_NUMBER: _ClassVar[int]
+    CAP_S_FIELD_NUMBER: _ClassVar[int]
+    base_s: float
+    per_1k_tokens_s: float
+    cap_s: float
+    def __init__(self, base_s: _Optional[float] = ..., per_1k_tokens_s: _Optional[float] = ..., cap_s: _Optional[float] = ...) -> None: ...
 
 class Layout(_message.Message):
     __slots__ = ("num_layers", "num_kv_heads", "head_dim", "dtype", "chunk_tokens", "page_tokens", "mla")
@@ -97,12 +126,16 @@ class DataPlane(_message.Message):
     def __init__(self, shm_segment: _Optional[str] = ..., slot_bytes: _Optional[int] = ..., num_slots: _Optional[int] = ..., segment_bytes: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("namespace", "engine_id")
+    __slots__ = ("namespace", "engine_id", "prefill", "deadline")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_FIELD_NUMBER: _ClassVar[int]
     namespace: NamespaceSpec
     engine_id: str
-    def __init__(self, namespace: _Optional[_Union[NamespaceSpec, _Mapping]] = ..., engine_id: _Optional[str] = ...) -> None: ...
+    prefill: PrefillModel
+    deadline: DeadlineModel
+    def __init__(self, namespace: _Optional[_Union[NamespaceSpec, _Mapping]] = ..., engine_id: _Optional[str] = ..., prefill: _Optional[_Union[PrefillModel, _Mapping]] = ..., deadline: _Optional[_Union[DeadlineModel, _Mapping]] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("handle", "layout", "chunk_bytes", "data_plane", "lease_ttl_s", "max_stream_message_bytes")
@@ -139,12 +172,14 @@ class LookupRequest(_message.Message):
     def __init__(self, handle: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., prefetch: _Optional[bool] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
-    __slots__ = ("chunks", "by_tier")
+    __slots__ = ("chunks", "by_tier", "prefetch_id")
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     BY_TIER_FIELD_NUMBER: _ClassVar[int]
+    PREFETCH_ID_FIELD_NUMBER: _ClassVar[int]
     chunks: int
     by_tier: _containers.RepeatedCompositeFieldContainer[TierCount]
-    def __init__(self, chunks: _Optional[int] = ..., by_tier: _Optional[_Iterable[_Union[TierCount, _Mapping]]] = ...) -> None: ...
+    prefetch_id: int
+    def __init__(self, chunks: _Optional[int] = ..., by_tier: _Optional[_Iterable[_Union[TierCount, _Mapping]]] = ..., prefetch_id: _Optional[int] = ...) -> None: ...
 
 class PrefetchRequest(_message.Message):
     __slots__ = ("handle", "keys", "timeout_s")
@@ -157,10 +192,26 @@ class PrefetchRequest(_message.Message):
     def __init__(self, handle: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., timeout_s: _Optional[float] = ...) -> None: ...
 
 class PrefetchResponse(_message.Message):
-    __slots__ = ("ready",)
+    __slots__ = ("ready", "prefetch_id")
     READY_FIELD_NUMBER: _ClassVar[int]
+    PREFETCH_ID_FIELD_NUMBER: _ClassVar[int]
     ready: int
-    def __init__(self, ready: _Optional[int] = ...) -> None: ...
+    prefetch_id: int
+    def __init__(self, ready: _Optional[int] = ..., prefetch_id: _Optional[int] = ...) -> None: ...
+
+class CancelPrefetchRequest(_message.Message):
+    __slots__ = ("handle", "prefetch_id")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    PREFETCH_ID_FIELD_NUMBER: _ClassVar[int]
+    handle: bytes
+    prefetch_id: int
+    def __init__(self, handle: _Optional[bytes] = ..., prefetch_id: _Optional[int] = ...) -> None: ...
+
+class CancelPrefetchResponse(_message.Message):
+    __slots__ = ("cancelled",)
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    cancelled: int
+    def __init__(self, cancelled: _Optional[int] = ...) -> None: ...
 
 class BeginStoreRequest(_message.Message):
     __slots__ = ("handle", "keys", "start_depth", "ttl_s")
@@ -175,14 +226,16 @@ class BeginStoreRequest(_message.Message):
     def __init__(self, handle: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., start_depth: _Optional[int] = ..., ttl_s: _Optional[float] = ...) -> None: ...
 
 class SlotRef(_message.Message):
-    __slots__ = ("index", "slot", "nbytes")
+    __slots__ = ("index", "slot", "nbytes", "source")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     SLOT_FIELD_NUMBER: _ClassVar[int]
     NBYTES_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
     index: int
     slot: int
     nbytes: int
-    def __init__(self, index: _Optional[int] = ..., slot: _Optional[int] = ..., nbytes: _Optional[int] = ...) -> None: ...
+    source: Tier
+    def __init__(self, index: _Optional[int] = ..., slot: _Optional[int] = ..., nbytes: _Optional[int] = ..., source: _Optional[_Union[Tier, str]] = ...) -> None: ...
 
 class BeginStoreResponse(_message.Message):
     __slots__ = ("ticket_id", "slots", "skipped", "expires_in_s")
@@ -197,12 +250,14 @@ class BeginStoreResponse(_message.Message):
     def __init__(self, ticket_id: _Optional[int] = ..., slots: _Optional[_Iterable[_Union[SlotRef, _Mapping]]] = ..., skipped: _Optional[_Iterable[int]] = ..., expires_in_s: _Optional[float] = ...) -> None: ...
 
 class CommitStoreRequest(_message.Message):
-    __slots__ = ("handle", "ticket_id")
+    __slots__ = ("handle", "ticket_id", "indices")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     TICKET_ID_FIELD_NUMBER: _ClassVar[int]
+    INDICES_FIELD_NUMBER: _ClassVar[int]
     handle: bytes
     ticket_id: int
-    def __init__(self, handle: _Optional[bytes] = ..., ticket_id: _Optional[int] = ...) -> None: ...
+    indices: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, handle: _Optional[bytes] = ..., ticket_id: _Optional[int] = ..., indices: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CommitStoreResponse(_message.Message):
     __slots__ = ("stored",)
@@ -225,24 +280,36 @@ class AbortStoreResponse(_message.Message):
     def __init__(self, aborted: _Optional[bool] = ...) -> None: ...
 
 class AcquireLoadRequest(_message.Message):
-    __slots__ = ("handle", "keys", "ttl_s")
+    __slots__ = ("handle", "keys", "ttl_s", "policy", "timeout_s", "prompt_tokens")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     TTL_S_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     handle: bytes
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     ttl_s: float
-    def __init__(self, handle: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., ttl_s: _Optional[float] = ...) -> None: ...
+    policy: LoadPolicy
+    timeout_s: float
+    prompt_tokens: int
+    def __init__(self, handle: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., ttl_s: _Optional[float] = ..., policy: _Optional[_Union[LoadPolicy, str]] = ..., timeout_s: _Optional[float] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class AcquireLoadResponse(_message.Message):
-    __slots__ = ("lease_id", "slots", "expires_in_s")
+    __slots__ = ("lease_id", "slots", "expires_in_s", "cached", "estimated_load_s", "estimated_recompute_s")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_IN_S_FIELD_NUMBER: _ClassVar[int]
+    CACHED_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATED_LOAD_S_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATED_RECOMPUTE_S_FIELD_NUMBER: _ClassVar[int]
     lease_id: int
     slots: _containers.RepeatedCompositeFieldContainer[SlotRef]
     expires_in_s: float
-    def __init__(self, lease_id: _Optional[int] = ..., slots: _Optional[_Iterable[_Union[SlotRef, _Mapping]]] = ..., expires_in_s: _Optional[float] = ...) -> None: ...
+    cached: int
+    estimated_load_s: float
+    estimated_recompute_s: float
+    def __init__(self, lease_id: _Optional[int] = ..., slots: _Optional[_Iterable[_Union[SlotRef, _Mapping]]] = ..., expires_in_s: _Optional[float] = ..., cached: _Optional[int] = ..., estimated_load_s: _Optional[float] = ..., estimated_recompute_s: _Optional[float] = ...) -> None: ...
 
 class ReleaseLoadRequest(_message.Message):
     __slots__ = ("handle", "lease_id")
@@ -289,7 +356,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TierStats(_message.Message):
-    __slots__ = ("tier", "chunks", "used_bytes", "capacity_bytes", "hits", "misses", "evictions", "promotions", "demotions", "corrupt_reads")
+    __slots__ = ("tier", "chunks", "used_bytes", "capacity_bytes", "hits", "misses", "evictions", "promotions", "demotions", "corrupt_reads", "lookup_hit_tokens", "load_success_tokens", "effective_hit_tokens", "latency_s", "bytes_per_s")
     TIER_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     USED_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -300,6 +367,11 @@ class TierStats(_message.Message):
     PROMOTIONS_FIELD_NUMBER: _ClassVar[int]
     DEMOTIONS_FIELD_NUMBER: _ClassVar[int]
     CORRUPT_READS_FIELD_NUMBER: _ClassVar[int]
+    LOOKUP_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOAD_SUCCESS_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    EFFECTIVE_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_S_FIELD_NUMBER: _ClassVar[int]
+    BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
     tier: Tier
     chunks: int
     used_bytes: int
@@ -310,10 +382,29 @@ class TierStats(_message.Message):
     promotions: int
     demotions: int
     corrupt_reads: int
-    def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., chunks: _Optional[int] = ..., used_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., promotions: _Optional[int] = ..., demotions: _Optional[int] = ..., corrupt_reads: _Optional[int] = ...) -> None: ...
+    lookup_hit_tokens: int
+    load_success_tokens: int
+    effective_hit_tokens: int
+    latency_s: float
+    bytes_per_s: float
+    def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., chunks: _Optional[int] = ..., used_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., promotions: _Optional[int] = ..., demotions: _Optional[int] = ..., corrupt_reads: _Optional[int] = ..., lookup_hit_tokens: _Optional[int] = ..., load_success_tokens: _Optional[int] = ..., effective_hit_tokens: _Optional[int] = ..., latency_s: _Optional[float] = ..., bytes_per_s: _Optional[float] = ...) -> None: ...
+
+class PrefillStats(_message.Message):
+    __slots__ = ("active_claims", "claimed_chunks", "waits", "takeovers", "expired_claims")
+    ACTIVE_CLAIMS_FIELD_NUMBER: _ClassVar[int]
+    CLAIMED_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    WAITS_FIELD_NUMBER: _ClassVar[int]
+    TAKEOVERS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRED_CLAIMS_FIELD_NUMBER: _ClassVar[int]
+    active_claims: int
+    claimed_chunks: int
+    waits: int
+    takeovers: int
+    expired_claims: int
+    def __init__(self, active_claims: _Optional[int] = ..., claimed_chunks: _Optional[int] = ..., waits: _Optional[int] = ..., takeovers: _Optional[int] = ..., expired_claims: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("tiers", "namespaces", "active_leases", "expired_leases", "single_flight_joins", "pending_writes", "failed_writes")
+    __slots__ = ("tiers", "namespaces", "active_leases", "expired_leases", "single_flight_joins", "pending_writes", "failed_writes", "prefill", "recomputed_tokens")
     TIERS_FIELD_NUMBER: _ClassVar[int]
     NAMESPACES_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_LEASES_FIELD_NUMBER: _ClassVar[int]
@@ -321,6 +412,8 @@ class StatsResponse(_message.Message):
     SINGLE_FLIGHT_JOINS_FIELD_NUMBER: _ClassVar[int]
     PENDING_WRITES_FIELD_NUMBER: _ClassVar[int]
     FAILED_WRITES_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_FIELD_NUMBER: _ClassVar[int]
+    RECOMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
     namespaces: int
     active_leases: int
@@ -328,7 +421,79 @@ class StatsResponse(_message.Message):
     single_flight_joins: int
     pending_writes: int
     failed_writes: int
-    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., namespaces: _Optional[int] = ..., active_leases: _Optional[int] = ..., expired_leases: _Optional[int] = ..., single_flight_joins: _Optional[int] = ..., pending_writes: _Optional[int] = ..., failed_writes: _Optional[int] = ...) -> None: ...
+    prefill: PrefillStats
+    recomputed_tokens: int
+    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., namespaces: _Optional[int] = ..., active_leases: _Optional[int] = ..., expired_leases: _Optional[int] = ..., single_flight_joins: _Optional[int] = ..., pending_writes: _Optional[int] = ..., failed_writes: _Optional[int] = ..., prefill: _Optional[_Union[PrefillStats, _Mapping]] = ..., recomputed_tokens: _Optional[int] = ...) -> None: ...
+
+class ClaimPrefillRequest(_message.Message):
+    __slots__ = ("handle", "keys", "ttl_s")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    handle: bytes
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    ttl_s: float
+    def __init__(self, handle: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., ttl_s: _Optional[float] = ...) -> None: ...
+
+class ClaimPrefillResponse(_message.Message):
+    __slots__ = ("claim_id", "cached", "wait", "lead", "takeovers")
+    CLAIM_ID_FIELD_NUMBER: _ClassVar[int]
+    CACHED_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FIELD_NUMBER: _ClassVar[int]
+    LEAD_FIELD_NUMBER: _ClassVar[int]
+    TAKEOVERS_FIELD_NUMBER: _ClassVar[int]
+    claim_id: int
+    cached: int
+    wait: int
+    lead: int
+    takeovers: int
+    def __init__(self, claim_id: _Optional[int] = ..., cached: _Optional[int] = ..., wait: _Optional[int] = ..., lead: _Optional[int] = ..., takeovers: _Optional[int] = ...) -> None: ...
+
+class WaitPrefillRequest(_message.Message):
+    __slots__ = ("handle", "keys", "timeout_s", "claim_id")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_ID_FIELD_NUMBER: _ClassVar[int]
+    handle: bytes
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    timeout_s: float
+    claim_id: int
+    def __init__(self, handle: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., timeout_s: _Optional[float] = ..., claim_id: _Optional[int] = ...) -> None: ...
+
+class WaitPrefillResponse(_message.Message):
+    __slots__ = ("cached",)
+    CACHED_FIELD_NUMBER: _ClassVar[int]
+    cached: int
+    def __init__(self, cached: _Optional[int] = ...) -> None: ...
+
+class ReleasePrefillRequest(_message.Message):
+    __slots__ = ("handle", "claim_id")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_ID_FIELD_NUMBER: _ClassVar[int]
+    handle: bytes
+    claim_id: int
+    def __init__(self, handle: _Optional[bytes] = ..., claim_id: _Optional[int] = ...) -> None: ...
+
+class ReleasePrefillResponse(_message.Message):
+    __slots__ = ("released",)
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    released: int
+    def __init__(self, released: _Optional[int] = ...) -> None: ...
+
+class ReportUsageRequest(_message.Message):
+    __slots__ = ("handle", "effective_chunks", "recomputed_tokens")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    EFFECTIVE_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    RECOMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    handle: bytes
+    effective_chunks: _containers.RepeatedCompositeFieldContainer[TierCount]
+    recomputed_tokens: int
+    def __init__(self, handle: _Optional[bytes] = ..., effective_chunks: _Optional[_Iterable[_Union[TierCount, _Mapping]]] = ..., recomputed_tokens: _Optional[int] = ...) -> None: ...
+
+class ReportUsageResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class WatchEventsRequest(_message.Message):
     __slots__ = ("after_sequence",)

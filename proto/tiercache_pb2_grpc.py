@@ -109,6 +109,31 @@ class KVCacheServiceStub:
                 request_serializer=tiercache_dot_proto_dot_tiercache__pb2.StreamLoadRequest.SerializeToString,
                 response_deserializer=tiercache_dot_proto_dot_tiercache__pb2.StreamLoadMessage.FromString,
                 _registered_method=True)
+        self.CancelPrefetch = channel.unary_unary(
+                '/tiercache.v1.KVCacheService/CancelPrefetch',
+                request_serializer=tiercache_dot_proto_dot_tiercache__pb2.CancelPrefetchRequest.SerializeToString,
+                response_deserializer=tiercache_dot_proto_dot_tiercache__pb2.CancelPrefetchResponse.FromString,
+                _registered_method=True)
+        self.ClaimPrefill = channel.unary_unary(
+                '/tiercache.v1.KVCacheService/ClaimPrefill',
+                request_serializer=tiercache_dot_proto_dot_tiercache__pb2.ClaimPrefillRequest.SerializeToString,
+                response_deserializer=tiercache_dot_proto_dot_tiercache__pb2.ClaimPrefillResponse.FromString,
+                _registered_method=True)
+        self.WaitPrefill = channel.unary_unary(
+                '/tiercache.v1.KVCacheService/WaitPrefill',
+                request_serializer=tiercache_dot_proto_dot_tiercache__pb2.WaitPrefillRequest.SerializeToString,
+                response_deserializer=tiercache_dot_proto_dot_tiercache__pb2.WaitPrefillResponse.FromString,
+                _registered_method=True)
+        self.ReleasePrefill = channel.unary_unary(
+                '/tiercache.v1.KVCacheService/ReleasePrefill',
+                request_serializer=tiercache_dot_proto_dot_tiercache__pb2.ReleasePrefillRequest.SerializeToString,
+                response_deserializer=tiercache_dot_proto_dot_tiercache__pb2.ReleasePrefillResponse.FromString,
+                _registered_method=True)
+        self.ReportUsage = channel.unary_unary(
+                '/tiercache.v1.KVCacheService/ReportUsage',
+                request_serializer=tiercache_dot_proto_dot_tiercache__pb2.ReportUsageRequest.SerializeToString,
+                response_deserializer=tiercache_dot_proto_dot_tiercache__pb2.ReportUsageResponse.FromString,
+                _registered_method=True)
 
 
 class KVCacheServiceServicer:
@@ -213,6 +238,40 @@ class KVCacheServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelPrefetch(self, request, context):
+        """Drop the promotions of a prefetch that is no longer wanted (its request was cancelled).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClaimPrefill(self, request, context):
+        """Single-flight prefill: claim the uncached chunks nobody computes yet, wait for the ones others compute,
+        give a claim up. The leader publishes each chunk with CommitStore(indices) as soon as it is computed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WaitPrefill(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleasePrefill(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportUsage(self, request, context):
+        """What the engine did with a load: prefill tokens it skipped (per source tier) and recomputed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVCacheServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -290,6 +349,31 @@ def add_KVCacheServiceServicer_to_server(servicer, server):
                     servicer.StreamLoad,
                     request_deserializer=tiercache_dot_proto_dot_tiercache__pb2.StreamLoadRequest.FromString,
                     response_serializer=tiercache_dot_proto_dot_tiercache__pb2.StreamLoadMessage.SerializeToString,
+            ),
+            'CancelPrefetch': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelPrefetch,
+                    request_deserializer=tiercache_dot_proto_dot_tiercache__pb2.CancelPrefetchRequest.FromString,
+                    response_serializer=tiercache_dot_proto_dot_tiercache__pb2.CancelPrefetchResponse.SerializeToString,
+            ),
+            'ClaimPrefill': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClaimPrefill,
+                    request_deserializer=tiercache_dot_proto_dot_tiercache__pb2.ClaimPrefillRequest.FromString,
+                    response_serializer=tiercache_dot_proto_dot_tiercache__pb2.ClaimPrefillResponse.SerializeToString,
+            ),
+            'WaitPrefill': grpc.unary_unary_rpc_method_handler(
+                    servicer.WaitPrefill,
+                    request_deserializer=tiercache_dot_proto_dot_tiercache__pb2.WaitPrefillRequest.FromString,
+                    response_serializer=tiercache_dot_proto_dot_tiercache__pb2.WaitPrefillResponse.SerializeToString,
+            ),
+            'ReleasePrefill': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleasePrefill,
+                    request_deserializer=tiercache_dot_proto_dot_tiercache__pb2.ReleasePrefillRequest.FromString,
+                    response_serializer=tiercache_dot_proto_dot_tiercache__pb2.ReleasePrefillResponse.SerializeToString,
+            ),
+            'ReportUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportUsage,
+                    request_deserializer=tiercache_dot_proto_dot_tiercache__pb2.ReportUsageRequest.FromString,
+                    response_serializer=tiercache_dot_proto_dot_tiercache__pb2.ReportUsageResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -697,6 +781,141 @@ class KVCacheService:
             '/tiercache.v1.KVCacheService/StreamLoad',
             tiercache_dot_proto_dot_tiercache__pb2.StreamLoadRequest.SerializeToString,
             tiercache_dot_proto_dot_tiercache__pb2.StreamLoadMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelPrefetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tiercache.v1.KVCacheService/CancelPrefetch',
+            tiercache_dot_proto_dot_tiercache__pb2.CancelPrefetchRequest.SerializeToString,
+            tiercache_dot_proto_dot_tiercache__pb2.CancelPrefetchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClaimPrefill(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tiercache.v1.KVCacheService/ClaimPrefill',
+            tiercache_dot_proto_dot_tiercache__pb2.ClaimPrefillRequest.SerializeToString,
+            tiercache_dot_proto_dot_tiercache__pb2.ClaimPrefillResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WaitPrefill(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tiercache.v1.KVCacheService/WaitPrefill',
+            tiercache_dot_proto_dot_tiercache__pb2.WaitPrefillRequest.SerializeToString,
+            tiercache_dot_proto_dot_tiercache__pb2.WaitPrefillResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleasePrefill(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tiercache.v1.KVCacheService/ReleasePrefill',
+            tiercache_dot_proto_dot_tiercache__pb2.ReleasePrefillRequest.SerializeToString,
+            tiercache_dot_proto_dot_tiercache__pb2.ReleasePrefillResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tiercache.v1.KVCacheService/ReportUsage',
+            tiercache_dot_proto_dot_tiercache__pb2.ReportUsageRequest.SerializeToString,
+            tiercache_dot_proto_dot_tiercache__pb2.ReportUsageResponse.FromString,
             options,
             channel_credentials,
             insecure,
