@@ -1,12 +1,15 @@
 """tiercache.bench — the ``tiercache-bench`` storage benchmark.
 
 Modules:
-    cli: ``main(argv)``, the argparse front end (subcommand ``tiers``).
-    runner: ``TiersBenchConfig`` and ``run_tiers``, which measures ceilings and tiers size by size.
-    ceilings: the machine's own ceilings (memcpy, buffered disk write and read) and a machine description.
-    tiers: put/get measurement of one tier and round-trip verification (``verify_round_trip``).
-    targets: which ceiling each tier figure is compared against, and the target ratio.
-    report: the plain-text table and the JSON document.
-    payload: random bf16 KV-like payloads and destination buffers.
-    timing: per-call latency and throughput of a timed phase.
+    cli: ``main(argv)``, the argparse front end; a table of subcommands (``COMMANDS``).
+    cmd_tiers, cmd_connector, cmd_workload, cmd_compare: one subcommand each (``configure_parser``, ``run``).
+    layerwise, singleflight, engine: further subcommands (registered when present).
+    args: argument types and shared flag groups.  command: what every subcommand does around its run.
+    runner / tiers / targets / report: the ``tiers`` run, tier measurement, targets, output.
+    ceilings: memcpy and disk ceilings; a machine description.  baselines: bare gRPC echo / echo stream.
+    connector_bench / connector_report: the ``connector`` run and its output.
+    traces / replay / workload / workload_report: traces, replay targets, the ``workload`` run, output.
+    refmodel / peers / redis_server / compare / compare_report: the ``compare`` run and its peers.
+    daemon_proc: a running daemon or one started for the run.  kvcheck: engine KV and its verification.
+    payload, timing, progress, tables, plot, documents: payloads, timing, progress bar, tables, PNG, JSON.
 """

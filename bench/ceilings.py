@@ -4,7 +4,7 @@ A tier figure means little alone: it is reported as a ratio to what the machine 
 same chunk size and batching.
 
 Primitives:
-    CeilingKind: memcpy, buffered disk write (final fsync included), disk read.
+    CeilingKind: memcpy, buffered disk write (final fsync included), disk read, bare gRPC echo stream.
     CeilingResult: one ceiling at one chunk size.
     measure_memcpy: tensor copy of every chunk into a preallocated destination, batch by batch.
     measure_disk: write a file of the payload in chunk-size blocks + fsync, drop it from the page cache,
@@ -42,6 +42,7 @@ class CeilingKind(enum.Enum):
     MEMCPY = "memcpy"
     DISK_WRITE = "disk_write"
     DISK_READ = "disk_read"
+    ECHO_STREAM = "echo_stream"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,240 +1,122 @@
 """The ``tiercache-bench`` command line (also ``python -m tiercache.bench``).
 
-Subcommands:
-    tiers: put/get GB/s and per-call latency of L1, L2 and L3 against the machine's memcpy and disk
-        ceilings, measured in the same run; a table on stdout, optionally every figure as JSON.
+Subcommands (each a module with ``configure_parser(parser)`` and ``run(args) -> int``, listed in
+:data:`COMMANDS`):
+    tiers: put/get GB/s and latency per tier against memcpy and disk ceilings.
+    connector: store/load GB/s through the connector vs memcpy, lookup latency vs bare echo, byte stream
+        vs bare stream.
+    workload: synthetic or JSONL traces replayed through the cache; token-weighted hits per tier.
+    compare: the same store/load workload against recompute, Redis and plain files.
+    layerwise, singleflight, engine: further benchmarks, registered when their modules are present.
 
-Exit status: 0 on success (missed targets are reported, not failed); 1 when a round trip lost or changed
-bytes or a tier, the disk or shared memory failed; 2 on bad arguments.
+Every subcommand prints a table; ``--json PATH`` writes every figure with the machine and config,
+``--plot PATH.png`` a chart. Exit status: 0 on success (missed targets are reported, not failed); 1 when a
+round trip lost or changed bytes, or a tier, the daemon, the disk or shared memory failed; 2 on bad
+arguments.
 
 Primitives:
     main: the entry point.
     build_parser: the argparse parser.
+    Command / COMMANDS: the registration table (name, module, help, required).
     parse_size / parse_sizes: ``256K``, ``1M``, ``1.5MiB``, ``4096`` -> bytes (binary units).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import importlib
 import logging
-import re
-import sys
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
 
-import torch
+from .args import parse_size, parse_sizes
 
-from tiercache.errors import InvalidArgumentError, TierCacheError
-from tiercache.tiers.base import TierLevel
-from tiercache.tiers.lmdb import Codec
-
-from .report import format_report, write_json
-from .runner import TiersBenchConfig, run_tiers
-from .tiers import RoundTripError, TierOptions
+__all__ = ["COMMANDS", "Command", "build_parser", "main", "parse_size", "parse_sizes"]
 
 logger = logging.getLogger(__name__)
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
-_SHIFTS = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}
 
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One subcommand.
 
-def parse_size(text: str) -> int:
-    """Bytes in ``text``: a number with an optional binary unit (``K``, ``M``, ``G``, ``T``; ``KiB``/``KB`` too).
-
-    Raises:
-        argparse.ArgumentTypeError: not a size, or not a positive whole number of bytes.
+    Attributes:
+        name: the subcommand.
+        module: module of this package (relative, e.g. ``.cmd_tiers``) with ``configure_parser`` and ``run``.
+        help: one line for ``--help``.
+        required: a missing or broken module is an error (False: the subcommand is left out, with a
+            warning when its module exists but fails to import).
     """
-    match = _SIZE.match(text)
-    if match is None:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 256K, 1M, 4MiB, 1048576)")
-    value = float(match.group(1)) * (1 << _SHIFTS[match.group(2).lower()])
-    if value <= 0 or value != int(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number of bytes")
-    return int(value)
+
+    name: str
+    module: str
+    help: str
+    required: bool = True
 
 
-def parse_sizes(text: str) -> tuple[int, ...]:
-    """Comma-separated sizes, e.g. ``256K,1M,4M`` (see :func:`parse_size`)."""
-    return tuple(parse_size(part) for part in text.split(",") if part.strip())
+COMMANDS: tuple[Command, ...] = (
+    Command("tiers", ".cmd_tiers", "put/get GB/s and latency per tier against memcpy and disk ceilings"),
+    Command(
+        "connector",
+        ".cmd_connector",
+        "store/load GB/s through the connector vs memcpy; lookup vs bare echo; byte stream vs bare stream",
+    ),
+    Command(
+        "workload",
+        ".cmd_workload",
+        "replay synthetic or JSONL traces; token-weighted hits per tier, bytes moved, prefill saved",
+    ),
+    Command("compare", ".cmd_compare", "the same store/load workload vs recompute, Redis and plain files"),
+    Command(
+        "layerwise",
+        ".layerwise",
+        "overlap of layerwise loading with per-layer compute, as a measured timeline",
+        required=False,
+    ),
+    Command(
+        "singleflight",
+        ".singleflight",
+        "identical requests on a cold cache, with and without single-flight prefill",
+        required=False,
+    ),
+    Command(
+        "engine", ".engine", "time to first token of a real model with and without tiercache", required=False
+    ),
+)
+"""Every subcommand, in ``--help`` order."""
 
 
-def parse_levels(text: str) -> tuple[TierLevel, ...]:
-    """Comma-separated tier names, e.g. ``L1,L3``, without duplicates, in the order given.
-
-    Raises:
-        argparse.ArgumentTypeError: an unknown name (the message lists the valid ones).
-    """
-    levels: list[TierLevel] = []
-    for part in (p.strip().upper() for p in text.split(",") if p.strip()):
-        if part not in TierLevel.__members__:
-            valid = ",".join(TierLevel.__members__)
-            raise argparse.ArgumentTypeError(f"unknown tier {part!r}; valid: {valid}")
-        if TierLevel[part] not in levels:
-            levels.append(TierLevel[part])
-    if not levels:
-        raise argparse.ArgumentTypeError("at least one tier is needed")
-    return tuple(levels)
-
-
-def _codec(text: str) -> Codec:
+def _load(command: Command) -> ModuleType | None:
+    name = f"{__package__}{command.module}"
     try:
-        return Codec.from_name(text)
-    except InvalidArgumentError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _device(text: str) -> str:
-    """``auto`` -> ``cuda`` when available, else ``cpu``; any other name must be a usable torch device."""
-    if text == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(text)
-    except RuntimeError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a torch device: {exc}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise argparse.ArgumentTypeError(f"{text!r}: CUDA is not available here")
-    if device.type not in ("cpu", "cuda"):
-        raise argparse.ArgumentTypeError(f"{text!r}: only cpu and cuda devices are supported")
-    return text
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text}")
-    return value
-
-
-def _add_tiers_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "tiers",
-        help="put/get GB/s and latency per tier against memcpy and disk ceilings",
-        description="Measure put/get throughput and per-call latency of each tier and, in the same run, the "
-        "machine's memcpy and buffered disk write/read ceilings; print each figure as a ratio to its ceiling.",
-    )
-    p.add_argument("--tiers", type=parse_levels, default=parse_levels("L1,L2,L3"), help="default L1,L2,L3")
-    p.add_argument(
-        "--chunk-sizes",
-        type=parse_sizes,
-        default=parse_sizes("256K,1M,4M,16M,32M"),
-        help="comma-separated chunk sizes (binary units); default 256K,1M,4M,16M,32M",
-    )
-    p.add_argument(
-        "--bytes-per-size",
-        type=parse_size,
-        default=256 << 20,
-        help="payload bytes moved per chunk size (256M)",
-    )
-    p.add_argument("--batch", type=_positive_int, default=8, help="chunks per put/get call (8)")
-    p.add_argument(
-        "--dir",
-        type=Path,
-        default=None,
-        help="directory for L3 and the disk ceiling (a temporary directory is made inside and removed); "
-        "default: the user cache dir or the system temp dir",
-    )
-    p.add_argument("--codec", type=_codec, default=Codec.RAW, help="L3 codec: raw or zstd (raw)")
-    p.add_argument("--zstd-level", type=int, default=3, help="L3 zstd level (3)")
-    p.add_argument("--durable", action="store_true", help="L3 fsyncs every commit")
-    p.add_argument(
-        "--device", type=_device, default="auto", help="L1 device: auto (cuda when available), cpu, cuda[:n]"
-    )
-    p.add_argument("--warmup", type=_non_negative_int, default=2, help="untimed rounds per tier and size (2)")
-    p.add_argument(
-        "--threads",
-        type=_positive_int,
-        default=None,
-        help="torch intra-op threads for the run (torch's default)",
-    )
-    p.add_argument("--seed", type=int, default=0, help="payload seed (0)")
-    p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write every figure as JSON")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
-    p.set_defaults(handler=_run_tiers)
+        return importlib.import_module(command.module, __package__)
+    except ModuleNotFoundError as exc:
+        if command.required or exc.name != name:
+            raise
+        logger.debug("subcommand %s left out: %s is not installed", command.name, name)
+        return None
+    except Exception as exc:  # an optional command must not break the others
+        if command.required:
+            raise
+        logger.warning("subcommand %s left out: importing %s failed: %s", command.name, name, exc)
+        return None
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``tiercache-bench`` parser with its subcommands."""
     parser = argparse.ArgumentParser(prog="tiercache-bench", description="tiercache storage benchmarks")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _add_tiers_parser(sub)
+    for command in COMMANDS:
+        module = _load(command)
+        if module is None:
+            continue
+        p = sub.add_parser(
+            command.name, help=command.help, description=(module.__doc__ or "").split("\n\n")[0]
+        )
+        module.configure_parser(p)
+        p.set_defaults(handler=module.run)
     return parser
-
-
-def _config(args: argparse.Namespace) -> TiersBenchConfig:
-    options = TierOptions(
-        l1_device=args.device,
-        codec=args.codec,
-        zstd_level=args.zstd_level,
-        durable=args.durable,
-        batch=args.batch,
-        warmup_rounds=args.warmup,
-    )
-    return TiersBenchConfig(
-        levels=args.tiers,
-        chunk_sizes=args.chunk_sizes,
-        bytes_per_size=args.bytes_per_size,
-        work_root=args.dir,
-        options=options,
-        seed=args.seed,
-    )
-
-
-@contextlib.contextmanager
-def _progress_to_stderr(enabled: bool) -> Iterator[None]:
-    """Show this package's INFO progress on stderr for the duration of the run (then restore logging)."""
-    if not enabled:
-        yield
-        return
-    pkg = logging.getLogger(__package__ or __name__)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("tiercache-bench: %(message)s"))
-    old_level = pkg.level
-    pkg.addHandler(handler)
-    pkg.setLevel(logging.INFO)
-    try:
-        yield
-    finally:
-        pkg.removeHandler(handler)
-        pkg.setLevel(old_level)
-
-
-@contextlib.contextmanager
-def _torch_threads(threads: int | None) -> Iterator[None]:
-    """Run with ``threads`` torch intra-op threads (unchanged when None), then restore the previous count."""
-    if threads is None:
-        yield
-        return
-    old = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
-
-
-def _run_tiers(args: argparse.Namespace) -> int:
-    config = _config(args)
-    with _progress_to_stderr(not args.quiet), _torch_threads(args.threads):
-        try:
-            report = run_tiers(config)
-        except RoundTripError as exc:
-            print(f"tiercache-bench: round trip FAILED: {exc}", file=sys.stderr)
-            return 1
-        except (TierCacheError, OSError, LookupError, ValueError) as exc:
-            print(f"tiercache-bench: {type(exc).__name__}: {exc}", file=sys.stderr)
-            return 1
-    if args.json is not None:
-        write_json(report, args.json)
-    print(format_report(report))
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,4 +131,4 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = args.handler
-    return handler(args)
+    return int(handler(args))

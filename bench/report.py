@@ -17,35 +17,14 @@ from typing import Any
 
 from .ceilings import CeilingResult
 from .runner import TierRow, TiersReport
+from .tables import columns as _columns
+from .tables import format_size
 from .timing import Timing
+
+__all__ = ["SCHEMA", "format_report", "format_size", "report_to_dict", "write_json"]
 
 SCHEMA = "tiercache-bench/tiers/1"
 """The ``schema`` field of the JSON document."""
-
-_UNITS = (("GiB", 30), ("MiB", 20), ("KiB", 10))
-
-
-def format_size(nbytes: int) -> str:
-    """Binary-unit size: ``256 KiB``, ``1 MiB``, ``1.5 MiB``, ``100 B``."""
-    for unit, shift in _UNITS:
-        if nbytes >= 1 << shift:
-            value = nbytes / (1 << shift)
-            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
-    return f"{nbytes} B"
-
-
-def _columns(headers: Sequence[str], rows: Sequence[Sequence[str]], left: frozenset[int]) -> list[str]:
-    """Align columns: those in ``left`` to the left, the others (numbers) to the right."""
-    widths = [max(len(r[i]) for r in (headers, *rows)) for i in range(len(headers))]
-
-    def line(cells: Sequence[str]) -> str:
-        parts = [
-            c.ljust(w) if i in left else c.rjust(w)
-            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        ]
-        return "  ".join(parts).rstrip()
-
-    return [line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)]
 
 
 def _ceiling_lines(ceilings: Sequence[CeilingResult]) -> list[str]:

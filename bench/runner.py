@@ -10,6 +10,7 @@ Primitives:
     TierRow: one tier figure and its comparisons with the ceilings.
     TiersReport: the whole run: config, machine, ceilings and rows.
     default_work_root: where the work directory goes when none is given.
+    work_directory: a fresh temporary work directory, removed at exit.
     run_tiers: run the benchmark.
 """
 
@@ -117,7 +118,8 @@ def default_work_root() -> Path:
 
 
 @contextlib.contextmanager
-def _work_dir(root: Path | None) -> Iterator[Path]:
+def work_directory(root: Path | None) -> Iterator[Path]:
+    """A fresh temporary directory under ``root`` (default :func:`default_work_root`), removed at exit."""
     base = root if root is not None else default_work_root()
     base.mkdir(parents=True, exist_ok=True)
     path = Path(tempfile.mkdtemp(prefix="tiercache-bench-", dir=base))
@@ -174,7 +176,7 @@ def run_tiers(config: TiersBenchConfig) -> TiersReport:
     start = time.perf_counter()
     ceilings: list[CeilingResult] = []
     rows: list[TierRow] = []
-    with _work_dir(config.work_root) as work:
+    with work_directory(config.work_root) as work:
         machine = describe_machine(torch.device(config.options.l1_device), work)
         for chunk_bytes in config.chunk_sizes:
             logger.info(

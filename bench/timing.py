@@ -9,6 +9,7 @@ Primitives:
     summarize: a Timing from a phase's wall time and per-call durations.
     time_calls: run and time a phase.
     synchronize: wait for queued work on a device (no-op on the CPU).
+    Latency / time_latency: per-call latency percentiles of a phase of small calls.
 """
 
 from __future__ import annotations
@@ -110,3 +111,50 @@ def time_calls(
         finish()
     synchronize(device)
     return summarize(total_bytes, time.perf_counter() - start, durations)
+
+
+@dataclass(frozen=True, slots=True)
+class Latency:
+    """Per-call latency of a phase of small calls (no payload to speak of).
+
+    Attributes:
+        calls: timed calls.
+        p50_s: median latency, seconds.
+        p99_s: 99th-percentile latency, seconds (linear interpolation).
+        mean_s: mean latency, seconds.
+    """
+
+    calls: int
+    p50_s: float
+    p99_s: float
+    mean_s: float
+
+    @property
+    def p50_ms(self) -> float:
+        """Median latency in milliseconds."""
+        return self.p50_s * 1e3
+
+    @property
+    def p99_ms(self) -> float:
+        """99th-percentile latency in milliseconds."""
+        return self.p99_s * 1e3
+
+
+def time_latency(call: Callable[[], object], calls: int, warmup: int = 0) -> Latency:
+    """Call ``call`` ``warmup`` times untimed, then ``calls`` times, timing each call.
+
+    Raises:
+        ValueError: ``calls`` is not positive.
+    """
+    if calls <= 0:
+        raise ValueError(f"calls must be positive, got {calls}")
+    for _ in range(warmup):
+        call()
+    durations = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        call()
+        durations.append(time.perf_counter() - t0)
+    arr = np.asarray(durations, dtype=np.float64)
+    p50, p99 = (float(v) for v in np.percentile(arr, [50.0, 99.0]))
+    return Latency(calls=calls, p50_s=p50, p99_s=p99, mean_s=float(arr.mean()))

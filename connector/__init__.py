@@ -18,6 +18,10 @@ Modules (one responsibility each):
     dataplane: the daemon's shared-memory segment mapped into the engine.
     stream: byte-stream framing (pieces, zstd).
     kv: copies between chunk buffers and engine KV tensors (contiguous and paged layouts).
+    policy: load policies (``LoadPolicy``: wait_complete, best_effort, timeout, cost_aware).
+    outcomes: ``LoadResult`` / ``StoreResult``, token-weighted.
+    layerwise: ``LayerwiseLoad`` (wait_layer) and ``LayerwiseSave`` (save_layer, commit, abort).
+    prefill: ``PrefillClaim`` — single-flight prefill (wait, publish, release).
     engine: ``KVConnector`` — load / store that fall back to recompute on daemon trouble.
 
 The connector never imports ``tiercache.daemon``.
@@ -27,11 +31,17 @@ from .channel import ChannelConfig, Endpoint, parse_address
 from .client import ClientConfig, TierCacheClient
 from .engine import ConnectorConfig, KVConnector, LoadResult, StoreResult
 from .kv import ContiguousKV, EngineKV, PagedKV, check_kv, chunk_to_kv, kv_to_chunk
+from .layerwise import LayerwiseLoad, LayerwiseSave
+from .policy import LoadPolicy
+from .prefill import PrefillClaim
 from .results import (
     DaemonStats,
     DataPlaneInfo,
     LoadLease,
     LookupInfo,
+    PrefetchInfo,
+    PrefillClaimInfo,
+    PrefillStatsInfo,
     Registration,
     SlotRef,
     StoreTicket,
@@ -53,10 +63,17 @@ __all__ = [
     "Endpoint",
     "EngineKV",
     "KVConnector",
+    "LayerwiseLoad",
+    "LayerwiseSave",
     "LoadLease",
+    "LoadPolicy",
     "LoadResult",
     "LookupInfo",
     "PagedKV",
+    "PrefetchInfo",
+    "PrefillClaim",
+    "PrefillClaimInfo",
+    "PrefillStatsInfo",
     "Registration",
     "SlotRef",
     "StoreResult",

@@ -9,20 +9,23 @@ retried once. Handles are deterministic, so the same bytes come back; the shared
 and is re-mapped.
 
 Namespaces are registered on first use (or explicitly with :meth:`TierCacheClient.register`); every call
-takes the :class:`~tiercache.keys.Namespace` and looks up its current handle.
+takes the :class:`~tiercache.keys.Namespace` and looks up its current handle. The engine's cost models
+(prefill model for cost-aware loads, deadline model for timeout loads) are declared per namespace with
+:meth:`TierCacheClient.declare_models` and sent with every (re-)registration.
 
 Primitives:
     ClientConfig: deadlines, backoff and channel options.
-    TierCacheClient: connect, register, lookup, prefetch, begin_store / commit_store / abort_store,
-        acquire_load / release_load, stream_store / stream_load, pin / unpin, purge, stats, slot_mapping,
-        wait_ready, close.
+    TierCacheClient: connect, declare_models, register, lookup, prefetch / start_prefetch /
+        cancel_prefetch, begin_store / commit_store / abort_store, acquire_load / release_load,
+        claim_prefill / wait_prefill / release_prefill, report_usage, stream_store / stream_load,
+        pin / unpin, purge, stats, slot_mapping, wait_ready, close.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
@@ -37,6 +40,7 @@ from tiercache.errors import (
     UnavailableError,
 )
 from tiercache.keys import Namespace
+from tiercache.loading import DeadlineModel, LoadPolicyKind, PrefillModel
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.proto.tiercache_pb2_grpc import KVCacheServiceStub
 
@@ -48,10 +52,13 @@ from .results import (
     DaemonStats,
     LoadLease,
     LookupInfo,
+    PrefetchInfo,
+    PrefillClaimInfo,
     Registration,
     StoreTicket,
     StreamChunk,
     StreamStoreResult,
+    Tier,
 )
 from .stream import (
     DEFAULT_MESSAGE_BYTES,
@@ -60,13 +67,26 @@ from .stream import (
     piece_bytes,
     store_messages,
 )
-from .wire import namespace_to_proto
+from .wire import deadline_to_proto, namespace_to_proto, prefill_to_proto
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Payload = torch.Tensor | bytes | bytearray | memoryview
 """One raw chunk for a stream store: a 1-D CPU uint8 tensor or any bytes-like object."""
+
+_POLICIES: dict[LoadPolicyKind, pb.LoadPolicy] = {
+    LoadPolicyKind.WAIT_COMPLETE: pb.LOAD_POLICY_WAIT_COMPLETE,
+    LoadPolicyKind.BEST_EFFORT: pb.LOAD_POLICY_BEST_EFFORT,
+    LoadPolicyKind.TIMEOUT: pb.LOAD_POLICY_TIMEOUT,
+    LoadPolicyKind.COST_AWARE: pb.LOAD_POLICY_COST_AWARE,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Models:
+    prefill: PrefillModel | None
+    deadline: DeadlineModel | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +147,7 @@ class TierCacheClient:
         self._generation = 0
         self._backoff = Backoff(self.config.backoff)
         self._registrations: dict[Namespace, Registration] = {}
+        self._models: dict[Namespace, _Models] = {}
         self._stale: set[Namespace] = set()
         self._mappings: dict[str, SlotMapping | None] = {}
         self._closed = False
@@ -184,6 +205,27 @@ class TierCacheClient:
         return True
 
     # ------------------------------------------------------------------ registration and data plane
+
+    def declare_models(
+        self,
+        namespace: Namespace,
+        prefill: PrefillModel | None = None,
+        deadline: DeadlineModel | None = None,
+    ) -> None:
+        """Declare the engine's cost models for ``namespace`` (no call now; sent with the next registration).
+
+        Args:
+            namespace: the namespace.
+            prefill: the engine's prefill model (needed for cost-aware loads).
+            deadline: the engine's load-deadline model (for timeout loads without an explicit timeout).
+        """
+        models = _Models(prefill, deadline)
+        with self._lock:
+            if self._models.get(namespace) == models:
+                return
+            self._models[namespace] = models
+            if namespace in self._registrations:
+                self._stale.add(namespace)  # register again with the new models
 
     def register(self, namespace: Namespace) -> Registration:
         """Register ``namespace`` (again) with the daemon and return what it accepted.
@@ -249,13 +291,32 @@ class TierCacheClient:
 
     def prefetch(self, namespace: Namespace, keys: Sequence[bytes], wait_s: float = 0.0) -> int:
         """Promote the cached prefix of ``keys`` into L2, waiting up to ``wait_s``; returns the ready prefix."""
-        resp = self._unary(
-            "Prefetch",
-            namespace,
-            lambda h: pb.PrefetchRequest(handle=h, keys=keys, timeout_s=wait_s),
-            self.config.timeout_s + max(0.0, wait_s),
+        return self.start_prefetch(namespace, keys, wait_s).ready
+
+    def start_prefetch(
+        self, namespace: Namespace, keys: Sequence[bytes], wait_s: float = 0.0
+    ) -> PrefetchInfo:
+        """Like :meth:`prefetch`, also returning the id under which unfinished promotions can be cancelled."""
+        resp = cast(
+            pb.PrefetchResponse,
+            self._unary(
+                "Prefetch",
+                namespace,
+                lambda h: pb.PrefetchRequest(handle=h, keys=keys, timeout_s=wait_s),
+                self.config.timeout_s + max(0.0, wait_s),
+            ),
         )
-        return int(cast(pb.PrefetchResponse, resp).ready)
+        return PrefetchInfo(resp.ready, resp.prefetch_id)
+
+    def cancel_prefetch(self, namespace: Namespace, prefetch_id: int) -> int:
+        """Drop the promotions of a prefetch that have not started; returns how many were dropped."""
+        resp = self._unary(
+            "CancelPrefetch",
+            namespace,
+            lambda h: pb.CancelPrefetchRequest(handle=h, prefetch_id=prefetch_id),
+            retry=False,
+        )
+        return int(cast(pb.CancelPrefetchResponse, resp).cancelled)
 
     def begin_store(
         self, namespace: Namespace, keys: Sequence[bytes], start_depth: int = 0, ttl_s: float = 0.0
@@ -268,12 +329,19 @@ class TierCacheClient:
         )
         return StoreTicket.from_proto(cast(pb.BeginStoreResponse, resp))
 
-    def commit_store(self, namespace: Namespace, ticket_id: int) -> int:
-        """Make a ticket's chunks visible; returns how many were added."""
+    def commit_store(self, namespace: Namespace, ticket_id: int, indices: Sequence[int] | None = None) -> int:
+        """Make a ticket's chunks visible; returns how many were added.
+
+        Args:
+            namespace: the namespace.
+            ticket_id: the ticket.
+            indices: publish only these positions (of the keys given to ``begin_store``); the ticket stays
+                open for the rest. None: all that are left, closing the ticket.
+        """
         resp = self._unary(
             "CommitStore",
             namespace,
-            lambda h: pb.CommitStoreRequest(handle=h, ticket_id=ticket_id),
+            lambda h: pb.CommitStoreRequest(handle=h, ticket_id=ticket_id, indices=indices or ()),
             retry=False,
         )
         return int(cast(pb.CommitStoreResponse, resp).stored)
@@ -288,12 +356,62 @@ class TierCacheClient:
         )
         return bool(cast(pb.AbortStoreResponse, resp).aborted)
 
-    def acquire_load(self, namespace: Namespace, keys: Sequence[bytes], ttl_s: float = 0.0) -> LoadLease:
-        """Lease the slots of the contiguous cached prefix of ``keys`` (promoted into L2 first)."""
+    def acquire_load(
+        self,
+        namespace: Namespace,
+        keys: Sequence[bytes],
+        ttl_s: float = 0.0,
+        policy: LoadPolicyKind = LoadPolicyKind.WAIT_COMPLETE,
+        timeout_s: float = 0.0,
+        prompt_tokens: int = 0,
+    ) -> LoadLease:
+        """Lease the slots of the cached prefix of ``keys`` that ``policy`` chooses (promoted into L2 first).
+
+        Args:
+            namespace: the namespace.
+            keys: the prompt's chunk keys.
+            ttl_s: lease lifetime (0: the daemon's default).
+            policy: WAIT_COMPLETE, BEST_EFFORT, TIMEOUT or COST_AWARE (needs a declared prefill model).
+            timeout_s: TIMEOUT: the deadline; 0: from the declared deadline model.
+            prompt_tokens: for a deadline from the prompt length (0: the keys' tokens).
+
+        Raises:
+            InvalidArgumentError: a TIMEOUT without timeout or deadline model, a COST_AWARE without prefill
+                model (naming ``timeout_s`` / ``prefill``).
+        """
         resp = self._unary(
-            "AcquireLoad", namespace, lambda h: pb.AcquireLoadRequest(handle=h, keys=keys, ttl_s=ttl_s)
+            "AcquireLoad",
+            namespace,
+            lambda h: pb.AcquireLoadRequest(
+                handle=h,
+                keys=keys,
+                ttl_s=ttl_s,
+                policy=_POLICIES[policy],
+                timeout_s=timeout_s,
+                prompt_tokens=prompt_tokens,
+            ),
+            self.config.timeout_s + self._load_wait_s(namespace, len(keys), policy, timeout_s, prompt_tokens),
         )
         return LoadLease.from_proto(cast(pb.AcquireLoadResponse, resp))
+
+    def _load_wait_s(
+        self,
+        namespace: Namespace,
+        num_keys: int,
+        policy: LoadPolicyKind,
+        timeout_s: float,
+        prompt_tokens: int,
+    ) -> float:
+        """How long the daemon may wait for promotion under a TIMEOUT policy (added to the call's deadline)."""
+        if policy is not LoadPolicyKind.TIMEOUT:
+            return 0.0
+        if timeout_s > 0:
+            return timeout_s
+        with self._lock:
+            models = self._models.get(namespace)
+        if models is None or models.deadline is None:
+            return 0.0
+        return models.deadline.deadline_s(prompt_tokens or num_keys * namespace.layout.chunk_tokens)
 
     def release_load(self, namespace: Namespace, lease_id: int) -> bool:
         """End a lease; False when it was unknown, released or expired (its slots may have been reused)."""
@@ -304,6 +422,65 @@ class TierCacheClient:
             retry=False,
         )
         return bool(cast(pb.ReleaseLoadResponse, resp).released)
+
+    def claim_prefill(
+        self, namespace: Namespace, keys: Sequence[bytes], ttl_s: float = 0.0
+    ) -> PrefillClaimInfo:
+        """Claim the uncached chunks of ``keys`` nobody computes yet (single-flight prefill).
+
+        Args:
+            namespace: the namespace.
+            keys: the prompt's chunk keys.
+            ttl_s: claim lifetime, renewed by each publication (0: the daemon's lease TTL).
+        """
+        resp = self._unary(
+            "ClaimPrefill",
+            namespace,
+            lambda h: pb.ClaimPrefillRequest(handle=h, keys=keys, ttl_s=ttl_s),
+            retry=False,
+        )
+        return PrefillClaimInfo.from_proto(cast(pb.ClaimPrefillResponse, resp))
+
+    def wait_prefill(
+        self, namespace: Namespace, keys: Sequence[bytes], timeout_s: float, claim_id: int = 0
+    ) -> int:
+        """Wait until the chunks others compute for ``keys`` are published, their leader is gone, or the timeout.
+
+        Returns:
+            The contiguous cached prefix of ``keys`` (chunks) when the wait ended.
+        """
+        resp = self._unary(
+            "WaitPrefill",
+            namespace,
+            lambda h: pb.WaitPrefillRequest(handle=h, keys=keys, timeout_s=timeout_s, claim_id=claim_id),
+            self.config.timeout_s + max(0.0, timeout_s),
+        )
+        return int(cast(pb.WaitPrefillResponse, resp).cached)
+
+    def release_prefill(self, namespace: Namespace, claim_id: int) -> int:
+        """Give a prefill claim up (its unpublished chunks may be taken over); returns chunks released."""
+        resp = self._unary(
+            "ReleasePrefill",
+            namespace,
+            lambda h: pb.ReleasePrefillRequest(handle=h, claim_id=claim_id),
+            retry=False,
+        )
+        return int(cast(pb.ReleasePrefillResponse, resp).released)
+
+    def report_usage(
+        self, namespace: Namespace, effective_chunks: Mapping[Tier, int], recomputed_tokens: int
+    ) -> None:
+        """Tell the daemon what a load was worth: chunks whose prefill was skipped per source tier, and
+        looked-up tokens recomputed anyway."""
+        counts = [pb.TierCount(tier=int(t), chunks=n) for t, n in effective_chunks.items() if n > 0]
+        self._unary(
+            "ReportUsage",
+            namespace,
+            lambda h: pb.ReportUsageRequest(
+                handle=h, effective_chunks=counts, recomputed_tokens=recomputed_tokens
+            ),
+            retry=False,
+        )
 
     def pin(self, namespace: Namespace, keys: Sequence[bytes] | None = None) -> int:
         """Pin chunks (all of the namespace when ``keys`` is None); returns how many."""
@@ -477,7 +654,13 @@ class TierCacheClient:
         return self._register(namespace, stub, generation).handle
 
     def _register(self, namespace: Namespace, stub: Any, generation: int) -> Registration:
+        with self._lock:
+            models = self._models.get(namespace)
         request = pb.RegisterRequest(namespace=namespace_to_proto(namespace), engine_id=self.config.engine_id)
+        if models is not None and models.prefill is not None:
+            request.prefill.CopyFrom(prefill_to_proto(models.prefill))
+        if models is not None and models.deadline is not None:
+            request.deadline.CopyFrom(deadline_to_proto(models.deadline))
         try:
             resp = stub.Register(request, timeout=self.config.timeout_s, metadata=self._metadata)
         except grpc.RpcError as exc:

@@ -4,8 +4,10 @@ Primitives:
     Tier: the cache tiers as the wire numbers them.
     DataPlaneInfo: the daemon's shared-memory segment (same-host data plane).
     Registration: handle, accepted layout and limits of a registered namespace.
-    LookupInfo, SlotRef, StoreTicket, LoadLease, StreamStoreResult, StreamChunk: per-call results.
-    TierStatsInfo, DaemonStats: a stats snapshot.
+    LookupInfo, PrefetchInfo, SlotRef, StoreTicket, LoadLease, StreamStoreResult, StreamChunk: per-call
+        results.
+    PrefillClaimInfo: what a single-flight prefill claim granted.
+    TierStatsInfo, PrefillStatsInfo, DaemonStats: a stats snapshot.
 """
 
 from __future__ import annotations
@@ -101,16 +103,31 @@ class LookupInfo:
     Attributes:
         chunks: contiguous prefix cached in any tier.
         by_tier: per tier, the contiguous prefix cached in that tier.
+        prefetch_id: with ``prefetch``: the id of the promotions started (0: none running).
     """
 
     chunks: int
     by_tier: Mapping[Tier, int]
+    prefetch_id: int = 0
 
     @classmethod
     def from_proto(cls, msg: pb.LookupResponse) -> LookupInfo:
         """Convert a ``LookupResponse``."""
         by_tier = {t: c.chunks for c in msg.by_tier if (t := _tier(c.tier)) is not None}
-        return cls(chunks=msg.chunks, by_tier=MappingProxyType(by_tier))
+        return cls(chunks=msg.chunks, by_tier=MappingProxyType(by_tier), prefetch_id=msg.prefetch_id)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefetchInfo:
+    """How far a prefetch got.
+
+    Attributes:
+        ready: contiguous chunks in shared memory when the call returned.
+        prefetch_id: promotions still running (cancel them with ``cancel_prefetch``); 0 when none are.
+    """
+
+    ready: int
+    prefetch_id: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,15 +138,17 @@ class SlotRef:
         index: position of the chunk in the request's keys.
         slot: slot number in the segment.
         nbytes: bytes of the chunk in the slot.
+        source: loads: the fastest tier that held the chunk when the load asked for it (else None).
     """
 
     index: int
     slot: int
     nbytes: int
+    source: Tier | None = None
 
 
 def _slots(refs: Iterable[pb.SlotRef]) -> tuple[SlotRef, ...]:
-    return tuple(SlotRef(r.index, r.slot, r.nbytes) for r in refs)
+    return tuple(SlotRef(r.index, r.slot, r.nbytes, _tier(r.source)) for r in refs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,18 +179,55 @@ class LoadLease:
 
     Attributes:
         lease_id: pass it to ``release_load``; 0 when nothing is leased.
-        slots: the slots of the contiguous cached prefix, by chunk position.
+        slots: the slots of the leased prefix, by chunk position (with their source tier).
         expires_in_s: the lease lapses after this many seconds.
+        cached: contiguous chunks cached in any tier (the slots may be fewer: policy, deadline, room).
+        estimated_load_s: cost-aware loads: estimated time to load the chosen prefix.
+        estimated_recompute_s: cost-aware loads: estimated time to recompute it instead.
     """
 
     lease_id: int
     slots: tuple[SlotRef, ...]
     expires_in_s: float
+    cached: int = 0
+    estimated_load_s: float = 0.0
+    estimated_recompute_s: float = 0.0
 
     @classmethod
     def from_proto(cls, msg: pb.AcquireLoadResponse) -> LoadLease:
         """Convert an ``AcquireLoadResponse``."""
-        return cls(msg.lease_id, _slots(msg.slots), msg.expires_in_s)
+        return cls(
+            msg.lease_id,
+            _slots(msg.slots),
+            msg.expires_in_s,
+            msg.cached,
+            msg.estimated_load_s,
+            msg.estimated_recompute_s,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillClaimInfo:
+    """What a single-flight prefill claim granted (positions count chunks of the request's keys).
+
+    Attributes:
+        claim_id: the claim on the chunks this request leads (0 when it leads none).
+        cached: contiguous chunks cached when the claim was made.
+        wait: chunks after ``cached`` other requests compute: wait for them.
+        lead: chunks after ``cached + wait`` this request leads: compute and publish them, or release.
+        takeovers: of those, chunks an earlier leader gave up or lost at its TTL.
+    """
+
+    claim_id: int
+    cached: int
+    wait: int
+    lead: int
+    takeovers: int
+
+    @classmethod
+    def from_proto(cls, msg: pb.ClaimPrefillResponse) -> PrefillClaimInfo:
+        """Convert a ``ClaimPrefillResponse``."""
+        return cls(msg.claim_id, msg.cached, msg.wait, msg.lead, msg.takeovers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +260,12 @@ class StreamChunk:
 
 @dataclass(frozen=True, slots=True)
 class TierStatsInfo:
-    """Counters and usage of one tier."""
+    """Counters and usage of one tier.
+
+    The token counters are token-weighted and per source tier: ``lookup_hit_tokens`` (engine lookups'
+    cached prefixes), ``load_success_tokens`` (leased into engines), ``effective_hit_tokens`` (engines
+    reported skipping their prefill). ``latency_s`` and ``bytes_per_s`` are the daemon's measured read rates.
+    """
 
     tier: Tier | None
     chunks: int
@@ -216,6 +277,30 @@ class TierStatsInfo:
     promotions: int
     demotions: int
     corrupt_reads: int
+    lookup_hit_tokens: int = 0
+    load_success_tokens: int = 0
+    effective_hit_tokens: int = 0
+    latency_s: float = 0.0
+    bytes_per_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillStatsInfo:
+    """Single-flight prefill counters.
+
+    Attributes:
+        active_claims: claims leading at least one unpublished chunk.
+        claimed_chunks: chunks being computed under a claim.
+        waits: waits that found another request computing a chunk they needed.
+        takeovers: chunks claimed after their leader gave them up or died.
+        expired_claims: claims that lapsed at their TTL.
+    """
+
+    active_claims: int = 0
+    claimed_chunks: int = 0
+    waits: int = 0
+    takeovers: int = 0
+    expired_claims: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +315,8 @@ class DaemonStats:
         single_flight_joins: reads that joined an in-flight read.
         pending_writes: queued write-downs.
         failed_writes: write-downs that failed.
+        prefill: single-flight prefill counters.
+        recomputed_tokens: looked-up tokens engines reported recomputing (fallback recompute).
     """
 
     tiers: tuple[TierStatsInfo, ...]
@@ -239,6 +326,8 @@ class DaemonStats:
     single_flight_joins: int
     pending_writes: int
     failed_writes: int
+    prefill: PrefillStatsInfo = PrefillStatsInfo()
+    recomputed_tokens: int = 0
 
     @classmethod
     def from_proto(cls, msg: pb.StatsResponse) -> DaemonStats:
@@ -255,9 +344,15 @@ class DaemonStats:
                 promotions=t.promotions,
                 demotions=t.demotions,
                 corrupt_reads=t.corrupt_reads,
+                lookup_hit_tokens=t.lookup_hit_tokens,
+                load_success_tokens=t.load_success_tokens,
+                effective_hit_tokens=t.effective_hit_tokens,
+                latency_s=t.latency_s,
+                bytes_per_s=t.bytes_per_s,
             )
             for t in msg.tiers
         )
+        p = msg.prefill
         return cls(
             tiers=tiers,
             namespaces=msg.namespaces,
@@ -266,6 +361,10 @@ class DaemonStats:
             single_flight_joins=msg.single_flight_joins,
             pending_writes=msg.pending_writes,
             failed_writes=msg.failed_writes,
+            prefill=PrefillStatsInfo(
+                p.active_claims, p.claimed_chunks, p.waits, p.takeovers, p.expired_claims
+            ),
+            recomputed_tokens=msg.recomputed_tokens,
         )
 
     def tier(self, tier: Tier) -> TierStatsInfo | None:

@@ -4,13 +4,17 @@ Primitives:
     dtype_to_proto / dtype_from_proto: KVDtype <-> the wire enum.
     layout_to_proto / layout_from_proto: KVLayout <-> ``Layout``.
     namespace_to_proto: Namespace -> ``NamespaceSpec``.
+    prefill_to_proto, deadline_to_proto: the engine's cost models -> ``PrefillModel`` / ``DeadlineModel``.
 """
 
 from __future__ import annotations
 
+import math
+
 from tiercache.errors import InvalidArgumentError
 from tiercache.keys import Namespace
 from tiercache.layout import KVDtype, KVLayout
+from tiercache.loading import DeadlineModel, PrefillModel
 from tiercache.proto import tiercache_pb2 as pb
 
 _DTYPES: dict[KVDtype, pb.KVDtype] = {
@@ -85,3 +89,14 @@ def namespace_to_proto(namespace: Namespace) -> pb.NamespaceSpec:
         adapter_id=namespace.adapter_id,
         cache_salt=namespace.cache_salt,
     )
+
+
+def prefill_to_proto(model: PrefillModel) -> pb.PrefillModel:
+    """The ``PrefillModel`` message of an engine's prefill model."""
+    return pb.PrefillModel(tokens_per_s=model.tokens_per_s, quadratic_s=model.quadratic_s)
+
+
+def deadline_to_proto(model: DeadlineModel) -> pb.DeadlineModel:
+    """The ``DeadlineModel`` message of a deadline model (an infinite cap travels as 0: none)."""
+    cap = model.cap_s if math.isfinite(model.cap_s) else 0.0
+    return pb.DeadlineModel(base_s=model.base_s, per_1k_tokens_s=model.per_1k_tokens_s, cap_s=cap)

@@ -275,6 +275,8 @@ class Options:
     l3_codec: Codec
     l3_zstd_level: int
     l3_durable: bool
+    l3_fault_read_delay_s: float
+    l3_fault_read_bytes_per_s: int
     write_policy: WritePolicyKind
     eviction_policy: EvictionPolicyKind
     selective_min_hits: int
@@ -453,6 +455,8 @@ def _l3_config(opts: Options) -> LmdbTierConfig | None:
             codec=opts.l3_codec,
             zstd_level=opts.l3_zstd_level,
             durable=opts.l3_durable,
+            fault_read_delay_s=opts.l3_fault_read_delay_s,
+            fault_read_bytes_per_s=opts.l3_fault_read_bytes_per_s,
         )
     except InvalidArgumentError as exc:
         raise reraise_as_option(exc, fields.get(exc.field, "l3_" + exc.field)) from None

@@ -8,19 +8,23 @@ Primitives:
     namespace_from_proto, layout_to_proto: NamespaceSpec -> Namespace, KVLayout -> Layout.
     keys_from_proto, check_key_field: 32-byte chunk keys.
     ttl_from_proto, timeout_from_proto: optional durations (0 means the default / no wait).
-    codec_from_proto, tier_to_proto: enums.
-    lookup_to_proto, slot_refs, stats_to_proto, event_to_proto: responses.
+    codec_from_proto, tier_to_proto, tier_from_proto, load_policy_from_proto: enums.
+    prefill_from_proto, deadline_from_proto: the cost models an engine declares at registration.
+    usage_from_proto: ReportUsage's per-tier chunks -> tokens per tier.
+    lookup_to_proto, slot_refs, claim_to_proto, stats_to_proto, event_to_proto: responses.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from tiercache.errors import InvalidArgumentError
 from tiercache.keys import KEY_BYTES, Namespace
 from tiercache.layout import KVDtype, KVLayout
+from tiercache.loading import DeadlineModel, LoadPolicyKind, PrefillModel
 from tiercache.manager import LoadChunk, LookupResult, StoreSlot
+from tiercache.prefill import PrefillClaim
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.stats import CacheStats
 from tiercache.tiers.base import TierLevel
@@ -43,6 +47,14 @@ TIERS: dict[TierLevel, pb.Tier] = {
     TierLevel.L3: pb.TIER_L3,
 }
 """Core tier -> wire tier."""
+_TIERS_BACK = {v: k for k, v in TIERS.items()}
+POLICIES: dict[int, LoadPolicyKind] = {
+    pb.LOAD_POLICY_WAIT_COMPLETE: LoadPolicyKind.WAIT_COMPLETE,
+    pb.LOAD_POLICY_BEST_EFFORT: LoadPolicyKind.BEST_EFFORT,
+    pb.LOAD_POLICY_TIMEOUT: LoadPolicyKind.TIMEOUT,
+    pb.LOAD_POLICY_COST_AWARE: LoadPolicyKind.COST_AWARE,
+}
+"""Wire load policy -> core load policy."""
 _EVENT_KINDS = {
     HubEventKind.STORED: pb.CacheEvent.KIND_STORED,
     HubEventKind.REMOVED: pb.CacheEvent.KIND_REMOVED,
@@ -176,26 +188,117 @@ def codec_from_proto(codec: int, field: str = "codec") -> bool:
     return bool(codec == pb.CODEC_ZSTD)
 
 
+def _finite(value: float, field: str, positive: bool = False) -> float:
+    ok = math.isfinite(value) and (value > 0 if positive else value >= 0)
+    if not ok:
+        want = "> 0" if positive else ">= 0"
+        raise InvalidArgumentError(field, f"must be a finite number {want}, got {value!r}")
+    return float(value)
+
+
+def prefill_from_proto(msg: pb.PrefillModel, present: bool, field: str = "prefill") -> PrefillModel | None:
+    """The engine's declared prefill model, None when the request did not declare one.
+
+    Raises:
+        InvalidArgumentError: ``prefill.tokens_per_s`` not positive, or ``prefill.quadratic_s`` negative.
+    """
+    if not present:
+        return None
+    return PrefillModel(
+        tokens_per_s=_finite(msg.tokens_per_s, f"{field}.tokens_per_s", positive=True),
+        quadratic_s=_finite(msg.quadratic_s, f"{field}.quadratic_s"),
+    )
+
+
+def deadline_from_proto(
+    msg: pb.DeadlineModel, present: bool, field: str = "deadline"
+) -> DeadlineModel | None:
+    """The engine's declared load-deadline model (``cap_s`` 0: no cap), None when not declared.
+
+    Raises:
+        InvalidArgumentError: a negative or non-finite term, naming it (``deadline.base_s``).
+    """
+    if not present:
+        return None
+    base = _finite(msg.base_s, f"{field}.base_s")
+    per_1k = _finite(msg.per_1k_tokens_s, f"{field}.per_1k_tokens_s")
+    cap = _finite(msg.cap_s, f"{field}.cap_s")
+    return DeadlineModel(base_s=base, per_1k_tokens_s=per_1k, cap_s=cap or float("inf"))
+
+
+def load_policy_from_proto(value: int, field: str = "policy") -> LoadPolicyKind:
+    """The core load policy of a wire value.
+
+    Raises:
+        InvalidArgumentError: not a known policy (the message lists the valid ones).
+    """
+    kind = POLICIES.get(value)
+    if kind is None:
+        valid = ", ".join(pb.LoadPolicy.Name(v) for v in POLICIES)
+        raise InvalidArgumentError(field, f"{value} is not a load policy; valid: {valid}")
+    return kind
+
+
+def tier_from_proto(value: int, field: str = "tier") -> TierLevel:
+    """The core tier of a wire tier.
+
+    Raises:
+        InvalidArgumentError: TIER_UNSPECIFIED or an unknown value.
+    """
+    level = _TIERS_BACK.get(value)
+    if level is None:
+        raise InvalidArgumentError(field, f"{value} is not a tier; valid: TIER_L1, TIER_L2, TIER_L3")
+    return level
+
+
+def usage_from_proto(
+    counts: Sequence[pb.TierCount], chunk_tokens: int, field: str = "effective_chunks"
+) -> Mapping[TierLevel, int]:
+    """Tokens per source tier of ReportUsage's chunk counts (a tier named twice is summed).
+
+    Raises:
+        InvalidArgumentError: an unknown tier, e.g. ``effective_chunks[1].tier``.
+    """
+    tokens: dict[TierLevel, int] = {}
+    for i, count in enumerate(counts):
+        level = tier_from_proto(int(count.tier), f"{field}[{i}].tier")
+        tokens[level] = tokens.get(level, 0) + count.chunks * chunk_tokens
+    return tokens
+
+
 def tier_to_proto(level: TierLevel | None) -> pb.Tier:
     """The wire tier (TIER_UNSPECIFIED for None)."""
     return pb.TIER_UNSPECIFIED if level is None else TIERS[level]
 
 
-def lookup_to_proto(result: LookupResult) -> pb.LookupResponse:
-    """A LookupResponse: the contiguous prefix in any tier and per tier."""
+def lookup_to_proto(result: LookupResult, prefetch_id: int = 0) -> pb.LookupResponse:
+    """A LookupResponse: the contiguous prefix in any tier and per tier (and the prefetch started)."""
     return pb.LookupResponse(
         chunks=result.chunks,
         by_tier=[pb.TierCount(tier=TIERS[lv], chunks=n) for lv, n in sorted(result.by_tier.items())],
+        prefetch_id=prefetch_id,
     )
 
 
 def slot_refs(slots: Sequence[StoreSlot] | Sequence[LoadChunk], nbytes: int) -> list[pb.SlotRef]:
-    """SlotRefs of a store ticket's slots or a load ticket's chunks (each ``nbytes`` long)."""
+    """SlotRefs of a store ticket's slots or a load ticket's chunks (each ``nbytes`` long; loads: source)."""
     refs = []
     for s in slots:
         assert s.slot is not None, "shared-memory slots always have an index"
-        refs.append(pb.SlotRef(index=s.index, slot=s.slot, nbytes=nbytes))
+        source = TIERS[s.source] if isinstance(s, LoadChunk) else pb.TIER_UNSPECIFIED
+        refs.append(pb.SlotRef(index=s.index, slot=s.slot, nbytes=nbytes, source=source))
     return refs
+
+
+def claim_to_proto(claim: PrefillClaim) -> pb.ClaimPrefillResponse:
+    """A ClaimPrefillResponse of a prefill claim."""
+    return pb.ClaimPrefillResponse(
+        claim_id=claim.claim_id,
+        cached=claim.cached,
+        wait=claim.wait,
+        lead=claim.lead,
+        takeovers=claim.takeovers,
+    )
 
 
 def stats_to_proto(stats: CacheStats) -> pb.StatsResponse:
@@ -213,6 +316,11 @@ def stats_to_proto(stats: CacheStats) -> pb.StatsResponse:
                 promotions=t.promotions,
                 demotions=t.demotions,
                 corrupt_reads=t.corrupt_reads,
+                lookup_hit_tokens=t.lookup_hit_tokens,
+                load_success_tokens=t.load_success_tokens,
+                effective_hit_tokens=t.effective_hit_tokens,
+                latency_s=t.latency_s,
+                bytes_per_s=t.bytes_per_s,
             )
             for t in stats.tiers
         ],
@@ -222,6 +330,14 @@ def stats_to_proto(stats: CacheStats) -> pb.StatsResponse:
         single_flight_joins=stats.single_flight_joins,
         pending_writes=stats.pending_writes,
         failed_writes=stats.failed_writes,
+        prefill=pb.PrefillStats(
+            active_claims=stats.prefill.active_claims,
+            claimed_chunks=stats.prefill.claimed_chunks,
+            waits=stats.prefill.waits,
+            takeovers=stats.prefill.takeovers,
+            expired_claims=stats.prefill.expired_claims,
+        ),
+        recomputed_tokens=stats.recomputed_tokens,
     )
 
 

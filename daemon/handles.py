@@ -1,26 +1,33 @@
-"""Who owns what: the tenant of each handle, and the handle of each store ticket and load lease.
+"""Who owns what: the tenant of each handle, and the handle of each store ticket, load lease and prefill claim.
 
 A handle is the cache manager's tenant-scoped namespace id. The daemon remembers which tenant registered it
 so that a handle presented by another tenant is refused, and which handle each ticket or lease was taken
 under so that one engine cannot commit or release another namespace's work. The maps live in memory: after a
 restart engines register again (and get the same handle bytes, since ids are deterministic).
 
+A handle also carries the cost models its engines declared at registration (the prefill model for cost-aware
+loads, the deadline model for timeout loads). Engines of one namespace share a handle: a registration that
+declares a model replaces the handle's model, one that declares none keeps the model declared before.
+
 Both classes are used from the event loop only (no locks).
 
 Primitives:
-    HandleInfo: the tenant and chunk size of a handle.
-    HandleRegistry: ``add(handle, tenant, chunk_bytes)``, ``owner(handle)``, ``check(handle, tenant)``.
+    HandleInfo: the tenant, chunk size and declared cost models of a handle.
+    HandleRegistry: ``add(handle, tenant, chunk_bytes, ...)``, ``owner(handle)``, ``check(handle, tenant)``.
     Claims: ticket or lease id -> (handle, expiry); ``add``, ``take``, ``owned``.
+    Owners: id -> handle for ids without a fixed expiry (prefill claims), bounded, oldest forgotten first.
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from tiercache.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
 from tiercache.keys import NAMESPACE_ID_BYTES
+from tiercache.loading import DeadlineModel, PrefillModel
 
 EXPIRY_GRACE_S = 5.0
 """A claim is forgotten this long after the manager's own expiry of the ticket or lease."""
@@ -33,10 +40,16 @@ class HandleInfo:
     Attributes:
         tenant: the tenant that registered it.
         chunk_bytes: the chunk size of its namespace's layout.
+        chunk_tokens: tokens per chunk of its namespace's layout.
+        prefill: the engines' declared prefill model (cost-aware loads), None when none was declared.
+        deadline: the engines' declared load-deadline model (timeout loads), None when none was declared.
     """
 
     tenant: str
     chunk_bytes: int
+    chunk_tokens: int = 0
+    prefill: PrefillModel | None = None
+    deadline: DeadlineModel | None = None
 
 
 class HandleRegistry:
@@ -46,9 +59,26 @@ class HandleRegistry:
         """Start empty."""
         self._owners: dict[bytes, HandleInfo] = {}
 
-    def add(self, handle: bytes, tenant: str, chunk_bytes: int) -> None:
-        """Record that ``tenant`` registered ``handle`` (idempotent)."""
-        self._owners[handle] = HandleInfo(tenant, chunk_bytes)
+    def add(
+        self,
+        handle: bytes,
+        tenant: str,
+        chunk_bytes: int,
+        chunk_tokens: int = 0,
+        prefill: PrefillModel | None = None,
+        deadline: DeadlineModel | None = None,
+    ) -> HandleInfo:
+        """Record that ``tenant`` registered ``handle`` (idempotent); returns what is now known of it.
+
+        A model that is None keeps the one an earlier registration of the handle declared.
+        """
+        old = self._owners.get(handle)
+        if old is not None and old.tenant == tenant:
+            prefill = prefill or old.prefill
+            deadline = deadline or old.deadline
+        info = HandleInfo(tenant, chunk_bytes, chunk_tokens, prefill, deadline)
+        self._owners[handle] = info
+        return info
 
     def owner(self, handle: bytes) -> str | None:
         """The tenant that registered ``handle``, None when nobody has since start."""
@@ -117,3 +147,30 @@ class Claims:
 
     def __len__(self) -> int:
         return len(self._claims)
+
+
+class Owners:
+    """Ids taken under a handle whose lifetime the daemon does not know (a prefill claim is renewed by each
+    publication); at most ``capacity`` are remembered, the oldest are forgotten first."""
+
+    def __init__(self, capacity: int = 65_536) -> None:
+        """Args: capacity: ids remembered at most."""
+        self._capacity = capacity
+        self._owners: OrderedDict[int, bytes] = OrderedDict()
+
+    def add(self, ident: int, handle: bytes) -> None:
+        """Record that ``ident`` was taken under ``handle``."""
+        self._owners[ident] = handle
+        while len(self._owners) > self._capacity:
+            self._owners.popitem(last=False)
+
+    def owned(self, ident: int, handle: bytes) -> bool:
+        """Whether ``ident`` is remembered as taken under ``handle``."""
+        return self._owners.get(ident) == handle
+
+    def discard(self, ident: int) -> None:
+        """Forget ``ident``."""
+        self._owners.pop(ident, None)
+
+    def __len__(self) -> int:
+        return len(self._owners)

@@ -1,7 +1,9 @@
 """Prometheus metrics of the daemon, in a registry of its own (never the global one).
 
 Cache-wide figures (tier usage, hits, misses, evictions, promotions, demotions, corrupt reads, token-weighted
-lookup / load / effective hits, measured tier rates, leases, write-downs) are read from one :meth:`CacheManager.stats` snapshot at scrape time. The servicer records
+lookup / load / effective hits, fallback-recompute tokens, measured tier rates, leases, write-downs,
+single-flight prefill claims, waits and take-overs) are read from one :meth:`CacheManager.stats` snapshot at
+scrape time. The servicer records
 what only it sees: RPC latency per method and status code, and bytes moved per data path and direction.
 
 Primitives:
@@ -123,6 +125,37 @@ class StatsCollector(Collector):
             "Prefill tokens engines reported recomputing although they had looked them up",
             value=stats.recomputed_tokens,
         )
+        yield from _prefill_families(stats)
+
+
+def _prefill_families(stats: CacheStats) -> Iterator[Metric]:
+    """The single-flight prefill gauges and counters."""
+    prefill = stats.prefill
+    yield GaugeMetricFamily(
+        "tiercache_prefill_active_claims",
+        "Single-flight prefill claims leading at least one unpublished chunk",
+        value=prefill.active_claims,
+    )
+    yield GaugeMetricFamily(
+        "tiercache_prefill_claimed_chunks",
+        "Chunks being computed under a single-flight prefill claim",
+        value=prefill.claimed_chunks,
+    )
+    yield CounterMetricFamily(
+        "tiercache_prefill_waits",
+        "Prefill waits that found another request computing a chunk they needed",
+        value=prefill.waits,
+    )
+    yield CounterMetricFamily(
+        "tiercache_prefill_takeovers",
+        "Chunks claimed after their previous leader gave them up or died",
+        value=prefill.takeovers,
+    )
+    yield CounterMetricFamily(
+        "tiercache_prefill_expired_claims",
+        "Prefill claims that lapsed at their TTL (their leader died)",
+        value=prefill.expired_claims,
+    )
 
 
 class DaemonMetrics:

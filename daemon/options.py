@@ -231,6 +231,20 @@ OPTIONS: tuple[Option, ...] = (
         boolean=True,
     ),
     Option(
+        "l3_fault_read_delay_s",
+        parse_float,
+        *_fixed(0.0, "0 (off)"),
+        "fault injection, off by default: seconds added to every L3 read (for deadline tests)",
+        "FLOAT",
+    ),
+    Option(
+        "l3_fault_read_bytes_per_s",
+        parse_size,
+        *_fixed(0, "0 (off)"),
+        "fault injection, off by default: throttle L3 reads to this many bytes per second",
+        "SIZE",
+    ),
+    Option(
         "write_policy",
         parse_choice(WritePolicyKind),
         *_fixed(WritePolicyKind.WRITE_THROUGH, "write_through"),

@@ -13,7 +13,7 @@ is removed.
 Primitives:
     build_cache: the tiers and the cache manager of a config.
     Daemon: ``run()`` until a signal or ``stop()``; returns the exit code.
-    DRAIN_GRACE_S, HEALTH_SERVICES.
+    DRAIN_GRACE_S, HEALTH_SERVICES, WAIT_WORKERS.
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ from .servicer import DataPlaneInfo, DiagnosticsServicer, KVCacheServicer, Servi
 
 logger = logging.getLogger(__name__)
 
+WAIT_WORKERS = 32
+"""Threads of the executor for calls that may block for long (promotion waits, prefill waits)."""
 DRAIN_GRACE_S = 10.0
 """How long in-flight calls may take to finish once a stop is requested."""
 HEALTH_SERVICES = ("", "tiercache.v1.KVCacheService", "tiercache.v1.Diagnostics")
@@ -117,14 +119,16 @@ class Daemon:
         executor = ThreadPoolExecutor(
             max_workers=min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="tiercache-rpc"
         )
+        waits = ThreadPoolExecutor(max_workers=WAIT_WORKERS, thread_name_prefix="tiercache-wait")
         manager: CacheManager | None = None
         try:
             built, host = await loop.run_in_executor(
                 executor, build_cache, self._config.tiers, self._config.cache
             )
             manager = built
-            await self._serve(loop, manager, host, executor)
+            await self._serve(loop, manager, host, executor, waits)
         finally:
+            await asyncio.to_thread(waits.shutdown, True, cancel_futures=True)
             await asyncio.to_thread(executor.shutdown, True, cancel_futures=True)
             if manager is not None:
                 await asyncio.to_thread(manager.close)
@@ -139,6 +143,7 @@ class Daemon:
         manager: CacheManager,
         host: HostTier,
         executor: ThreadPoolExecutor,
+        waits: ThreadPoolExecutor,
     ) -> None:
         assert self._stop is not None
         cfg = self._config
@@ -155,6 +160,7 @@ class Daemon:
             data_plane=DataPlaneInfo(host.segment_name, host.slot_bytes, host.num_slots),
             stream=cfg.stream,
             lease_ttl_s=cfg.cache.lease_ttl_s,
+            wait_executor=waits,
         )
         limit = cfg.stream.max_message_bytes
         server = grpc.aio.server(

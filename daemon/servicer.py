@@ -7,6 +7,12 @@ status code is recorded in :mod:`.metrics`.
 
 Engines store into and load from L2, the shared-memory tier named in ``RegisterResponse.data_plane``.
 
+Calls that may block for long — loads that wait for promotion out of a slow L3 and single-flight prefill
+waits, which last until another engine publishes — run in a separate, bounded executor
+(``ServiceDeps.wait_executor``), so that they cannot take every thread of the executor the short calls
+(Stats, Register, stores, releases) need. Load policies are resolved in :mod:`.loads`; running prefetches
+are kept by id in :mod:`.prefetches` so that they can be cancelled.
+
 Primitives:
     DataPlaneInfo: the shared-memory segment engines map.
     ServiceDeps: what the servicers need (manager, executor, auth, handles, events, metrics, limits).
@@ -28,6 +34,7 @@ import grpc
 import zstandard
 
 from tiercache.errors import CapacityError, InvalidArgumentError, NotFoundError, TierCacheError
+from tiercache.loading import LoadPolicyKind
 from tiercache.manager import CacheManager, StoreTicket
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.proto import tiercache_pb2_grpc as pb_grpc
@@ -37,8 +44,10 @@ from . import convert
 from .auth import Authenticator
 from .config import StreamConfig
 from .events import EventHub, HubEvent, HubEventKind
-from .handles import Claims, HandleRegistry
+from .handles import Claims, HandleRegistry, Owners
+from .loads import LoadOutcome, policy_wait_s, run_load
 from .metrics import DaemonMetrics
+from .prefetches import PrefetchTable
 from .status import abort_with, status_of
 from .streams import INLINE_BYTES, LOAD_ZSTD_LEVEL, ChunkAssembler, encode_piece
 
@@ -46,6 +55,9 @@ logger = logging.getLogger(__name__)
 
 SHM = TierLevel.L2
 """The tier engines reach through shared memory."""
+MAX_PREFILL_WAIT_S = 60.0
+"""A WaitPrefill waits at most this long, whatever its timeout_s: a wait holds a thread, and a draining
+daemon lets the waits in flight end before it exits."""
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -84,6 +96,8 @@ class ServiceDeps:
         stream: message limits.
         lease_ttl_s: the default lease and ticket lifetime.
         clock: the manager's clock (expiry times are in its seconds).
+        wait_executor: where calls that may block for long run (promotion waits, prefill waits); None:
+            ``executor``.
     """
 
     manager: CacheManager
@@ -96,6 +110,7 @@ class ServiceDeps:
     stream: StreamConfig
     lease_ttl_s: float
     clock: Callable[[], float] = time.monotonic
+    wait_executor: Executor | None = None
 
 
 class _Translating:
@@ -112,6 +127,12 @@ class _Translating:
         """Run a blocking call in the executor and wait for it."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._deps.executor, functools.partial(fn, *args, **kwargs))
+
+    async def _run_long(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run a call that may block for long in the wait executor and wait for it."""
+        loop = asyncio.get_running_loop()
+        executor = self._deps.wait_executor or self._deps.executor
+        return await loop.run_in_executor(executor, functools.partial(fn, *args, **kwargs))
 
     def _fire(self, fn: Callable[P, object], *args: P.args, **kwargs: P.kwargs) -> Future[Any]:
         """Start a blocking call in the executor without waiting; failures are logged."""
@@ -204,6 +225,8 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer, _Translating):  # type: ig
         self._manager = deps.manager
         self._tickets = Claims(deps.clock)
         self._leases = Claims(deps.clock)
+        self._claims = Owners()
+        self._prefetches = PrefetchTable()
 
     def _handle(self, handle: bytes, tenant: str) -> int:
         """Check the caller's handle; returns its chunk size."""
@@ -219,6 +242,8 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer, _Translating):  # type: ig
         """Register the caller's namespace; the handle is scoped to the caller's tenant."""
         tenant = self._tenant(context)
         ns = convert.namespace_from_proto(request.namespace, request.HasField("namespace"))
+        prefill = convert.prefill_from_proto(request.prefill, request.HasField("prefill"))
+        deadline = convert.deadline_from_proto(request.deadline, request.HasField("deadline"))
         try:
             handle = await self._run(self._manager.register_namespace, ns, tenant)
         except InvalidArgumentError as exc:
@@ -226,14 +251,16 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer, _Translating):  # type: ig
                 raise
             raise InvalidArgumentError("namespace.layout", str(exc).removeprefix("layout: ")) from None
         chunk_bytes = ns.layout.chunk_bytes
-        self._deps.handles.add(handle, tenant, chunk_bytes)
+        self._deps.handles.add(handle, tenant, chunk_bytes, ns.layout.chunk_tokens, prefill, deadline)
         logger.info(
-            "engine %r of tenant %r registered %s@%s as %s",
+            "engine %r of tenant %r registered %s@%s as %s (prefill model %s, deadline model %s)",
             request.engine_id,
             tenant,
             ns.model_id,
             ns.revision,
             handle.hex(),
+            prefill,
+            deadline,
         )
         dp = self._deps.data_plane
         return pb.RegisterResponse(
@@ -257,13 +284,19 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer, _Translating):  # type: ig
         self._handle(handle, self._tenant(context))
         keys = convert.keys_from_proto(request.keys)
         result = await self._run(self._manager.lookup, handle, keys, True)
+        prefetch_id = 0
         if request.prefetch and result.by_tier.get(SHM, 0) < result.chunks:
-            await self._run(self._manager.prefetch, handle, keys[: result.chunks], SHM)
-        return convert.lookup_to_proto(result)
+            prefetch = await self._run(self._manager.prefetch, handle, keys[: result.chunks], SHM)
+            prefetch_id = self._prefetches.add(handle, prefetch)
+        return convert.lookup_to_proto(result, prefetch_id)
 
     @unary
     async def Prefetch(self, request: pb.PrefetchRequest, context: Any) -> pb.PrefetchResponse:
-        """Promote into L2, waiting at most ``timeout_s`` (the promotions go on after a timeout)."""
+        """Promote into L2, waiting at most ``timeout_s`` (the promotions go on after a timeout).
+
+        Promotions still running when the call returns keep going under ``prefetch_id`` (CancelPrefetch
+        drops them); a client that cancels the call while it waits cancels the promotions too.
+        """
         handle = request.handle
         self._handle(handle, self._tenant(context))
         keys = convert.keys_from_proto(request.keys)
@@ -271,9 +304,24 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer, _Translating):  # type: ig
         prefetch = await self._run(self._manager.prefetch, handle, keys, SHM)
         pending = [asyncio.wrap_future(f) for f in prefetch.futures if not f.done()]
         if pending and timeout > 0:
-            # asyncio.wait neither cancels the promotions on timeout nor when this call is cancelled.
-            await asyncio.wait(pending, timeout=timeout)
-        return pb.PrefetchResponse(ready=prefetch.ready())
+            try:
+                # asyncio.wait cancels nothing itself, neither on timeout nor when this call is cancelled.
+                await asyncio.wait(pending, timeout=timeout)
+            except asyncio.CancelledError:
+                dropped = prefetch.cancel()
+                logger.debug("Prefetch cancelled by its client: %d promotions dropped", dropped)
+                raise
+        return pb.PrefetchResponse(ready=prefetch.ready(), prefetch_id=self._prefetches.add(handle, prefetch))
+
+    @unary
+    async def CancelPrefetch(
+        self, request: pb.CancelPrefetchRequest, context: Any
+    ) -> pb.CancelPrefetchResponse:
+        """Drop the promotions of a prefetch that have not started (0 for an unknown or finished id)."""
+        handle = request.handle
+        self._handle(handle, self._tenant(context))
+        cancelled = self._prefetches.cancel(request.prefetch_id, handle)
+        return pb.CancelPrefetchResponse(cancelled=cancelled or 0)
 
     # ------------------------------------------------------------------ stores through shared memory
 
@@ -301,15 +349,21 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer, _Translating):  # type: ig
 
     @unary
     async def CommitStore(self, request: pb.CommitStoreRequest, context: Any) -> pb.CommitStoreResponse:
-        """Make a ticket's chunks visible."""
+        """Make a ticket's chunks visible: all of them, or only ``indices`` (the ticket stays open for the rest)."""
         handle = request.handle
         chunk_bytes = self._handle(handle, self._tenant(context))
-        if not self._tickets.take(request.ticket_id, handle):
+        indices = list(request.indices)
+        known = (
+            self._tickets.owned(request.ticket_id, handle)
+            if indices
+            else self._tickets.take(request.ticket_id, handle)
+        )
+        if not known:
             raise NotFoundError(
                 "ticket_id",
                 f"{request.ticket_id} is not an open store ticket of this handle (finished or expired?)",
             )
-        stored = await self._run(self._manager.commit_store, request.ticket_id)
+        stored = await self._run(self._manager.commit_store, request.ticket_id, indices or None)
         self._deps.metrics.add_bytes("shm", "store", stored * chunk_bytes)
         return pb.CommitStoreResponse(stored=stored)
 
@@ -327,20 +381,49 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer, _Translating):  # type: ig
 
     @unary
     async def AcquireLoad(self, request: pb.AcquireLoadRequest, context: Any) -> pb.AcquireLoadResponse:
-        """Lease the L2 slots of the cached prefix (promoting chunks from L3 first)."""
+        """Lease the L2 slots of the cached prefix the load policy chooses (promoting chunks from L3 first).
+
+        See :mod:`.loads` for the policies. A call cancelled by its client while the lease is being taken
+        releases the lease as soon as it exists.
+        """
+        arrived = time.monotonic()
         handle = request.handle
-        chunk_bytes = self._handle(handle, self._tenant(context))
+        info = self._deps.handles.check(handle, self._tenant(context))
         keys = convert.keys_from_proto(request.keys)
         ttl = convert.ttl_from_proto(request.ttl_s)
-        ticket = await self._run(self._manager.acquire, handle, keys, SHM, ttl)
+        kind = convert.load_policy_from_proto(int(request.policy))
+        timeout = convert.timeout_from_proto(request.timeout_s)
+        wait_s = policy_wait_s(kind, timeout, request.prompt_tokens, len(keys), info)
+        prefill = info.prefill if kind is LoadPolicyKind.COST_AWARE else None
+        executor = self._deps.executor if wait_s == 0 else (self._deps.wait_executor or self._deps.executor)
+        fut = executor.submit(run_load, self._manager, handle, keys, SHM, ttl, wait_s, prefill, arrived)
+        try:
+            outcome = await asyncio.wrap_future(fut)
+        except asyncio.CancelledError:
+            fut.add_done_callback(self._release_orphan)
+            raise
+        ticket = outcome.ticket
         if ticket.lease_id:
             self._leases.add(ticket.lease_id, handle, ticket.expires_at)
-        self._deps.metrics.add_bytes("shm", "load", len(ticket.chunks) * chunk_bytes)
+        self._deps.metrics.add_bytes("shm", "load", len(ticket.chunks) * info.chunk_bytes)
+        plan = outcome.plan
         return pb.AcquireLoadResponse(
             lease_id=ticket.lease_id,
-            slots=convert.slot_refs(ticket.chunks, chunk_bytes),
+            slots=convert.slot_refs(ticket.chunks, info.chunk_bytes),
             expires_in_s=self._expires_in(ticket.expires_at) if ticket.lease_id else 0.0,
+            cached=outcome.cached,
+            estimated_load_s=plan.load_s if plan is not None else 0.0,
+            estimated_recompute_s=plan.recompute_s if plan is not None else 0.0,
         )
+
+    def _release_orphan(self, fut: Future[LoadOutcome]) -> None:
+        """Release the lease of a load whose caller went away (runs on an executor thread)."""
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        lease_id = fut.result().ticket.lease_id
+        if lease_id:
+            logger.debug("AcquireLoad cancelled by its client: releasing lease %d", lease_id)
+            self._fire(self._manager.release, lease_id)
 
     @unary
     async def ReleaseLoad(self, request: pb.ReleaseLoadRequest, context: Any) -> pb.ReleaseLoadResponse:
@@ -351,6 +434,57 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer, _Translating):  # type: ig
             self._manager.release, request.lease_id
         )
         return pb.ReleaseLoadResponse(released=released)
+
+    # ------------------------------------------------------------------ single-flight prefill and usage
+
+    @unary
+    async def ClaimPrefill(self, request: pb.ClaimPrefillRequest, context: Any) -> pb.ClaimPrefillResponse:
+        """Claim the uncached chunks of a chain nobody computes yet; say which to wait for and which to lead."""
+        handle = request.handle
+        self._handle(handle, self._tenant(context))
+        keys = convert.keys_from_proto(request.keys)
+        ttl = convert.ttl_from_proto(request.ttl_s)
+        claim = await self._run(self._manager.claim_prefill, handle, keys, ttl)
+        if claim.claim_id:
+            self._claims.add(claim.claim_id, handle)
+        return convert.claim_to_proto(claim)
+
+    @unary
+    async def WaitPrefill(self, request: pb.WaitPrefillRequest, context: Any) -> pb.WaitPrefillResponse:
+        """Wait until the next chunk the chain needs is published or no longer computed, or ``timeout_s``.
+
+        The wait holds a thread of the wait executor; it is capped at :data:`MAX_PREFILL_WAIT_S`.
+        """
+        handle = request.handle
+        self._handle(handle, self._tenant(context))
+        keys = convert.keys_from_proto(request.keys)
+        timeout = min(convert.timeout_from_proto(request.timeout_s), MAX_PREFILL_WAIT_S)
+        if request.claim_id and not self._claims.owned(request.claim_id, handle):
+            raise NotFoundError("claim_id", f"{request.claim_id} is not a prefill claim of this handle")
+        cached = await self._run_long(self._manager.wait_prefill, handle, keys, timeout, request.claim_id)
+        return pb.WaitPrefillResponse(cached=cached)
+
+    @unary
+    async def ReleasePrefill(
+        self, request: pb.ReleasePrefillRequest, context: Any
+    ) -> pb.ReleasePrefillResponse:
+        """Give a claim up at once: its unpublished chunks may be taken over (0 for an unknown claim)."""
+        handle = request.handle
+        self._handle(handle, self._tenant(context))
+        if not self._claims.owned(request.claim_id, handle):
+            return pb.ReleasePrefillResponse(released=0)
+        self._claims.discard(request.claim_id)
+        released = await self._run(self._manager.release_prefill, request.claim_id)
+        return pb.ReleasePrefillResponse(released=released)
+
+    @unary
+    async def ReportUsage(self, request: pb.ReportUsageRequest, context: Any) -> pb.ReportUsageResponse:
+        """Count what an engine did with a load: tokens it skipped per source tier, and recomputed."""
+        handle = request.handle
+        info = self._deps.handles.check(handle, self._tenant(context))
+        effective = convert.usage_from_proto(request.effective_chunks, info.chunk_tokens)
+        await self._run(self._manager.report_usage, handle, effective, int(request.recomputed_tokens))
+        return pb.ReportUsageResponse()
 
     # ------------------------------------------------------------------ pinning, purge, stats, events
 

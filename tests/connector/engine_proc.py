@@ -3,7 +3,8 @@
 It stores or loads the KV of a deterministic prompt through the connector and prints one JSON line. The
 source KV is regenerated from a seed, so any process can check a load bit-exactly.
 
-Usage: ``python engine_proc.py '<json params>'`` with ``mode`` in ``store``, ``load``, ``hold``.
+Usage: ``python engine_proc.py '<json params>'`` with ``mode`` in ``store``, ``load``, ``hold``, ``claim``
+(claim the prompt's prefill as leader with ``ttl_s``, print the claim, then hang until killed).
 """
 
 from __future__ import annotations
@@ -149,6 +150,10 @@ def main(p: dict[str, Any]) -> dict[str, Any]:
             flush=True,
         )
         time.sleep(600)  # hold the lease until the test kills this process
+    if p["mode"] == "claim":
+        claim = conn.prefill_claim(tokens, ttl_s=p["ttl_s"])
+        print(json.dumps({"lead": claim.lead_tokens, "leader": claim.leader}), flush=True)
+        time.sleep(600)  # lead without ever publishing, until the test kills this process
     raise SystemExit(f"unknown mode {p['mode']!r}")
 
 

@@ -103,6 +103,8 @@ def test_l1_device_none_and_cpu(tmp_path: Path) -> None:
         (["--selective-min-hits", "0"], {}, None, "--selective-min-hits: must be a positive integer"),
         (["--l2-prefix", "a/b"], {}, None, "--l2-prefix:"),
         (["--metrics-port", "70000"], {}, None, "--metrics-port:"),
+        (["--l3-fault-read-delay-s", "-1"], {}, None, "--l3-fault-read-delay-s: must be >= 0"),
+        ([], {"TIERCACHE_L3_FAULT_READ_BYTES_PER_S": "fast"}, None, "--l3-fault-read-bytes-per-s (from"),
     ],
 )
 def test_bad_values_exit_2_naming_the_option(
@@ -187,7 +189,24 @@ def test_help_lists_every_option_with_its_default() -> None:
         assert opt.flag in text, opt.flag
         assert f"env {opt.env})" in text, opt.env
     assert text.count("(default:") == len(OPTIONS) + 1
+    assert "--l3-fault-read-delay-s FLOAT fault injection, off by default" in text
+    assert "--l3-fault-read-bytes-per-s SIZE fault injection, off by default" in text
     for fragment in ("(default: 32M;", "(default: 0600;", "(default: write_through;", "(default: lru;", "(default: 8M;",
                      "(default: 4M;", "(default: tiercache-l2;", "(default: 127.0.0.1;", "(default: INFO;",
                      "10% of physical RAM", "min(8G, 10% of the free space"):  # fmt: skip
         assert fragment in text, fragment
+
+
+def test_l3_fault_injection_is_off_by_default_and_resolved_like_every_option(tmp_path: Path) -> None:
+    env = {"HOME": str(tmp_path)}
+    l3 = load_config(["--l2-bytes", "1M", "--slot-bytes", "64K"], env).tiers.l3
+    assert l3 is not None and (l3.fault_read_delay_s, l3.fault_read_bytes_per_s) == (0.0, 0)
+    cfg = tmp_path / "daemon.toml"
+    cfg.write_text('l3_fault_read_delay_s = 0.5\nl3_fault_read_bytes_per_s = "1M"\n')
+    env = {**env, "TIERCACHE_CONFIG": str(cfg), "TIERCACHE_L3_FAULT_READ_DELAY_S": "1.5"}
+    l3 = load_config(
+        ["--l2-bytes", "1M", "--slot-bytes", "64K", "--l3-fault-read-bytes-per-s", "2M"], env
+    ).tiers.l3
+    assert l3 is not None
+    assert l3.fault_read_delay_s == 1.5  # environment over TOML
+    assert l3.fault_read_bytes_per_s == 2 << 20  # flag over TOML

@@ -1,0 +1,507 @@
+"""The ``connector`` benchmark: store/load through the connector against the machine and bare gRPC.
+
+For each layout case (a model-like KV layout at a chunk size) the bench, in one run and on one daemon:
+
+1. measures memcpy of the same bytes in chunk-size copies (the same-host ceiling);
+2. stores then loads ``rounds`` prompts through :class:`~tiercache.connector.KVConnector` with per-layer
+   :class:`~tiercache.connector.ContiguousKV` engine tensors over the shared-memory data plane, verifying
+   that every loaded byte equals the stored one (a mismatch is an error, never a figure); the namespace is
+   purged after each round so that no round evicts another;
+3. times ``Lookup`` of the stored chain against ``Diagnostics.Echo`` of a message of the same size;
+4. stores and loads through the byte stream (``ConnectorConfig(force_remote=True)``), verified the same
+   way, against ``Diagnostics.EchoStream`` of messages of the stream's piece size.
+
+Targets (issue 3): same-host load/store >= 0.8x memcpy; lookup p50 <= 2x bare echo p50; byte stream
+>= 0.8x the bare stream.
+
+Primitives:
+    LayoutCase / PRESETS / parse_layouts: the KV layouts measured.
+    ConnectorBenchConfig: what to measure.
+    ConnectorFigure: one figure next to its baseline, ratio and target.
+    ConnectorReport: the whole run.
+    BenchError: the daemon refused or lost data (not a corruption: e.g. no room, no data plane).
+    run_connector: run the benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tiercache.connector import (
+    ClientConfig,
+    ConnectorConfig,
+    ContiguousKV,
+    KVConnector,
+    TierCacheClient,
+)
+from tiercache.connector.stream import DEFAULT_MESSAGE_BYTES, piece_bytes
+from tiercache.keys import Namespace, chunk_keys
+from tiercache.layout import KVDtype, KVLayout
+
+from .baselines import DiagnosticsProbe
+from .ceilings import CeilingKind, CeilingResult, MachineInfo, describe_machine, measure_memcpy
+from .daemon_proc import DaemonHandle, EmbeddedDaemonConfig, use_daemon
+from .kvcheck import distinct_prompts, make_contiguous_kv, verify_kv, zero_kv, zeros_like_kv
+from .payload import make_destinations, make_payload
+from .progress import ProgressBar
+from .runner import work_directory
+from .timing import Latency, Timing, summarize, time_latency
+
+logger = logging.getLogger(__name__)
+
+PRESETS: dict[str, tuple[int, int, int]] = {
+    "7b": (32, 8, 128),
+    "1b": (16, 8, 64),
+    "tiny": (4, 2, 64),
+}
+"""Named layouts: (layers, kv heads, head dim), bf16. ``7b`` is Llama-2/3-7B/8B-like with GQA."""
+
+STORE_LOAD_TARGET = 0.8
+LOOKUP_TARGET = 2.0
+STREAM_TARGET = 0.8
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutCase:
+    """A KV layout measured by the connector bench.
+
+    Attributes:
+        name: preset name or ``LxHxD``.
+        num_layers: layers.
+        num_kv_heads: KV heads.
+        head_dim: head dimension.
+        chunk_tokens: tokens per chunk.
+    """
+
+    name: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    chunk_tokens: int = 256
+
+    @property
+    def label(self) -> str:
+        """``7b/256t``."""
+        return f"{self.name}/{self.chunk_tokens}t"
+
+    def layout(self) -> KVLayout:
+        """The bf16 layout (page size 16 tokens when the chunk allows it)."""
+        page = 16 if self.chunk_tokens % 16 == 0 else self.chunk_tokens
+        return KVLayout(
+            self.num_layers, self.num_kv_heads, self.head_dim, KVDtype.BFLOAT16, self.chunk_tokens, page
+        )
+
+
+def parse_layouts(text: str) -> tuple[tuple[str, int, int, int], ...]:
+    """Comma-separated layouts: preset names (``7b``, ``1b``, ``tiny``) or ``LAYERSxHEADSxDIM``.
+
+    Raises:
+        argparse.ArgumentTypeError: an unknown name or a malformed shape.
+    """
+    out = []
+    for part in (p.strip().lower() for p in text.split(",") if p.strip()):
+        if part in PRESETS:
+            out.append((part, *PRESETS[part]))
+            continue
+        dims = part.split("x")
+        if len(dims) != 3 or not all(d.isdigit() and int(d) > 0 for d in dims):
+            valid = ", ".join(PRESETS)
+            raise argparse.ArgumentTypeError(f"unknown layout {part!r}; use {valid} or LAYERSxHEADSxDIM")
+        out.append((part, int(dims[0]), int(dims[1]), int(dims[2])))
+    if not out:
+        raise argparse.ArgumentTypeError("at least one layout is needed")
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectorBenchConfig:
+    """What the ``connector`` benchmark measures.
+
+    Attributes:
+        cases: layouts at chunk sizes, in order.
+        bytes_per_case: KV bytes per round (at least one chunk; capped by the daemon's free L2 slots).
+        rounds: timed store/load rounds per path (plus one untimed warm-up round).
+        lookup_calls: timed Lookup and Echo calls.
+        stream: also measure the byte-stream path.
+        address: a running daemon, or None to start one per chunk size.
+        token: its bearer token.
+        daemon: sizes of a started daemon (its slot size is set to each case's chunk size).
+        work_root: where the run's work directory is created.
+        seed: KV and prompt seed.
+    """
+
+    cases: tuple[LayoutCase, ...]
+    bytes_per_case: int = 256 << 20
+    rounds: int = 3
+    lookup_calls: int = 300
+    stream: bool = True
+    address: str | None = None
+    token: str | None = None
+    daemon: EmbeddedDaemonConfig = field(default_factory=EmbeddedDaemonConfig)
+    work_root: Path | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.cases:
+            raise ValueError("cases: at least one layout is needed")
+        if self.bytes_per_case <= 0 or self.rounds <= 0 or self.lookup_calls <= 0:
+            raise ValueError("bytes_per_case, rounds and lookup_calls must be positive")
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectorFigure:
+    """One connector figure next to its baseline.
+
+    Attributes:
+        case: the layout case's label.
+        chunk_bytes: bytes per chunk.
+        chunks: chunks per round.
+        path: ``shm`` (same-host data plane), ``stream`` (byte stream) or ``rpc`` (lookup).
+        op: ``store``, ``load`` or ``lookup``.
+        unit: ``GB/s`` (throughput) or ``ms`` (p50 latency).
+        value: the figure (GB/s, or the p50 latency in ms).
+        baseline: the baseline's label (``memcpy(cpu)``, ``echo``, ``echo_stream``).
+        baseline_value: the baseline in the same unit.
+        ratio: value / baseline_value.
+        target: the ratio to reach (at least, or at most for latencies), None when untargeted.
+        at_most: the target is an upper bound (latency).
+        met: whether the target is met; None when untargeted.
+        timing: throughput phases: their timing.
+        latency: latency phases: the call's latency; ``baseline_latency`` the baseline's.
+        baseline_latency: the echo latency of a lookup figure.
+        verified_bytes: bytes compared equal to the stored KV (loads; stores are verified by their load).
+    """
+
+    case: str
+    chunk_bytes: int
+    chunks: int
+    path: str
+    op: str
+    unit: str
+    value: float
+    baseline: str
+    baseline_value: float
+    ratio: float
+    target: float | None
+    at_most: bool
+    met: bool | None
+    timing: Timing | None = None
+    latency: Latency | None = None
+    baseline_latency: Latency | None = None
+    verified_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonInfo:
+    """The daemon(s) a run used.
+
+    Attributes:
+        address: the address dialled (of the last daemon for embedded runs).
+        embedded: started by the bench.
+        argv: embedded daemons' command lines.
+    """
+
+    address: str
+    embedded: bool
+    argv: tuple[tuple[str, ...], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectorReport:
+    """The outcome of one ``connector`` run.
+
+    Attributes:
+        config: what was asked for.
+        machine: what it ran on.
+        daemon: the daemon(s) used.
+        ceilings: per case (its label first): memcpy and, with the stream, the bare echo stream.
+        figures: every connector figure.
+        elapsed_s: wall time.
+    """
+
+    config: ConnectorBenchConfig
+    machine: MachineInfo
+    daemon: DaemonInfo
+    ceilings: tuple[tuple[str, CeilingResult], ...]
+    figures: tuple[ConnectorFigure, ...]
+    elapsed_s: float
+
+
+class BenchError(RuntimeError):
+    """The daemon refused the run or lost data without corrupting it (no room, no data plane, ...)."""
+
+
+def _figure(
+    case: LayoutCase,
+    layout: KVLayout,
+    chunks: int,
+    path: str,
+    op: str,
+    timing: Timing,
+    baseline: str,
+    baseline_gbps: float,
+    target: float,
+    verified: int = 0,
+) -> ConnectorFigure:
+    ratio = timing.gbps / baseline_gbps
+    return ConnectorFigure(
+        case.label,
+        layout.chunk_bytes,
+        chunks,
+        path,
+        op,
+        "GB/s",
+        timing.gbps,
+        baseline,
+        baseline_gbps,
+        ratio,
+        target,
+        False,
+        ratio >= target,
+        timing=timing,
+        verified_bytes=verified,
+    )
+
+
+@dataclass(slots=True)
+class _Rounds:
+    """Durations and verified bytes of the timed rounds of one path."""
+
+    store_s: list[float] = field(default_factory=list)
+    load_s: list[float] = field(default_factory=list)
+    verified: int = 0
+
+
+def _timed(call: Callable[[], object]) -> tuple[object, float]:
+    t0 = time.perf_counter()
+    result = call()
+    return result, time.perf_counter() - t0
+
+
+def _round(
+    conn: KVConnector,
+    prompt: np.ndarray,
+    src: ContiguousKV,
+    dst: ContiguousKV,
+    out: _Rounds | None,
+    on_done: Callable[[], object],
+) -> None:
+    """Store then load one prompt, verify, purge; record durations in ``out`` (None: warm-up)."""
+    tokens = len(prompt)
+    stored, store_s = _timed(lambda: conn.store(prompt, src))
+    if stored.tokens_stored != tokens:  # type: ignore[attr-defined]
+        raise BenchError(f"the daemon stored {stored} of {tokens} tokens (too little room? see its log)")
+    zero_kv(dst)
+    loaded, load_s = _timed(lambda: conn.load(prompt, dst))
+    if loaded.tokens_loaded != tokens:  # type: ignore[attr-defined]
+        raise BenchError(f"the daemon loaded {loaded} of {tokens} tokens")
+    verified = verify_kv(src, dst, tokens, conn.namespace.layout.mla)
+    conn.client.purge(conn.namespace)
+    on_done()
+    if out is not None:
+        out.store_s.append(store_s)
+        out.load_s.append(load_s)
+        out.verified += verified
+
+
+def _run_path(
+    conn: KVConnector,
+    prompts: Sequence[np.ndarray],
+    src: ContiguousKV,
+    dst: ContiguousKV,
+    bar: ProgressBar,
+) -> _Rounds:
+    rounds = _Rounds()
+    _round(conn, prompts[0], src, dst, None, bar.advance)
+    for prompt in prompts[1:]:
+        _round(conn, prompt, src, dst, rounds, bar.advance)
+    return rounds
+
+
+def _chunks_for(
+    case: LayoutCase, config: ConnectorBenchConfig, client: TierCacheClient, ns: Namespace
+) -> int:
+    reg = client.register(ns)
+    if reg.data_plane is None or client.slot_mapping(ns) is None:
+        raise BenchError(
+            "the daemon's shared memory is not reachable from here (another host, or no L2): "
+            "the same-host path cannot be measured"
+        )
+    wanted = max(1, config.bytes_per_case // reg.chunk_bytes)
+    room = max(1, reg.data_plane.num_slots - 1)
+    if wanted > room:
+        logger.warning(
+            "%s: %d chunks per round do not fit the daemon's L2; using %d", case.label, wanted, room
+        )
+    return int(min(wanted, room))
+
+
+def _measure_case(
+    case: LayoutCase, config: ConnectorBenchConfig, handle: DaemonHandle, bar: ProgressBar
+) -> tuple[list[CeilingResult], list[ConnectorFigure]]:
+    layout = case.layout()
+    ns = Namespace(f"tiercache-bench/{case.name}", f"run-{secrets.token_hex(4)}", layout)
+    client_config = ClientConfig(timeout_s=60.0, stream_timeout_s=600.0, engine_id="tiercache-bench")
+    client = TierCacheClient.connect(handle.address, handle.token, config=client_config)
+    probe = DiagnosticsProbe(handle.address, handle.token)
+    try:
+        chunks = _chunks_for(case, config, client, ns)
+        tokens = chunks * layout.chunk_tokens
+        total = chunks * layout.chunk_bytes
+        payload = make_payload(layout.chunk_bytes, chunks, config.seed)
+        memcpy = measure_memcpy(
+            payload.chunks(), list(make_destinations(payload, payload.device).unbind(0)), 1, 1
+        )
+        del payload
+        src = make_contiguous_kv(layout, tokens, config.seed)
+        dst = zeros_like_kv(src)
+        prompts = distinct_prompts(config.rounds + 1, tokens, config.seed)
+        shm = _run_path(KVConnector(client, ns), prompts, src, dst, bar)
+        figures = [
+            _figure(case, layout, chunks, "shm", "store", summarize(total * config.rounds, sum(shm.store_s), shm.store_s), memcpy.label, memcpy.timing.gbps, STORE_LOAD_TARGET),
+            _figure(case, layout, chunks, "shm", "load", summarize(total * config.rounds, sum(shm.load_s), shm.load_s), memcpy.label, memcpy.timing.gbps, STORE_LOAD_TARGET, shm.verified),
+        ]  # fmt: skip
+        figures.append(_lookup_figure(case, layout, chunks, config, client, probe, ns, prompts[-1], src))
+        bar.advance()
+        ceilings = [memcpy]
+        if config.stream:
+            reg = client.registration(ns)
+            limit = min(
+                reg.max_stream_message_bytes or DEFAULT_MESSAGE_BYTES, client_config.channel.max_message_bytes
+            )
+            piece = piece_bytes(limit)
+            bare = probe.stream_timing(piece, total)
+            ceilings.append(
+                CeilingResult(
+                    CeilingKind.ECHO_STREAM, "grpc", layout.chunk_bytes, bare, f"{piece}-byte messages"
+                )
+            )
+            remote = KVConnector(client, ns, ConnectorConfig(force_remote=True))
+            stream_prompts = distinct_prompts(config.rounds + 1, tokens, config.seed + 1)
+            st = _run_path(remote, stream_prompts, src, dst, bar)
+            figures += [
+                _figure(case, layout, chunks, "stream", "store", summarize(total * config.rounds, sum(st.store_s), st.store_s), ceilings[-1].label, bare.gbps, STREAM_TARGET),
+                _figure(case, layout, chunks, "stream", "load", summarize(total * config.rounds, sum(st.load_s), st.load_s), ceilings[-1].label, bare.gbps, STREAM_TARGET, st.verified),
+            ]  # fmt: skip
+        return ceilings, figures
+    finally:
+        probe.close()
+        client.close()
+
+
+def _lookup_figure(
+    case: LayoutCase,
+    layout: KVLayout,
+    chunks: int,
+    config: ConnectorBenchConfig,
+    client: TierCacheClient,
+    probe: DiagnosticsProbe,
+    ns: Namespace,
+    prompt: np.ndarray,
+    src: ContiguousKV,
+) -> ConnectorFigure:
+    """Lookup latency of a stored chain (stored again for the purpose) vs Echo of a same-size message."""
+    conn = KVConnector(client, ns)
+    conn.store(prompt, src)
+    keys = chunk_keys(ns, prompt)
+
+    def lookup() -> None:
+        info = client.lookup(ns, keys)
+        if info.chunks != len(keys):
+            raise BenchError(f"lookup found {info.chunks} of {len(keys)} stored chunks")
+
+    latency = time_latency(lookup, config.lookup_calls, warmup=10)
+    echo = probe.echo_latency(b"".join(keys), config.lookup_calls, warmup=10)
+    client.purge(ns)
+    ratio = latency.p50_s / echo.p50_s
+    return ConnectorFigure(
+        case.label,
+        layout.chunk_bytes,
+        chunks,
+        "rpc",
+        "lookup",
+        "ms",
+        latency.p50_ms,
+        "echo",
+        echo.p50_ms,
+        ratio,
+        LOOKUP_TARGET,
+        True,
+        ratio <= LOOKUP_TARGET,
+        latency=latency,
+        baseline_latency=echo,
+    )
+
+
+@contextlib.contextmanager
+def _daemon_for(
+    config: ConnectorBenchConfig, chunk_bytes: int, work: Path, started: list[tuple[str, ...]]
+) -> Iterator[DaemonHandle]:
+    daemon = config.daemon
+    if config.address is None:
+        l2 = max(2, daemon.l2_bytes // chunk_bytes) * chunk_bytes
+        daemon = EmbeddedDaemonConfig(
+            slot_bytes=chunk_bytes,
+            l1_device=daemon.l1_device,
+            l1_bytes=daemon.l1_bytes,
+            l2_bytes=l2,
+            l3_bytes=daemon.l3_bytes,
+            write_policy=daemon.write_policy,
+            eviction_policy=daemon.eviction_policy,
+            max_message_bytes=daemon.max_message_bytes,
+        )
+    sub = work / f"daemon-{chunk_bytes}"
+    sub.mkdir(exist_ok=True)
+    with use_daemon(config.address, config.token, daemon, sub) as handle:
+        if handle.embedded:
+            started.append(handle.argv)
+        yield handle
+
+
+def run_connector(config: ConnectorBenchConfig, progress: bool = False) -> ConnectorReport:
+    """Measure every case; see the module docstring.
+
+    Raises:
+        RoundTripError: loaded KV differs from the stored KV.
+        BenchError: the daemon refused or lost data.
+        DaemonStartError: an embedded daemon did not start.
+        TierCacheError: a daemon call failed.
+    """
+    start = time.perf_counter()
+    ceilings: list[tuple[str, CeilingResult]] = []
+    figures: list[ConnectorFigure] = []
+    started: list[tuple[str, ...]] = []
+    address = config.address or ""
+    steps_per_case = (config.rounds + 1) * (2 if config.stream else 1) + 1
+    by_size: dict[int, list[LayoutCase]] = {}
+    for case in config.cases:
+        by_size.setdefault(case.layout().chunk_bytes, []).append(case)
+    with (
+        work_directory(config.work_root) as work,
+        ProgressBar(steps_per_case * len(config.cases), "connector", progress) as bar,
+    ):
+        machine = describe_machine(torch.device("cpu"), work)
+        for chunk_bytes, cases in by_size.items():
+            with _daemon_for(config, chunk_bytes, work, started) as handle:
+                address = handle.address
+                for case in cases:
+                    logger.info("%s: %d-byte chunks", case.label, chunk_bytes)
+                    c, f = _measure_case(case, config, handle, bar)
+                    ceilings += [(case.label, x) for x in c]
+                    figures += f
+    daemon = DaemonInfo(address, config.address is None, tuple(started))
+    order = {case.label: i for i, case in enumerate(config.cases)}
+    figures.sort(key=lambda f: order[f.case])
+    return ConnectorReport(
+        config, machine, daemon, tuple(ceilings), tuple(figures), time.perf_counter() - start
+    )

@@ -1,0 +1,109 @@
+"""PNG line charts of benchmark results (matplotlib, imported only when a plot is asked for).
+
+Primitives:
+    Series: one line: a label and its (x, y) points.
+    Chart: a titled chart of several series.
+    PlotUnavailableError: matplotlib is not installed (``pip install 'tiercache[bench]'``).
+    save_chart: draw a chart into a PNG file (Agg backend, no display needed).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One line of a chart.
+
+    Attributes:
+        label: the legend entry.
+        points: ``(x, y)`` pairs, drawn in x order.
+        dashed: draw a dashed line (for ceilings and baselines).
+    """
+
+    label: str
+    points: tuple[tuple[float, float], ...]
+    dashed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Chart:
+    """A chart of several series sharing axes.
+
+    Attributes:
+        title: the chart's title.
+        x_label: x-axis label.
+        y_label: y-axis label.
+        series: the lines.
+        log_x: logarithmic x axis (base 2), e.g. for chunk or cache sizes.
+        x_ticks: optional ``(value, label)`` tick marks on the x axis.
+    """
+
+    title: str
+    x_label: str
+    y_label: str
+    series: tuple[Series, ...]
+    log_x: bool = False
+    x_ticks: tuple[tuple[float, str], ...] = ()
+
+
+class PlotUnavailableError(RuntimeError):
+    """matplotlib cannot be imported."""
+
+
+def save_chart(charts: Sequence[Chart], path: Path) -> None:
+    """Draw ``charts`` side by side into one PNG file.
+
+    Args:
+        charts: one or more charts (one panel each).
+        path: the PNG file to write.
+
+    Raises:
+        PlotUnavailableError: matplotlib is not installed.
+        ValueError: no charts.
+    """
+    if not charts:
+        raise ValueError("nothing to plot")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise PlotUnavailableError(
+            f"--plot needs matplotlib ({exc}); install it with: pip install 'tiercache[bench]'"
+        ) from None
+    fig, axes = plt.subplots(1, len(charts), figsize=(6.4 * len(charts), 4.8), squeeze=False)
+    try:
+        for ax, chart in zip(axes[0], charts, strict=True):
+            for s in chart.series:
+                pts = sorted(s.points)
+                ax.plot(
+                    [p[0] for p in pts],
+                    [p[1] for p in pts],
+                    linestyle="--" if s.dashed else "-",
+                    marker="o",
+                    label=s.label,
+                )
+            if chart.log_x:
+                ax.set_xscale("log", base=2)
+            if chart.x_ticks:
+                ax.set_xticks([t[0] for t in chart.x_ticks], [t[1] for t in chart.x_ticks])
+                ax.minorticks_off()
+            ax.set_title(chart.title)
+            ax.set_xlabel(chart.x_label)
+            ax.set_ylabel(chart.y_label)
+            ax.set_ylim(bottom=0)
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize="small")
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
+    logger.info("plot written to %s", path)

@@ -1,0 +1,419 @@
+"""Where a ``workload`` trace is replayed: the core cache in this process, or a daemon via the connector.
+
+Each request is served the way an engine would: look the prompt's chunk chain up (counted), load the
+cached prefix the load policy chooses into engine memory, verify every loaded byte against what was
+stored for that chunk (a mismatch raises :class:`~tiercache.bench.tiers.RoundTripError`), report what the
+load was worth, then store the full chunks that were computed. A chunk's bytes are a pure function of its
+key (seeded random bytes), so any load can be checked without remembering what was stored.
+
+Primitives:
+    CacheSizes: the tier capacities of one replay.
+    ReplayOptions: layout, policies, prefetch, verification.
+    RequestOutcome: token counts and times of one request.
+    TierCounters: one tier's counters after a replay.
+    ReplayTarget: the protocol both targets follow.
+    InprocTarget: a :class:`~tiercache.manager.CacheManager` over fresh tiers in this process.
+    DaemonTarget: a daemon through :class:`~tiercache.connector.KVConnector` (shared memory).
+    chunk_payload: the bytes of a chunk, from its key.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from tiercache.connector import (
+    ChannelConfig,
+    ClientConfig,
+    ContiguousKV,
+    KVConnector,
+    TierCacheClient,
+    chunk_to_kv,
+    kv_to_chunk,
+)
+from tiercache.connector.channel import auth_metadata, open_channel, parse_address
+from tiercache.errors import CapacityError
+from tiercache.keys import Namespace, chunk_keys
+from tiercache.layout import KVLayout
+from tiercache.loading import LoadPolicyKind, PrefillModel
+from tiercache.manager import CacheConfig, CacheManager, LoadTicket
+from tiercache.policies import EvictionPolicyKind, WritePolicyKind
+from tiercache.proto import tiercache_pb2 as pb
+from tiercache.proto.tiercache_pb2_grpc import KVCacheServiceStub
+from tiercache.tiers.base import Tier, TierLevel
+from tiercache.tiers.hbm import HbmTier, HbmTierConfig
+from tiercache.tiers.host import HostTier, HostTierConfig
+from tiercache.tiers.lmdb import LmdbTier, LmdbTierConfig
+
+from .daemon_proc import DaemonHandle
+from .tiers import RoundTripError
+
+_LEVEL_OF_WIRE = {1: TierLevel.L1, 2: TierLevel.L2, 3: TierLevel.L3}
+
+
+@dataclass(frozen=True, slots=True)
+class CacheSizes:
+    """Tier capacities of one replay (0: the tier is absent; L2 is always present).
+
+    Attributes:
+        l1_bytes: L1 capacity.
+        l2_bytes: L2 capacity.
+        l3_bytes: L3 capacity.
+    """
+
+    l1_bytes: int
+    l2_bytes: int
+    l3_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayOptions:
+    """How requests are served.
+
+    Attributes:
+        layout: KV layout (its ``chunk_bytes`` is the slot size).
+        write_policy: when chunks are written down.
+        eviction_policy: which chunk goes first.
+        load_policy: how much of the cached prefix to load.
+        timeout_s: the ``timeout`` load policy's wait.
+        prefetch: start promoting the cached prefix at lookup.
+        prefill_tokens_per_s: the engine's declared prefill rate (cost-aware loads; prefill saved).
+        l1_device: device of an in-process L1.
+        verify: compare every loaded chunk with its source.
+    """
+
+    layout: KVLayout
+    write_policy: WritePolicyKind = WritePolicyKind.WRITE_THROUGH
+    eviction_policy: EvictionPolicyKind = EvictionPolicyKind.LRU
+    load_policy: LoadPolicyKind = LoadPolicyKind.WAIT_COMPLETE
+    timeout_s: float = 0.05
+    prefetch: bool = False
+    prefill_tokens_per_s: float = 10_000.0
+    l1_device: str = "cpu"
+    verify: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutcome:
+    """What one request got, in tokens, and how long the cache calls took.
+
+    Attributes:
+        looked_up: tokens in the prompt's full chunks.
+        hit: tokens of the cached prefix the lookup found.
+        loaded: tokens loaded intact into engine memory (the engine skips their prefill).
+        stored: tokens of chunks the cache added.
+        load_s: time of lookup + load (+ verification is excluded).
+        store_s: time of the store.
+        verified_bytes: bytes compared with their source.
+    """
+
+    looked_up: int
+    hit: int
+    loaded: int
+    stored: int
+    load_s: float
+    store_s: float
+    verified_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class TierCounters:
+    """One tier's counters over a replay.
+
+    Attributes:
+        level: the tier.
+        capacity_bytes: its capacity.
+        lookup_hit_tokens: looked-up tokens whose fastest copy was here.
+        load_success_tokens: tokens loaded into the engine from here.
+        effective_hit_tokens: prefill tokens skipped thanks to chunks from here (None: not reported).
+        evictions: chunks evicted for room.
+        promotions: chunks copied in from a slower tier.
+        demotions: chunks copied in from a faster tier.
+        loaded_bytes: bytes loaded into the engine from here.
+        promoted_bytes: bytes copied in by promotions.
+        demoted_bytes: bytes copied in by demotions (write-downs).
+        stored_bytes: bytes of new chunks that landed here.
+    """
+
+    level: TierLevel
+    capacity_bytes: int
+    lookup_hit_tokens: int
+    load_success_tokens: int
+    effective_hit_tokens: int | None
+    evictions: int
+    promotions: int
+    demotions: int
+    loaded_bytes: int
+    promoted_bytes: int
+    demoted_bytes: int
+    stored_bytes: int
+
+
+class ReplayTarget(Protocol):
+    """A cache that serves requests."""
+
+    def serve(self, tokens: np.ndarray) -> RequestOutcome:
+        """Serve one request (lookup, load and verify, report, store)."""
+        ...
+
+    def counters(self) -> tuple[TierCounters, ...]:
+        """Per-tier counters since the target was opened."""
+        ...
+
+    def close(self) -> None:
+        """Release everything the target holds."""
+        ...
+
+
+_BLOCK_BYTES = 8192
+
+
+def chunk_payload(key: bytes, nbytes: int) -> torch.Tensor:
+    """The bytes stored for chunk ``key``: an 8 KiB block of random bytes seeded by the key, repeated.
+
+    A pure function of the key (so any load can be checked), distinct per chunk and cheap to make.
+    """
+    block = np.random.default_rng(int.from_bytes(key[:8], "little")).bytes(_BLOCK_BYTES)
+    reps = -(-nbytes // _BLOCK_BYTES)
+    return torch.from_numpy(np.frombuffer(block * reps, dtype=np.uint8)[:nbytes].copy())
+
+
+def _check(got: torch.Tensor, key: bytes, index: int) -> int:
+    want = chunk_payload(key, got.numel())
+    if not torch.equal(got.cpu(), want):
+        first = int(torch.nonzero(got.cpu() != want)[0, 0])
+        raise RoundTripError(
+            f"chunk {index} ({key.hex()[:16]}) loaded other bytes than stored, first at byte {first}"
+        )
+    return got.numel()
+
+
+def _namespace(layout: KVLayout) -> Namespace:
+    return Namespace("tiercache-bench/workload", f"run-{secrets.token_hex(4)}", layout)
+
+
+class InprocTarget:
+    """The core cache manager over fresh tiers, in this process."""
+
+    def __init__(self, options: ReplayOptions, sizes: CacheSizes, work_dir: Path) -> None:
+        """Build the tiers (L3 in ``work_dir``) and the manager.
+
+        Raises:
+            TierCacheError: a tier refused its configuration.
+        """
+        self._options = options
+        layout = options.layout
+        nbytes = layout.chunk_bytes
+        tiers: list[Tier] = []
+        if sizes.l1_bytes:
+            tiers.append(HbmTier(HbmTierConfig(sizes.l1_bytes, nbytes, options.l1_device)))
+        prefix = f"tiercache-bench-wl-{secrets.token_hex(4)}"
+        tiers.append(HostTier(HostTierConfig(sizes.l2_bytes, nbytes, prefix, pin=False)))
+        if sizes.l3_bytes:
+            path = work_dir / f"l3-{secrets.token_hex(4)}"
+            tiers.append(LmdbTier(LmdbTierConfig(path=str(path), capacity_bytes=sizes.l3_bytes)))
+        config = CacheConfig(write_policy=options.write_policy, eviction_policy=options.eviction_policy)
+        self._manager = CacheManager(tiers, config)
+        self._ns = _namespace(layout)
+        self._ns_id = self._manager.register_namespace(self._ns)
+        self._prefill = PrefillModel(options.prefill_tokens_per_s)
+        self._stored_chunks = dict.fromkeys((t.level for t in tiers), 0)
+
+    def _acquire(self, keys: Sequence[bytes]) -> LoadTicket | None:
+        opts = self._options
+        if not keys:
+            return None
+        if opts.load_policy is LoadPolicyKind.COST_AWARE:
+            keys = keys[: self._manager.plan_load(self._ns_id, keys, self._prefill).chunks]
+            return self._manager.acquire(self._ns_id, keys, wait_s=None) if keys else None
+        wait: dict[LoadPolicyKind, float | None] = {
+            LoadPolicyKind.WAIT_COMPLETE: None,
+            LoadPolicyKind.BEST_EFFORT: 0.0,
+            LoadPolicyKind.TIMEOUT: opts.timeout_s,
+        }
+        return self._manager.acquire(self._ns_id, keys, wait_s=wait[opts.load_policy])
+
+    def serve(self, tokens: np.ndarray) -> RequestOutcome:
+        """Serve one request; see the module docstring.
+
+        Raises:
+            RoundTripError: a loaded chunk differs from what was stored.
+        """
+        m, layout = self._manager, self._options.layout
+        c = layout.chunk_tokens
+        keys = chunk_keys(self._ns, tokens)
+        t0 = time.perf_counter()
+        info = m.lookup(self._ns_id, keys, count=True)
+        if self._options.prefetch and info.chunks:
+            m.prefetch(self._ns_id, keys[: info.chunks])
+        ticket = self._acquire(keys[: info.chunks])
+        verified = 0
+        by_source: dict[TierLevel, int] = {}
+        chunks = ticket.chunks if ticket is not None else ()
+        copies = []
+        try:
+            for ch in chunks:
+                copies.append(ch.view.to("cpu", copy=True))
+                by_source[ch.source] = by_source.get(ch.source, 0) + c
+        finally:
+            if ticket is not None and ticket.lease_id:
+                m.release(ticket.lease_id)
+        load_s = time.perf_counter() - t0
+        if self._options.verify:
+            verified = sum(_check(buf, ch.key, ch.index) for buf, ch in zip(copies, chunks, strict=True))
+        loaded = len(chunks) * c
+        m.report_usage(self._ns_id, by_source, info.chunks * c - loaded)
+        t1 = time.perf_counter()
+        stored = self._store(keys)
+        return RequestOutcome(
+            len(keys) * c, info.chunks * c, loaded, stored * c, load_s, time.perf_counter() - t1, verified
+        )
+
+    def _store(self, keys: Sequence[bytes]) -> int:
+        m = self._manager
+        try:
+            ticket = m.begin_store(self._ns_id, keys)
+        except CapacityError:
+            return 0
+        try:
+            for slot in ticket.slots:
+                slot.buffer.copy_(chunk_payload(slot.key, self._options.layout.chunk_bytes))
+        except BaseException:
+            m.abort_store(ticket.ticket_id)
+            raise
+        stored = m.commit_store(ticket.ticket_id)
+        self._stored_chunks[ticket.level] += stored
+        return stored
+
+    def counters(self) -> tuple[TierCounters, ...]:
+        """Per-tier counters (after waiting for queued write-downs)."""
+        self._manager.flush()
+        nbytes, c = self._options.layout.chunk_bytes, self._options.layout.chunk_tokens
+        return tuple(
+            TierCounters(
+                level=t.level,
+                capacity_bytes=t.capacity_bytes,
+                lookup_hit_tokens=t.lookup_hit_tokens,
+                load_success_tokens=t.load_success_tokens,
+                effective_hit_tokens=t.effective_hit_tokens,
+                evictions=t.evictions,
+                promotions=t.promotions,
+                demotions=t.demotions,
+                loaded_bytes=t.load_success_tokens // c * nbytes,
+                promoted_bytes=t.promotions * nbytes,
+                demoted_bytes=t.demotions * nbytes,
+                stored_bytes=self._stored_chunks[t.level] * nbytes,
+            )
+            for t in self._manager.stats().tiers
+        )
+
+    def close(self) -> None:
+        """Close the manager (and its tiers: L2 unlinks its segment)."""
+        self._manager.close()
+
+
+class DaemonTarget:
+    """A daemon, through the connector's same-host data plane (``wait_complete`` loads)."""
+
+    def __init__(self, options: ReplayOptions, handle: DaemonHandle, max_tokens: int) -> None:
+        """Connect, register a fresh namespace and allocate engine KV for ``max_tokens`` tokens.
+
+        Raises:
+            ValueError: a load policy other than ``wait_complete`` (the connector's load uses that one).
+            TierCacheError: the daemon refused the namespace.
+        """
+        if options.load_policy is not LoadPolicyKind.WAIT_COMPLETE:
+            raise ValueError(
+                f"load policy {options.load_policy.value}: through a daemon the bench loads with the "
+                "connector's KVConnector.load (wait_complete); use --inproc to compare load policies"
+            )
+        self._options = options
+        layout = options.layout
+        self._ns = _namespace(layout)
+        self._client = TierCacheClient.connect(
+            handle.address, handle.token, config=ClientConfig(timeout_s=60.0)
+        )
+        self._conn = KVConnector(self._client, self._ns)
+        self._client.register(self._ns)
+        self._channel = open_channel(parse_address(handle.address), ChannelConfig())
+        self._stub: Any = KVCacheServiceStub(self._channel)
+        self._metadata = auth_metadata(handle.token)
+        shape = (2, max(max_tokens, layout.chunk_tokens), layout.num_kv_heads, layout.head_dim)
+        dtype = layout.dtype.torch_dtype
+        self._src = ContiguousKV([torch.zeros(shape, dtype=dtype) for _ in range(layout.num_layers)])
+        self._dst = ContiguousKV([torch.zeros(shape, dtype=dtype) for _ in range(layout.num_layers)])
+        self._staging = torch.empty(layout.chunk_bytes, dtype=torch.uint8)
+        self._stored = 0
+        self._before = self._raw_stats()
+
+    def _raw_stats(self) -> Mapping[TierLevel, Any]:
+        resp = self._stub.Stats(pb.StatsRequest(), timeout=30.0, metadata=self._metadata)
+        return {_LEVEL_OF_WIRE[t.tier]: t for t in resp.tiers if t.tier in _LEVEL_OF_WIRE}
+
+    def serve(self, tokens: np.ndarray) -> RequestOutcome:
+        """Serve one request; see the module docstring.
+
+        Raises:
+            RoundTripError: a loaded chunk differs from what was stored.
+        """
+        layout, c = self._options.layout, self._options.layout.chunk_tokens
+        keys = chunk_keys(self._ns, tokens)
+        n = len(keys) * c
+        for t in self._dst.layers:
+            t[:, :n].zero_()
+        t0 = time.perf_counter()
+        hit = self._conn.lookup(tokens, prefetch=self._options.prefetch)
+        loaded = self._conn.load(tokens, self._dst).tokens_loaded if hit else 0
+        load_s = time.perf_counter() - t0
+        verified = 0
+        if self._options.verify:
+            for i in range(loaded // c):
+                kv_to_chunk(layout, self._dst, i, self._staging)
+                verified += _check(self._staging, keys[i], i)
+        for i in range(loaded // c, len(keys)):
+            chunk_to_kv(layout, chunk_payload(keys[i], layout.chunk_bytes), self._src, i)
+        t1 = time.perf_counter()
+        stored = self._conn.store(tokens, self._src).tokens_stored if n else 0
+        self._stored += stored // c
+        return RequestOutcome(n, hit, loaded, stored, load_s, time.perf_counter() - t1, verified)
+
+    def counters(self) -> tuple[TierCounters, ...]:
+        """Per-tier counters: the daemon's, less their values when the target was opened."""
+        nbytes, c = self._options.layout.chunk_bytes, self._options.layout.chunk_tokens
+        after = self._raw_stats()
+        out = []
+        for level, a in after.items():
+            b = self._before.get(level, a)
+
+            def d(name: str, a: Any = a, b: Any = b) -> int:
+                return int(getattr(a, name)) - int(getattr(b, name))
+
+            out.append(
+                TierCounters(
+                    level=level,
+                    capacity_bytes=int(a.capacity_bytes),
+                    lookup_hit_tokens=d("lookup_hit_tokens"),
+                    load_success_tokens=d("load_success_tokens"),
+                    effective_hit_tokens=None,
+                    evictions=d("evictions"),
+                    promotions=d("promotions"),
+                    demotions=d("demotions"),
+                    loaded_bytes=d("load_success_tokens") // c * nbytes,
+                    promoted_bytes=d("promotions") * nbytes,
+                    demoted_bytes=d("demotions") * nbytes,
+                    stored_bytes=self._stored * nbytes if level is TierLevel.L2 else 0,
+                )
+            )
+        return tuple(sorted(out, key=lambda t: t.level))
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._channel.close()
+        self._client.close()

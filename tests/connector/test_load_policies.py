@@ -1,0 +1,74 @@
+"""Load policies and usage reports through the connector and a real daemon."""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from tiercache.connector import ClientConfig, ConnectorConfig, KVConnector, LoadPolicy, Tier, TierCacheClient
+from tiercache.errors import InvalidArgumentError
+from tiercache.loading import LoadPolicyKind, LoadRequest, PrefillModel
+
+Daemon = Any  # tests/connector/conftest.py:Daemon
+N = 64
+
+
+def _connector(address: str, engine: ModuleType, salt: str, **cfg: Any) -> KVConnector:
+    client = TierCacheClient.connect(address, config=ClientConfig(timeout_s=10.0))
+    return KVConnector(client, engine.namespace(salt), ConnectorConfig(**cfg))
+
+
+def _l2(conn: KVConnector) -> tuple[int, int, int]:
+    stats = conn.client.stats()
+    tier = stats.tier(Tier.L2)
+    assert tier is not None
+    return tier.effective_hit_tokens, tier.load_success_tokens, stats.recomputed_tokens
+
+
+def test_loads_say_where_tokens_came_from_and_report_usage(
+    shared_daemon: Daemon, engine_mod: ModuleType
+) -> None:
+    seed = 601
+    tokens = engine_mod.prompt(seed, N)
+    conn = _connector(shared_daemon.address, engine_mod, "usage")
+    assert conn.store(tokens, engine_mod.source_kv(seed, N, False)).tokens_stored == N
+    before = _l2(conn)
+    for policy in (None, LoadPolicy.best_effort(), LoadPolicy.timeout(1.0)):
+        kv = engine_mod.empty_kv(seed, N, False)
+        result = conn.load(tokens, kv, policy)
+        assert (result.tokens_cached, result.tokens_loaded, dict(result.sources)) == (N, N, {Tier.L2: N})
+        assert engine_mod.exact(kv, seed, N, N)
+    after = _l2(conn)
+    assert (after[0] - before[0], after[1] - before[1], after[2] - before[2]) == (3 * N, 3 * N, 0)
+
+
+def test_cost_aware_with_a_fast_prefill_recomputes_and_reports_it(
+    shared_daemon: Daemon, engine_mod: ModuleType
+) -> None:
+    seed = 602
+    tokens = engine_mod.prompt(seed, N)
+    fast = _connector(shared_daemon.address, engine_mod, "cost", prefill=PrefillModel(tokens_per_s=1e12))
+    assert fast.store(tokens, engine_mod.source_kv(seed, N, False)).tokens_stored == N
+    before = _l2(fast)
+    result = fast.load(tokens, engine_mod.empty_kv(seed, N, False), LoadPolicy.cost_aware())
+    assert (result.tokens_cached, result.tokens_loaded, result.tokens_recomputed) == (N, 0, N)
+    assert _l2(fast)[2] - before[2] == N
+    # A prefill model brought by the core's LoadRequest is declared for the namespace on the way.
+    slow = LoadRequest(LoadPolicyKind.COST_AWARE, prefill=PrefillModel(tokens_per_s=1.0))
+    result = fast.load(tokens, engine_mod.empty_kv(seed, N, False), slow)
+    assert result.tokens_loaded == N and 0 < result.estimated_load_s < result.estimated_recompute_s
+
+
+def test_a_policy_the_daemon_cannot_serve_falls_back_to_recompute(
+    shared_daemon: Daemon, engine_mod: ModuleType
+) -> None:
+    seed = 603
+    tokens = engine_mod.prompt(seed, N)
+    conn = _connector(shared_daemon.address, engine_mod, "no-model")
+    assert conn.store(tokens, engine_mod.source_kv(seed, N, False)).tokens_stored == N
+    for policy in (LoadPolicy.cost_aware(), LoadPolicy.timeout()):  # no models declared
+        assert conn.load(tokens, engine_mod.empty_kv(seed, N, False), policy).tokens_loaded == 0
+    with pytest.raises(InvalidArgumentError):
+        LoadPolicy.timeout(-1.0)
