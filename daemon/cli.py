@@ -14,6 +14,8 @@ import logging
 import sys
 from collections.abc import Mapping, Sequence
 
+import torch
+
 from tiercache.errors import InvalidArgumentError
 
 from .auth import load_tokens
@@ -52,6 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    torch.set_num_threads(config.torch_threads)
     try:
         return asyncio.run(Daemon(config, tokens).run())
     except StartupError as exc:

@@ -286,6 +286,7 @@ class Options:
     metrics_host: str
     max_message_bytes: int
     stream_chunk_bytes: int
+    torch_threads: int
     log_level: str
 
 
@@ -351,6 +352,7 @@ class DaemonConfig:
         cache: the cache manager's policies and timing (core dataclass).
         stream: message size limits.
         metrics: the Prometheus endpoint.
+        torch_threads: torch intra-op threads of the daemon process.
         log_level: logging level name.
     """
 
@@ -359,6 +361,7 @@ class DaemonConfig:
     cache: CacheConfig
     stream: StreamConfig
     metrics: MetricsConfig
+    torch_threads: int
     log_level: str
 
     @classmethod
@@ -388,6 +391,8 @@ class DaemonConfig:
             raise ConfigError(
                 "selective_min_hits", f"must be a positive integer, got {opts.selective_min_hits}"
             )
+        if opts.torch_threads <= 0:
+            raise ConfigError("torch_threads", f"must be a positive integer, got {opts.torch_threads}")
         if not 0 <= opts.metrics_port <= 65535:
             raise ConfigError("metrics_port", f"must be in [0, 65535], got {opts.metrics_port}")
         if opts.max_message_bytes <= MESSAGE_OVERHEAD_BYTES:
@@ -420,6 +425,7 @@ class DaemonConfig:
             cache=cache,
             stream=StreamConfig(opts.max_message_bytes, opts.stream_chunk_bytes),
             metrics=MetricsConfig(opts.metrics_port, opts.metrics_host),
+            torch_threads=opts.torch_threads,
             log_level=opts.log_level,
         )
 

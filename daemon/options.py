@@ -297,6 +297,14 @@ OPTIONS: tuple[Option, ...] = (
         "most data bytes in one StreamLoad message",
         "SIZE",
     ),
+    Option(
+        "torch_threads",
+        parse_int,
+        *_fixed(1, "1"),
+        "torch intra-op threads in the daemon: its copies are memory-bound, and more threads only contend "
+        "with the engines on the same host",
+        "INT",
+    ),
     Option("log_level", parse_log_level, *_fixed("INFO"), "DEBUG, INFO, WARNING, ERROR or CRITICAL", "LEVEL"),
 )
 _BY_NAME = {opt.name: opt for opt in OPTIONS}

@@ -103,6 +103,7 @@ def test_l1_device_none_and_cpu(tmp_path: Path) -> None:
         (["--selective-min-hits", "0"], {}, None, "--selective-min-hits: must be a positive integer"),
         (["--l2-prefix", "a/b"], {}, None, "--l2-prefix:"),
         (["--metrics-port", "70000"], {}, None, "--metrics-port:"),
+        (["--torch-threads", "0"], {}, None, "--torch-threads: must be a positive integer"),
         (["--l3-fault-read-delay-s", "-1"], {}, None, "--l3-fault-read-delay-s: must be >= 0"),
         ([], {"TIERCACHE_L3_FAULT_READ_BYTES_PER_S": "fast"}, None, "--l3-fault-read-bytes-per-s (from"),
     ],
