@@ -55,6 +55,8 @@ logger = logging.getLogger(__name__)
 
 SHM = TierLevel.L2
 """The tier engines reach through shared memory."""
+FASTEST = TierLevel.L1
+"""The device tier, filled with chunks engines load (when the daemon has one)."""
 MAX_PREFILL_WAIT_S = 60.0
 """A WaitPrefill waits at most this long, whatever its timeout_s: a wait holds a thread, and a draining
 daemon lets the waits in flight end before it exits."""
@@ -405,6 +407,10 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer, _Translating):  # type: ig
         ticket = outcome.ticket
         if ticket.lease_id:
             self._leases.add(ticket.lease_id, handle, ticket.expires_at)
+            if FASTEST in self._manager.levels:
+                # Loaded chunks are hot: keep a copy in the fastest tier too, so that they outlive an eviction
+                # from shared memory (background promotions, single-flight and byte-bounded).
+                self._fire(self._manager.prefetch, handle, keys[: len(ticket.chunks)], FASTEST)
         self._deps.metrics.add_bytes("shm", "load", len(ticket.chunks) * info.chunk_bytes)
         plan = outcome.plan
         return pb.AcquireLoadResponse(

@@ -159,7 +159,8 @@ class LoadChunk:
         key: the chunk key.
         slot: slot index inside the tier's pool.
         view: zero-copy read view of the chunk's bytes (valid until the lease ends).
-        source: the fastest tier that held the chunk when the load asked for it.
+        source: the tier the bytes came from: ``level`` itself when the chunk was there, else the fastest
+            tier it was promoted from.
     """
 
     index: int
@@ -395,6 +396,11 @@ class CacheManager:
                     "registered namespace %s (%s@%s)", ns_id.hex(), namespace.model_id, namespace.revision
                 )
         return ns_id
+
+    @property
+    def levels(self) -> tuple[TierLevel, ...]:
+        """The tiers of this cache, fastest first."""
+        return tuple(self._levels)
 
     def namespace(self, namespace_id: bytes) -> Namespace:
         """The registered namespace of an id.
@@ -1170,14 +1176,14 @@ class CacheManager:
         """Add one chunk to a lease, bringing it into ``level`` first when needed.
 
         Returns:
-            The fastest tier that held the chunk before (None when it could not be leased).
+            The tier the bytes came from (``level``, or the tier promoted from); None when not leased.
         """
         with self._lock:
             entry = self._index.get(cid)
             if entry is None or entry.purged:
                 self._counters[level].misses += 1
                 return None
-            source = min(entry.res)
+            source = level if level in entry.res else min(entry.res)
             if level in entry.res:
                 self._take(cid, entry, level, lease)
                 return source
