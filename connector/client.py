@@ -566,32 +566,64 @@ class TierCacheClient:
             TierCacheError: the stream was malformed (out-of-order pieces, bad sizes or zstd data).
             UnavailableError, DeadlineExceededError, ...: daemon failures.
         """
+        chunks: list[StreamChunk] = []
+        self._stream_load(namespace, keys, chunks.append, codec, reuse_buffer=False)
+        return chunks
+
+    def stream_load_into(
+        self,
+        namespace: Namespace,
+        keys: Sequence[bytes],
+        consume: Callable[[StreamChunk], None],
+        codec: Codec = Codec.RAW,
+    ) -> int:
+        """Like :meth:`stream_load`, handing each chunk to ``consume`` as soon as it is complete.
+
+        Every chunk is assembled in the same buffer: ``consume`` must be done with ``chunk.data`` when it
+        returns (copy it into the engine's tensors). Returns the number of chunks consumed.
+
+        Raises:
+            TierCacheError: the stream was malformed (out-of-order pieces, bad sizes or zstd data).
+            UnavailableError, DeadlineExceededError, ...: daemon failures.
+        """
+        return self._stream_load(namespace, keys, consume, codec, reuse_buffer=True)
+
+    def _stream_load(
+        self,
+        namespace: Namespace,
+        keys: Sequence[bytes],
+        consume: Callable[[StreamChunk], None],
+        codec: Codec,
+        reuse_buffer: bool,
+    ) -> int:
         if not keys:
-            return []
+            return 0
         reg = self.registration(namespace)
         limit = min(
             reg.max_stream_message_bytes or DEFAULT_MESSAGE_BYTES, self.config.channel.max_message_bytes
         )
 
-        def run(stub: Any, handle: bytes) -> list[StreamChunk]:
+        def run(stub: Any, handle: bytes) -> int:
             request = pb.StreamLoadRequest(
                 handle=handle, keys=keys, codec=codec.value, max_message_bytes=limit
             )
-            assembler = StreamAssembler(keys, reg.chunk_bytes)
-            chunks: list[StreamChunk] = []
+            assembler = StreamAssembler(keys, reg.chunk_bytes, reuse_buffer)
+            count = 0
             call = stub.StreamLoad(request, timeout=self.config.stream_timeout_s, metadata=self._metadata)
             try:
                 for msg in call:
                     chunk = assembler.feed(msg)
                     if chunk is not None:
-                        chunks.append(chunk)
+                        consume(chunk)
+                        count += 1
                 assembler.finish()
-            except TierCacheError:
-                call.cancel()  # a malformed stream: stop it now so that the daemon releases its lease
+            except BaseException:
+                call.cancel()  # malformed, or the consumer failed: stop now so that the daemon releases its lease
                 raise
-            return chunks
+            return count
 
-        return self._call("StreamLoad", namespace, run)
+        result: int = self._call("StreamLoad", namespace, run)
+        return result
 
     # ------------------------------------------------------------------ internals
 

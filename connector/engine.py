@@ -49,7 +49,7 @@ from .layerwise import ChunkBuffers, LayerwiseLoad, LayerwiseSave
 from .outcomes import LoadResult, StoreResult, usage_of
 from .policy import LoadPolicy, WirePolicy, to_wire
 from .prefill import PrefillClaim
-from .results import LoadLease, SlotRef, StoreTicket, Tier
+from .results import LoadLease, SlotRef, StoreTicket, StreamChunk, Tier
 from .stream import Codec
 
 __all__ = ["ConnectorConfig", "KVConnector", "LoadResult", "StoreResult"]
@@ -372,10 +372,11 @@ class KVConnector:
             return None
 
     def _load_stream(self, keys: list[bytes], kv: EngineKV, looked_up: int) -> LoadResult:
-        chunks = self.client.stream_load(self.namespace, keys, codec=self.config.codec)
-        for chunk in chunks:
+        def consume(chunk: StreamChunk) -> None:
             chunk_to_kv(self._layout, torch.frombuffer(chunk.data, dtype=torch.uint8), kv, chunk.index)
-        hit = len(chunks) * self._layout.chunk_tokens
+
+        loaded = self.client.stream_load_into(self.namespace, keys, consume, codec=self.config.codec)
+        hit = loaded * self._layout.chunk_tokens
         return LoadResult(looked_up, hit, hit, remote=True, tokens_cached=hit)
 
     # ------------------------------------------------------------------ layerwise save and single flight

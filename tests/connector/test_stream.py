@@ -108,3 +108,21 @@ def test_stream_that_stops_inside_a_chunk() -> None:
     assert asm.feed(_msg(data=b"a" * 4, last=False)) is None
     with pytest.raises(TierCacheError, match="inside chunk 0"):
         asm.finish()
+
+
+def test_a_reused_buffer_holds_each_chunk_until_the_next_one_starts() -> None:
+    payloads = _payloads(False)
+    msgs = [
+        _as_load(m)
+        for m in store_messages(b"h" * 16, KEYS, map(memoryview, payloads), CHUNK, 3000, Codec.RAW)
+    ]
+    asm = StreamAssembler(KEYS, CHUNK, reuse_buffer=True)
+    seen: list[bytes] = []
+    buffers: set[int] = set()
+    for m in msgs:
+        chunk = asm.feed(m)
+        if chunk is not None:
+            seen.append(bytes(chunk.data))  # consumed before the next piece arrives
+            buffers.add(id(chunk.data))
+    assert seen == payloads
+    assert len(buffers) == 1  # one buffer for all chunks: no fresh multi-MiB allocation per chunk
