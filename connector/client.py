@@ -423,6 +423,15 @@ class TierCacheClient:
         )
         return bool(cast(pb.ReleaseLoadResponse, resp).released)
 
+    def release_load_nowait(self, namespace: Namespace, lease_id: int) -> None:
+        """End a lease without waiting for the answer (the caller already knows its copy was in time).
+
+        Failures are logged, never raised: a lease that is not released lapses at its TTL.
+        """
+        self._unary_nowait(
+            "ReleaseLoad", namespace, lambda h: pb.ReleaseLoadRequest(handle=h, lease_id=lease_id)
+        )
+
     def claim_prefill(
         self, namespace: Namespace, keys: Sequence[bytes], ttl_s: float = 0.0
     ) -> PrefillClaimInfo:
@@ -468,19 +477,26 @@ class TierCacheClient:
         return int(cast(pb.ReleasePrefillResponse, resp).released)
 
     def report_usage(
-        self, namespace: Namespace, effective_chunks: Mapping[Tier, int], recomputed_tokens: int
+        self,
+        namespace: Namespace,
+        effective_chunks: Mapping[Tier, int],
+        recomputed_tokens: int,
+        wait: bool = True,
     ) -> None:
         """Tell the daemon what a load was worth: chunks whose prefill was skipped per source tier, and
-        looked-up tokens recomputed anyway."""
+        looked-up tokens recomputed anyway. With ``wait=False`` the report is sent without waiting for the
+        answer (off the engine's critical path; failures are logged)."""
         counts = [pb.TierCount(tier=int(t), chunks=n) for t, n in effective_chunks.items() if n > 0]
-        self._unary(
-            "ReportUsage",
-            namespace,
-            lambda h: pb.ReportUsageRequest(
+
+        def build(h: bytes) -> pb.ReportUsageRequest:
+            return pb.ReportUsageRequest(
                 handle=h, effective_chunks=counts, recomputed_tokens=recomputed_tokens
-            ),
-            retry=False,
-        )
+            )
+
+        if wait:
+            self._unary("ReportUsage", namespace, build, retry=False)
+        else:
+            self._unary_nowait("ReportUsage", namespace, build)
 
     def pin(self, namespace: Namespace, keys: Sequence[bytes] | None = None) -> int:
         """Pin chunks (all of the namespace when ``keys`` is None); returns how many."""
@@ -641,6 +657,27 @@ class TierCacheClient:
             return getattr(stub, method)(build(handle), timeout=deadline, metadata=self._metadata)
 
         return self._call(method, namespace, run, retry)
+
+    def _unary_nowait(self, method: str, namespace: Namespace, build: Callable[[bytes], Any]) -> None:
+        """Send one unary call and return at once; its failure is logged and updates the connection state."""
+        try:
+            stub, generation = self._stub_or_fail(method)
+            handle = self._handle(namespace, stub, generation)
+        except TierCacheError as exc:
+            logger.info("%s not sent (%s)", method, exc)
+            return
+        call = getattr(stub, method).future(
+            build(handle), timeout=self.config.timeout_s, metadata=self._metadata
+        )
+
+        def done(fut: Any) -> None:
+            if fut.cancelled():
+                return
+            exc = fut.exception()
+            if isinstance(exc, grpc.RpcError):
+                logger.info("%s failed (%s)", method, self._failed(exc, method, generation, namespace))
+
+        call.add_done_callback(done)
 
     def _call(
         self, method: str, namespace: Namespace | None, run: Callable[[Any, bytes], T], retry: bool = True

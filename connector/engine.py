@@ -266,7 +266,7 @@ class KVConnector:
         if not chunks and not recomputed:
             return
         try:
-            self.client.report_usage(self.namespace, chunks, recomputed)
+            self.client.report_usage(self.namespace, chunks, recomputed, wait=False)
         except TierCacheError as exc:
             logger.info("tiercache usage report failed (%s)", exc)
 
@@ -348,14 +348,16 @@ class KVConnector:
         if lease.lease_id == 0:
             return planned
         copied = 0
+        in_time = False
         try:
             with self._current_mapping().use() as slots:
                 for ref in refs:
                     chunk_to_kv(self._layout, slots.view(ref), kv, ref.index)
                     copied += 1
+            # The lease's TTL started at the daemon after ``started``: by the local clock it held throughout.
+            in_time = self._clock() < started + lease.expires_in_s
         finally:
-            released = self._release(lease)
-        in_time = self._clock() < started + lease.expires_in_s
+            released = self._release(lease, wait=not in_time)
         if released is False or (released is None and not in_time):
             logger.warning("load lease %d lapsed during the copy; recomputing", lease.lease_id)
             copied = 0
@@ -363,9 +365,13 @@ class KVConnector:
             return LoadResult(looked_up, planned.tokens_hit, 0, tokens_cached=planned.tokens_cached)
         return planned
 
-    def _release(self, lease: LoadLease) -> bool | None:
-        """Release a lease; None when the daemon could not answer (it then expires at its TTL)."""
+    def _release(self, lease: LoadLease, wait: bool = True) -> bool | None:
+        """Release a lease; None when not waited for, or when the daemon could not answer (it then expires
+        at its TTL)."""
         try:
+            if not wait:
+                self.client.release_load_nowait(self.namespace, lease.lease_id)
+                return None
             return self.client.release_load(self.namespace, lease.lease_id)
         except TierCacheError as exc:
             logger.warning("releasing load lease %d failed (%s); it expires at its TTL", lease.lease_id, exc)

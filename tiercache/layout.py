@@ -40,7 +40,7 @@ class KVDtype(enum.Enum):
     @property
     def itemsize(self) -> int:
         """Bytes per element."""
-        return int(torch.empty((), dtype=self.torch_dtype).element_size())
+        return _ITEMSIZE[self]
 
     @classmethod
     def from_torch(cls, dtype: torch.dtype) -> KVDtype:
@@ -53,6 +53,10 @@ class KVDtype(enum.Enum):
             if member.torch_dtype == dtype:
                 return member
         raise InvalidArgumentError("dtype", f"unsupported KV dtype {dtype}; valid: {[m.value for m in cls]}")
+
+
+_ITEMSIZE = {member: int(torch.empty((), dtype=member.torch_dtype).element_size()) for member in KVDtype}
+"""Bytes per element of each dtype (layouts ask on every layer view: keep it a lookup)."""
 
 
 def _positive(field: str, value: int) -> None:
