@@ -74,8 +74,8 @@ def build_model(spec: ModelSpec) -> Any:
     try:
         from tiercache.connector.hf_model import build_reference_model
     except ImportError:
-        build_reference_model = None
-    if build_reference_model is not None:
+        pass
+    else:
         return build_reference_model(seed=spec.seed, dtype=dtype, **spec.overrides())
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -486,7 +486,9 @@ class TierCacheClient:
         """Tell the daemon what a load was worth: chunks whose prefill was skipped per source tier, and
         looked-up tokens recomputed anyway. With ``wait=False`` the report is sent without waiting for the
         answer (off the engine's critical path; failures are logged)."""
-        counts = [pb.TierCount(tier=int(t), chunks=n) for t, n in effective_chunks.items() if n > 0]
+        counts = [
+            pb.TierCount(tier=cast(pb.Tier, int(t)), chunks=n) for t, n in effective_chunks.items() if n > 0
+        ]
 
         def build(h: bytes) -> pb.ReportUsageRequest:
             return pb.ReportUsageRequest(

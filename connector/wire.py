@@ -25,7 +25,7 @@ _DTYPES: dict[KVDtype, pb.KVDtype] = {
     KVDtype.FP8_E5M2: pb.KV_DTYPE_FP8_E5M2,
     KVDtype.INT8: pb.KV_DTYPE_INT8,
 }
-_DTYPES_BACK = {v: k for k, v in _DTYPES.items()}
+_DTYPES_BACK: dict[int, KVDtype] = {int(v): k for k, v in _DTYPES.items()}
 
 
 def dtype_to_proto(dtype: KVDtype) -> pb.KVDtype:
@@ -40,7 +40,7 @@ def dtype_from_proto(value: int) -> KVDtype:
         InvalidArgumentError: naming ``layout.dtype``, for an unspecified or unknown value.
     """
     try:
-        return _DTYPES_BACK[pb.KVDtype.ValueType(value)]
+        return _DTYPES_BACK[int(value)]
     except KeyError:
         raise InvalidArgumentError("layout.dtype", f"unknown KV dtype {value}") from None
 

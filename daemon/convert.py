@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import cast
 
 from tiercache.errors import InvalidArgumentError
 from tiercache.keys import KEY_BYTES, Namespace
@@ -40,14 +41,14 @@ DTYPES: dict[int, KVDtype] = {
     pb.KV_DTYPE_INT8: KVDtype.INT8,
 }
 """Wire dtype -> core dtype (KV_DTYPE_UNSPECIFIED has no entry)."""
-_DTYPE_WIRE = {v: k for k, v in DTYPES.items()}
+_DTYPE_WIRE: dict[KVDtype, pb.KVDtype] = {v: cast(pb.KVDtype, k) for k, v in DTYPES.items()}
 TIERS: dict[TierLevel, pb.Tier] = {
     TierLevel.L1: pb.TIER_L1,
     TierLevel.L2: pb.TIER_L2,
     TierLevel.L3: pb.TIER_L3,
 }
 """Core tier -> wire tier."""
-_TIERS_BACK = {v: k for k, v in TIERS.items()}
+_TIERS_BACK: dict[int, TierLevel] = {int(v): k for k, v in TIERS.items()}
 POLICIES: dict[int, LoadPolicyKind] = {
     pb.LOAD_POLICY_WAIT_COMPLETE: LoadPolicyKind.WAIT_COMPLETE,
     pb.LOAD_POLICY_BEST_EFFORT: LoadPolicyKind.BEST_EFFORT,
@@ -245,7 +246,7 @@ def tier_from_proto(value: int, field: str = "tier") -> TierLevel:
     Raises:
         InvalidArgumentError: TIER_UNSPECIFIED or an unknown value.
     """
-    level = _TIERS_BACK.get(value)
+    level = _TIERS_BACK.get(int(value))
     if level is None:
         raise InvalidArgumentError(field, f"{value} is not a tier; valid: TIER_L1, TIER_L2, TIER_L3")
     return level

@@ -218,7 +218,7 @@ def server_stream(
     return handler
 
 
-class KVCacheServicer(pb_grpc.KVCacheServiceServicer, _Translating):  # type: ignore[misc]
+class KVCacheServicer(pb_grpc.KVCacheServiceServicer, _Translating):
     """``tiercache.v1.KVCacheService`` over a :class:`~tiercache.manager.CacheManager`."""
 
     def __init__(self, deps: ServiceDeps) -> None:
@@ -637,7 +637,7 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer, _Translating):  # type: ig
                 self._fire(self._manager.release, ticket.lease_id)
 
 
-class DiagnosticsServicer(pb_grpc.DiagnosticsServicer, _Translating):  # type: ignore[misc]
+class DiagnosticsServicer(pb_grpc.DiagnosticsServicer, _Translating):
     """``tiercache.v1.Diagnostics``: bare echo baselines over the same server and socket."""
 
     async def Echo(self, request: pb.EchoMessage, context: Any) -> pb.EchoMessage:
