@@ -661,7 +661,11 @@ class TierCacheClient:
         return self._call(method, namespace, run, retry)
 
     def _unary_nowait(self, method: str, namespace: Namespace, build: Callable[[bytes], Any]) -> None:
-        """Send one unary call and return at once; its failure is logged and updates the connection state."""
+        """Send one unary call and return at once; its failure is only logged.
+
+        The connection state is left to the next waited call: the callback runs on a gRPC thread, which
+        must not close the channel it belongs to.
+        """
         try:
             stub, generation = self._stub_or_fail(method)
             handle = self._handle(namespace, stub, generation)
@@ -677,7 +681,7 @@ class TierCacheClient:
                 return
             exc = fut.exception()
             if isinstance(exc, grpc.RpcError):
-                logger.info("%s failed (%s)", method, self._failed(exc, method, generation, namespace))
+                logger.info("%s failed (%s)", method, error_from_rpc(exc, method))
 
         call.add_done_callback(done)
 

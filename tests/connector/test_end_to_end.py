@@ -269,3 +269,19 @@ def test_control_calls_through_the_client(shared_daemon: Daemon, engine_mod: Mod
     stats = client.stats()
     assert stats.namespaces >= 1 and stats.tier(Tier.L2) is not None
     client.close()
+
+
+def test_unawaited_calls_to_a_dead_daemon_neither_raise_nor_hang(
+    daemon: Daemon, engine_mod: ModuleType
+) -> None:
+    conn = _connector(daemon.address, engine_mod)
+    tokens = engine_mod.prompt(8, TOKENS)
+    assert conn.store(tokens, engine_mod.source_kv(8, TOKENS, False)).tokens_stored == FULL
+    client, ns = conn.client, conn.namespace
+    lease = client.acquire_load(ns, chunk_keys(ns, tokens))
+    assert lease.lease_id and daemon.stop(signal.SIGKILL) != 0
+    client.release_load_nowait(ns, lease.lease_id)  # fails on a gRPC thread: logged, not raised
+    client.report_usage(ns, {Tier.L2: 1}, 0, wait=False)
+    with pytest.raises(UnavailableError):
+        client.stats()  # the next waited call sees the dead daemon itself
+    client.close()
