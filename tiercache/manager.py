@@ -438,17 +438,12 @@ class CacheManager:
                         break
                     n += 1
                 by_tier[level] = n
-            anywhere = 0
-            for cid in cids:
-                entry = self._index.get(cid)
-                if entry is None or entry.purged:
-                    break
-                anywhere += 1
-                if count:
-                    self._tokens[min(entry.res)].lookup_hit += self._namespaces[
-                        namespace_id
-                    ].layout.chunk_tokens
-        return LookupResult(anywhere, MappingProxyType(by_tier))
+            cached = self._cached_entries(cids)
+            if count:
+                chunk_tokens = self._namespaces[namespace_id].layout.chunk_tokens
+                for entry in cached:
+                    self._tokens[min(entry.res)].lookup_hit += chunk_tokens
+        return LookupResult(len(cached), MappingProxyType(by_tier))
 
     # ------------------------------------------------------------------ stores
 
@@ -687,10 +682,7 @@ class CacheManager:
         futures: list[Future[bool]] = []
         with self._lock:
             self._check_open()
-            for cid in cids:
-                entry = self._index.get(cid)
-                if entry is None or entry.purged:
-                    break
+            for cid, entry in zip(cids, self._cached_entries(cids)):
                 if target in entry.res:
                     done: Future[bool] = Future()
                     done.set_result(True)
@@ -721,13 +713,8 @@ class CacheManager:
         target = self._slot_level(level)
         layout = self._layout(namespace_id)
         nbytes = layout.chunk_bytes
-        sources: list[TierLevel] = []
         with self._lock:
-            for cid in cids:
-                entry = self._index.get(cid)
-                if entry is None or entry.purged:
-                    break
-                sources.append(min(entry.res))
+            sources = [min(entry.res) for entry in self._cached_entries(cids)]
         copy_out = self._rates.load_seconds(target, nbytes)
 
         def chunk_seconds(source: TierLevel) -> float:
@@ -930,13 +917,17 @@ class CacheManager:
 
     def _cached_prefix(self, cids: Sequence[bytes]) -> int:
         with self._lock:
-            n = 0
-            for cid in cids:
-                entry = self._index.get(cid)
-                if entry is None or entry.purged:
-                    break
-                n += 1
-            return n
+            return len(self._cached_entries(cids))
+
+    def _cached_entries(self, cids: Sequence[bytes]) -> list[_Chunk]:
+        """Index entries of the contiguous cached prefix of a chain (caller holds the lock)."""
+        entries = []
+        for cid in cids:
+            entry = self._index.get(cid)
+            if entry is None or entry.purged:
+                break
+            entries.append(entry)
+        return entries
 
     # ------------------------------------------------------------------ observation and lifecycle
 
