@@ -17,6 +17,7 @@ Primitives:
     TierUsage: a snapshot of a tier's space and error counters.
     Tier: the protocol (reserve, commit, abort, read_into, contains, delete, entries, usage, close).
     SlotTier: a tier of fixed-size slots in one buffer, which can also hand out zero-copy views.
+    check_batch: the argument checks every tier's ``reserve`` starts with.
 """
 
 from __future__ import annotations
@@ -27,6 +28,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+from tiercache.errors import InvalidArgumentError
+
+
+def check_batch(chunk_ids: Sequence[bytes], sizes: Sequence[int]) -> None:
+    """Validate a reserve batch: equal lengths, positive integer sizes, no duplicate ids."""
+    if len(chunk_ids) != len(sizes):
+        raise InvalidArgumentError("sizes", f"{len(sizes)} sizes for {len(chunk_ids)} chunk ids")
+    if len(set(chunk_ids)) != len(chunk_ids):
+        raise InvalidArgumentError("chunk_ids", "duplicate chunk id in one batch")
+    for size in sizes:
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise InvalidArgumentError("sizes", f"must be positive integers, got {size!r}")
 
 
 class TierLevel(enum.IntEnum):

@@ -59,7 +59,7 @@ import xxhash
 import zstandard
 
 from tiercache.errors import CapacityError, ConflictError, InvalidArgumentError
-from tiercache.tiers.base import Tier, TierLevel, TierUsage, WriteSlot
+from tiercache.tiers.base import Tier, TierLevel, TierUsage, WriteSlot, check_batch
 
 logger = logging.getLogger(__name__)
 
@@ -595,18 +595,13 @@ class LmdbTier(Tier):
                 an id is empty or longer than LMDB's key size, or an id is duplicated.
             ConflictError: an id is already committed or reserved, or the tier is closed.
         """
-        if len(chunk_ids) != len(sizes):
-            raise InvalidArgumentError(
-                "sizes", f"got {len(sizes)} sizes for {len(chunk_ids)} chunk ids; they must match"
-            )
+        check_batch(chunk_ids, sizes)
         _check_ids(chunk_ids)
         for i, cid in enumerate(chunk_ids):
             if not 0 < len(cid) <= self._max_key:
                 raise InvalidArgumentError(
                     "chunk_ids", f"[{i}] must be 1..{self._max_key} bytes (LMDB's key limit), got {len(cid)}"
                 )
-        if len(set(chunk_ids)) != len(chunk_ids):
-            raise InvalidArgumentError("chunk_ids", "duplicate ids in one reservation")
         charges = [self._charge(size, "sizes") for size in sizes]
         total = sum(charges)
         if not chunk_ids:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from tiercache.errors import CapacityError, ConflictError, InvalidArgumentError
-from tiercache.tiers.base import SlotTier, TierLevel, TierUsage, WriteSlot
+from tiercache.tiers.base import SlotTier, TierLevel, TierUsage, WriteSlot, check_batch
 
 
 @dataclass(slots=True)
@@ -41,17 +41,6 @@ def check_dst(dst: torch.Tensor, nbytes: int) -> None:
         raise InvalidArgumentError(
             "dsts", f"destination of {dst.numel()} bytes is smaller than the chunk ({nbytes})"
         )
-
-
-def check_batch(chunk_ids: Sequence[bytes], sizes: Sequence[int]) -> None:
-    """Validate a reserve batch: equal lengths, positive integer sizes, no duplicate ids."""
-    if len(chunk_ids) != len(sizes):
-        raise InvalidArgumentError("sizes", f"{len(sizes)} sizes for {len(chunk_ids)} chunk ids")
-    if len(set(chunk_ids)) != len(chunk_ids):
-        raise InvalidArgumentError("chunk_ids", "duplicate chunk id in one batch")
-    for size in sizes:
-        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-            raise InvalidArgumentError("sizes", f"must be positive integers, got {size!r}")
 
 
 class SlotPoolTier(SlotTier):
