@@ -1,23 +1,24 @@
-"""Regenerate the Python stubs of ``proto/tiercache.proto`` (run: ``python proto/generate.py``).
+"""Regenerate the Python stubs of the wire contract (run: ``python proto/generate.py``).
 
-The ``.proto`` is compiled as ``tiercache/proto/tiercache.proto`` so that the generated gRPC module imports
-its messages as ``tiercache.proto.tiercache_pb2`` (the folder ``proto/`` is the package ``tiercache.proto``).
+The contract lives at ``proto/tiercache/proto/tiercache.proto``: its path under ``proto/`` is the import path
+of the generated modules, so protoc (run with ``-I proto``) writes ``tiercache/proto/tiercache_pb2*.py`` and
+the gRPC module imports its messages as ``tiercache.proto.tiercache_pb2`` — no staging, no renamed paths.
 
 Primitives:
-    generate: write ``tiercache_pb2.py``, ``tiercache_pb2.pyi`` and ``tiercache_pb2_grpc.py`` into a folder.
+    generate: write ``tiercache_pb2.py``, ``tiercache_pb2.pyi`` and ``tiercache_pb2_grpc.py`` under a root
+        (default: the repository root, i.e. into ``tiercache/proto/``).
     descriptor_set: the compiled FileDescriptorProto of the ``.proto`` (what the staleness test compares).
 """
 
 from __future__ import annotations
 
-import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PROTO = HERE / "tiercache.proto"
-_VIRTUAL = Path("tiercache/proto/tiercache.proto")
+ROOT = HERE.parent
+SOURCE = Path("tiercache/proto/tiercache.proto")  # relative to HERE, which is protoc's include root
 OUTPUTS = ("tiercache_pb2.py", "tiercache_pb2.pyi", "tiercache_pb2_grpc.py")
 
 
@@ -25,33 +26,16 @@ def _protoc(args: list[str]) -> None:
     from grpc_tools import protoc  # dev dependency (grpcio-tools)
 
     include = Path(protoc.__file__).resolve().parent / "_proto"
-    code = protoc.main(["grpc_tools.protoc", f"-I{include}", *args])
+    code = protoc.main(["grpc_tools.protoc", f"-I{include}", f"-I{HERE}", *args])
     if code != 0:
         raise RuntimeError(f"protoc failed with exit code {code}")
 
 
-def _staged(tmp: Path) -> Path:
-    src = tmp / "src"
-    (src / _VIRTUAL).parent.mkdir(parents=True)
-    shutil.copyfile(PROTO, src / _VIRTUAL)
-    return src
-
-
-def generate(out_dir: Path = HERE) -> list[Path]:
-    """Compile the ``.proto`` and copy the three generated modules into ``out_dir``."""
-    with tempfile.TemporaryDirectory() as tmp_name:
-        tmp = Path(tmp_name)
-        src, out = _staged(tmp), tmp / "out"
-        out.mkdir()
-        _protoc(
-            [f"-I{src}", f"--python_out={out}", f"--pyi_out={out}", f"--grpc_python_out={out}", str(_VIRTUAL)]
-        )
-        written = []
-        for name in OUTPUTS:
-            target = out_dir / name
-            shutil.copyfile(out / _VIRTUAL.parent / name, target)
-            written.append(target)
-        return written
+def generate(root: Path = ROOT) -> list[Path]:
+    """Compile the ``.proto`` into ``root/tiercache/proto/`` (the package ``tiercache.proto``)."""
+    root.mkdir(parents=True, exist_ok=True)
+    _protoc([f"--python_out={root}", f"--pyi_out={root}", f"--grpc_python_out={root}", str(SOURCE)])
+    return [root / SOURCE.parent / name for name in OUTPUTS]
 
 
 def descriptor_set() -> bytes:
@@ -59,13 +43,12 @@ def descriptor_set() -> bytes:
     from google.protobuf import descriptor_pb2
 
     with tempfile.TemporaryDirectory() as tmp_name:
-        tmp = Path(tmp_name)
-        src, out = _staged(tmp), tmp / "set.pb"
-        _protoc([f"-I{src}", f"--descriptor_set_out={out}", str(_VIRTUAL)])
+        out = Path(tmp_name) / "set.pb"
+        _protoc([f"--descriptor_set_out={out}", str(SOURCE)])
         fds = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
         return fds.file[0].SerializeToString()
 
 
 if __name__ == "__main__":
-    for path in generate(Path(sys.argv[1]) if len(sys.argv) > 1 else HERE):
+    for path in generate(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT):
         print(f"wrote {path}")

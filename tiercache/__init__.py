@@ -2,7 +2,7 @@
 
 The core library: chunk keys (:mod:`tiercache.keys`), chunk layouts (:mod:`tiercache.layout`), the three
 tiers (:mod:`tiercache.tiers`), policies (:mod:`tiercache.policies`) and the cache manager
-(:mod:`tiercache.manager`). The daemon, connector and benchmark live in ``tiercache.daemon``,
+(:mod:`tiercache.cache`). The daemon, connector and benchmark live in ``tiercache.daemon``,
 ``tiercache.connector`` and ``tiercache.bench``.
 """
 

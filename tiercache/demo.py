@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
+from tiercache.cache import CacheManager
 from tiercache.keys import Namespace, chunk_keys
 from tiercache.layout import KVDtype, KVLayout
-from tiercache.manager import CacheManager
 from tiercache.tiers.base import Tier, TierLevel
 from tiercache.tiers.hbm import HbmTier, HbmTierConfig
 from tiercache.tiers.host import HostTier, HostTierConfig

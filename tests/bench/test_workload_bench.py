@@ -14,7 +14,7 @@ import pytest
 
 from tiercache.bench.cli import main
 from tiercache.bench.traces import TraceFormatError, TraceKind, TraceSpec, generate_trace, read_jsonl
-from tiercache.manager import CacheManager, LoadTicket
+from tiercache.cache import CacheManager, LoadTicket
 
 SMALL = ["--requests", "12", "--system-tokens", "128", "--query-tokens", "64", "--doc-tokens", "128",
          "--documents", "8", "--prompt-tokens", "256", "--layout", "2x2x16", "--chunk-tokens", "64",

@@ -9,7 +9,7 @@ import pytest
 
 from tiercache.connector import ClientConfig, ConnectorConfig, KVConnector, LoadPolicy, Tier, TierCacheClient
 from tiercache.errors import InvalidArgumentError
-from tiercache.loading import LoadPolicyKind, LoadRequest, PrefillModel
+from tiercache.policies.load import LoadPolicyKind, LoadRequest, PrefillModel
 
 Daemon = Any  # tests/connector/conftest.py:Daemon
 N = 64

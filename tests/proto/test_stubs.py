@@ -1,4 +1,4 @@
-"""The committed stubs match ``proto/tiercache.proto`` (regenerate with ``python proto/generate.py``)."""
+"""The committed stubs match ``proto/tiercache/proto/tiercache.proto`` (regenerate with ``python proto/generate.py``)."""
 
 from __future__ import annotations
 

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from tiercache.cache import CacheConfig, CacheManager
 from tiercache.errors import InvalidArgumentError
 from tiercache.keys import Namespace, chunk_keys
-from tiercache.manager import CacheConfig, CacheManager
 from tiercache.tiers.host import HostTier, HostTierConfig
 
 

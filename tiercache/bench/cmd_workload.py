@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tiercache.loading import LoadPolicyKind
+from tiercache.policies.load import LoadPolicyKind
 
 from .args import (
     add_address_flags,

@@ -29,7 +29,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from tiercache.manager import CacheConfig, CacheManager
+from tiercache.cache import CacheConfig, CacheManager
 from tiercache.proto import tiercache_pb2_grpc as pb_grpc
 from tiercache.tiers.base import Tier
 from tiercache.tiers.hbm import HbmTier

@@ -14,9 +14,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tiercache.cache import CacheConfig, CacheManager
 from tiercache.errors import CapacityError, InvalidArgumentError, NotFoundError
 from tiercache.keys import Namespace, chunk_id, chunk_keys
-from tiercache.manager import CacheConfig, CacheManager
 from tiercache.policies import EvictionPolicyKind, WritePolicyKind
 from tiercache.stats import ChunkEvent, EventKind
 from tiercache.tiers.base import Tier, TierLevel

@@ -1,14 +1,8 @@
-"""Write and eviction policies: small objects behind one interface each, chosen through Enum-keyed registries.
+"""Write policies: when a chunk is written down to the tiers below the one it landed in.
 
-Eviction: a policy ranks evictable chunks of one tier; the lowest priority goes first. Chunks under a lease,
-pinned chunks and chunks younger than the minimum residency never reach the policy.
-
-Write: a policy says when a chunk is written down to the tiers below the one it landed in: at commit
-(write-through), when it is evicted (on-evict), or only once it proved worth keeping (selective).
+At commit (write-through), when it is evicted (on-evict), or only once it proved worth keeping (selective).
 
 Primitives:
-    Candidate: what a policy may look at.
-    EvictionPolicyKind, EvictionPolicy, LruPolicy, LfuPolicy, make_eviction_policy.
     WritePolicyKind, WritePolicy, WriteThrough, OnEvict, Selective, make_write_policy.
 """
 
@@ -17,77 +11,9 @@ from __future__ import annotations
 import abc
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TypeVar
 
 from tiercache.errors import InvalidArgumentError
-
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """An evictable chunk as a policy sees it.
-
-    Attributes:
-        last_access: logical time of the last store or read in this tier (one tick per cache operation, so
-            chunks touched by one request share it).
-        depth: position of the chunk in its hash chain (0 = first chunk of a prompt).
-        hits: reads served for this chunk, any tier.
-    """
-
-    last_access: int
-    depth: int
-    hits: int
-
-
-class EvictionPolicyKind(enum.Enum):
-    """Names of the eviction policies."""
-
-    LRU = "lru"
-    LFU = "lfu"
-
-
-class EvictionPolicy(abc.ABC):
-    """Ranks candidates; the smallest priority is evicted first."""
-
-    access_ordered: bool = False
-    """True when priority never decreases along access order, so a scan can stop early."""
-
-    @abc.abstractmethod
-    def priority(self, c: Candidate) -> tuple[int, ...]:
-        """Sort key of a candidate: smaller goes first."""
-
-
-class LruPolicy(EvictionPolicy):
-    """Least recently used first; among equals the deepest chunk of a chain, so shared ancestors survive."""
-
-    access_ordered = True
-
-    def priority(self, c: Candidate) -> tuple[int, ...]:
-        """(last access, -depth)."""
-        return (c.last_access, -c.depth)
-
-
-class LfuPolicy(EvictionPolicy):
-    """Least frequently read first, then least recently used, then deepest."""
-
-    def priority(self, c: Candidate) -> tuple[int, ...]:
-        """(hits, last access, -depth)."""
-        return (c.hits, c.last_access, -c.depth)
-
-
-_EVICTION: dict[EvictionPolicyKind, type[EvictionPolicy]] = {
-    EvictionPolicyKind.LRU: LruPolicy,
-    EvictionPolicyKind.LFU: LfuPolicy,
-}
-
-
-def make_eviction_policy(kind: EvictionPolicyKind | str) -> EvictionPolicy:
-    """Build an eviction policy by kind or by its name.
-
-    Raises:
-        InvalidArgumentError: unknown name (the message lists the valid ones).
-    """
-    return _EVICTION[_parse(EvictionPolicyKind, kind, "eviction_policy")]()
+from tiercache.policies.registry import parse_kind
 
 
 class WritePolicyKind(enum.Enum):
@@ -174,7 +100,7 @@ def make_write_policy(kind: WritePolicyKind | str, selective_min_hits: int = 2) 
     Raises:
         InvalidArgumentError: unknown name (the message lists the valid ones) or bad ``selective_min_hits``.
     """
-    return _WRITE[_parse(WritePolicyKind, kind, "write_policy")](selective_min_hits)
+    return _WRITE[parse_kind(WritePolicyKind, kind, "write_policy")](selective_min_hits)
 
 
 _WRITE: dict[WritePolicyKind, Callable[[int], WritePolicy]] = {
@@ -182,15 +108,3 @@ _WRITE: dict[WritePolicyKind, Callable[[int], WritePolicy]] = {
     WritePolicyKind.ON_EVICT: lambda _: OnEvict(),
     WritePolicyKind.SELECTIVE: Selective,
 }
-
-_E = TypeVar("_E", bound=enum.Enum)
-
-
-def _parse(enum_type: type[_E], value: object, field: str) -> _E:
-    if isinstance(value, enum_type):
-        return value
-    for member in enum_type:
-        if member.value == value:
-            return member
-    valid = ", ".join(str(m.value) for m in enum_type)
-    raise InvalidArgumentError(field, f"unknown value {value!r}; valid: {valid}")

@@ -38,7 +38,6 @@ import torch
 from tiercache.errors import CapacityError, ConflictError, InvalidArgumentError, NotFoundError
 from tiercache.keys import Namespace, check_key, chunk_id, split_chunk_id
 from tiercache.layout import KVLayout
-from tiercache.loading import CostPlan, PrefillModel, plan_cost_aware
 from tiercache.policies import (
     Candidate,
     EvictionPolicyKind,
@@ -46,6 +45,7 @@ from tiercache.policies import (
     make_eviction_policy,
     make_write_policy,
 )
+from tiercache.policies.load import CostPlan, PrefillModel, plan_cost_aware
 from tiercache.prefill import PrefillClaim, PrefillCoordinator
 from tiercache.rates import RateEstimator, TierRate
 from tiercache.singleflight import SingleFlight

@@ -20,11 +20,11 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import cast
 
+from tiercache.cache import LoadChunk, LookupResult, StoreSlot
 from tiercache.errors import InvalidArgumentError
 from tiercache.keys import KEY_BYTES, Namespace
 from tiercache.layout import KVDtype, KVLayout
-from tiercache.loading import DeadlineModel, LoadPolicyKind, PrefillModel
-from tiercache.manager import LoadChunk, LookupResult, StoreSlot
+from tiercache.policies.load import DeadlineModel, LoadPolicyKind, PrefillModel
 from tiercache.prefill import PrefillClaim
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.stats import CacheStats

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from tiercache.cache import CacheConfig, CacheManager
 from tiercache.errors import InvalidArgumentError
 from tiercache.keys import Namespace, chunk_keys
-from tiercache.loading import DeadlineModel, LoadPolicyKind, LoadRequest, PrefillModel, plan_cost_aware
-from tiercache.manager import CacheConfig, CacheManager
 from tiercache.policies import WritePolicyKind
+from tiercache.policies.load import DeadlineModel, LoadPolicyKind, LoadRequest, PrefillModel, plan_cost_aware
 from tiercache.rates import RateEstimator, TierRate
 from tiercache.tiers.base import TierLevel
 from tiercache.tiers.host import HostTier, HostTierConfig

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from tiercache.cache import CacheConfig
 from tiercache.errors import InvalidArgumentError
-from tiercache.manager import CacheConfig
 from tiercache.policies import EvictionPolicyKind, WritePolicyKind
 from tiercache.tiers.hbm import HbmTierConfig
 from tiercache.tiers.host import HostTierConfig

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from tiercache.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
 from tiercache.keys import NAMESPACE_ID_BYTES
-from tiercache.loading import DeadlineModel, PrefillModel
+from tiercache.policies.load import DeadlineModel, PrefillModel
 
 EXPIRY_GRACE_S = 5.0
 """A claim is forgotten this long after the manager's own expiry of the ticket or lease."""

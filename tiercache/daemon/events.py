@@ -26,8 +26,8 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+from tiercache.cache import CacheManager
 from tiercache.errors import CapacityError
-from tiercache.manager import CacheManager
 from tiercache.stats import ChunkEvent, EventKind
 from tiercache.tiers.base import TierLevel
 

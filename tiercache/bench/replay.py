@@ -12,7 +12,7 @@ Primitives:
     RequestOutcome: token counts and times of one request.
     TierCounters: one tier's counters after a replay.
     ReplayTarget: the protocol both targets follow.
-    InprocTarget: a :class:`~tiercache.manager.CacheManager` over fresh tiers in this process.
+    InprocTarget: a :class:`~tiercache.cache.manager.CacheManager` over fresh tiers in this process.
     DaemonTarget: a daemon through :class:`~tiercache.connector.KVConnector` (shared memory).
     chunk_payload: the bytes of a chunk, from its key.
 """
@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from tiercache.cache import CacheConfig, CacheManager, LoadTicket
 from tiercache.connector import (
     ChannelConfig,
     ClientConfig,
@@ -42,9 +43,8 @@ from tiercache.connector.channel import auth_metadata, open_channel, parse_addre
 from tiercache.errors import CapacityError
 from tiercache.keys import Namespace, chunk_keys
 from tiercache.layout import KVLayout
-from tiercache.loading import LoadPolicyKind, PrefillModel
-from tiercache.manager import CacheConfig, CacheManager, LoadTicket
 from tiercache.policies import EvictionPolicyKind, WritePolicyKind
+from tiercache.policies.load import LoadPolicyKind, PrefillModel
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.proto.tiercache_pb2_grpc import KVCacheServiceStub
 from tiercache.tiers.base import Tier, TierLevel

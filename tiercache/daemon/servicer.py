@@ -33,9 +33,9 @@ from typing import Any, NoReturn, ParamSpec, TypeVar
 import grpc
 import zstandard
 
+from tiercache.cache import CacheManager, StoreTicket
 from tiercache.errors import CapacityError, InvalidArgumentError, NotFoundError, TierCacheError
-from tiercache.loading import LoadPolicyKind
-from tiercache.manager import CacheManager, StoreTicket
+from tiercache.policies.load import LoadPolicyKind
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.proto import tiercache_pb2_grpc as pb_grpc
 from tiercache.tiers.base import TierLevel
@@ -219,7 +219,7 @@ def server_stream(
 
 
 class KVCacheServicer(pb_grpc.KVCacheServiceServicer, _Translating):
-    """``tiercache.v1.KVCacheService`` over a :class:`~tiercache.manager.CacheManager`."""
+    """``tiercache.v1.KVCacheService`` over a :class:`~tiercache.cache.manager.CacheManager`."""
 
     def __init__(self, deps: ServiceDeps) -> None:
         """Args: deps: what the servicer works with."""

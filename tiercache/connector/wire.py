@@ -14,7 +14,7 @@ import math
 from tiercache.errors import InvalidArgumentError
 from tiercache.keys import Namespace
 from tiercache.layout import KVDtype, KVLayout
-from tiercache.loading import DeadlineModel, PrefillModel
+from tiercache.policies.load import DeadlineModel, PrefillModel
 from tiercache.proto import tiercache_pb2 as pb
 
 _DTYPES: dict[KVDtype, pb.KVDtype] = {

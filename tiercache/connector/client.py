@@ -40,7 +40,7 @@ from tiercache.errors import (
     UnavailableError,
 )
 from tiercache.keys import Namespace
-from tiercache.loading import DeadlineModel, LoadPolicyKind, PrefillModel
+from tiercache.policies.load import DeadlineModel, LoadPolicyKind, PrefillModel
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.proto.tiercache_pb2_grpc import KVCacheServiceStub
 

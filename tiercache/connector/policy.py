@@ -6,7 +6,7 @@
 * ``cost_aware``: only the prefix whose load the daemon estimates faster than recomputing it, from its
   measured tier rates and the prefill model declared for the namespace.
 
-The core's :class:`~tiercache.loading.LoadRequest` is accepted too: its deadline model is evaluated here for
+The core's :class:`~tiercache.policies.load.LoadRequest` is accepted too: its deadline model is evaluated here for
 the prompt, and its prefill model is declared for the namespace (sent with the next registration).
 
 Primitives:
@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tiercache.errors import InvalidArgumentError
-from tiercache.loading import LoadPolicyKind, LoadRequest, PrefillModel
+from tiercache.policies.load import LoadPolicyKind, LoadRequest, PrefillModel
 
 
 @dataclass(frozen=True, slots=True)

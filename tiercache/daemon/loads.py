@@ -24,9 +24,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tiercache.cache import CacheManager, LoadTicket
 from tiercache.errors import InvalidArgumentError
-from tiercache.loading import CostPlan, LoadPolicyKind, PrefillModel
-from tiercache.manager import CacheManager, LoadTicket
+from tiercache.policies.load import CostPlan, LoadPolicyKind, PrefillModel
 from tiercache.tiers.base import TierLevel
 
 from .handles import HandleInfo

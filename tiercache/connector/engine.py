@@ -40,7 +40,7 @@ import torch
 
 from tiercache.errors import InvalidArgumentError, TierCacheError, UnavailableError
 from tiercache.keys import Namespace, chunk_keys
-from tiercache.loading import DeadlineModel, LoadRequest, PrefillModel
+from tiercache.policies.load import DeadlineModel, LoadRequest, PrefillModel
 
 from .client import TierCacheClient
 from .dataplane import SlotMapping

@@ -1,0 +1,41 @@
+"""Policies of the cache, each a family of small classes behind one interface chosen from an Enum registry.
+
+Modules:
+    eviction: which evictable chunk of a tier goes first (``lru``, ``lfu``).
+    write: when a chunk is written down to slower tiers (``write_through``, ``on_evict``, ``selective``).
+    load: how much of a cached prefix a load takes and how long it waits (``wait_complete``,
+        ``best_effort``, ``timeout``, ``cost_aware``).
+    registry: ``parse_kind``, the one way a policy name becomes its Enum member.
+"""
+
+from tiercache.policies.eviction import (
+    Candidate,
+    EvictionPolicy,
+    EvictionPolicyKind,
+    LfuPolicy,
+    LruPolicy,
+    make_eviction_policy,
+)
+from tiercache.policies.write import (
+    OnEvict,
+    Selective,
+    WritePolicy,
+    WritePolicyKind,
+    WriteThrough,
+    make_write_policy,
+)
+
+__all__ = [
+    "Candidate",
+    "EvictionPolicy",
+    "EvictionPolicyKind",
+    "LfuPolicy",
+    "LruPolicy",
+    "OnEvict",
+    "Selective",
+    "WritePolicy",
+    "WritePolicyKind",
+    "WriteThrough",
+    "make_eviction_policy",
+    "make_write_policy",
+]
