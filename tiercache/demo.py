@@ -23,7 +23,7 @@ import torch
 from tiercache.cache import CacheManager
 from tiercache.keys import Namespace, chunk_keys
 from tiercache.layout import KVDtype, KVLayout
-from tiercache.tiers.base import Tier, TierLevel
+from tiercache.tiers.base import StorageTier, TierLevel
 from tiercache.tiers.hbm import HbmTier, HbmTierConfig
 from tiercache.tiers.host import HostTier, HostTierConfig
 from tiercache.tiers.lmdb import LmdbTier, LmdbTierConfig
@@ -42,7 +42,7 @@ def build_cache(
 ) -> CacheManager:
     """The three tiers sized in chunks, under one manager with default policies."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    tiers: list[Tier] = [
+    tiers: list[StorageTier] = [
         HbmTier(HbmTierConfig(capacity_bytes=l1_chunks * chunk_bytes, slot_bytes=chunk_bytes, device=device)),
         HostTier(HostTierConfig(capacity_bytes=l2_chunks * chunk_bytes, slot_bytes=chunk_bytes)),
         LmdbTier(LmdbTierConfig(path=str(directory / "l3"), capacity_bytes=l3_chunks * (chunk_bytes + 4096))),

@@ -22,8 +22,8 @@ from tiercache.connector import (
     ConnectorConfig,
     ContiguousKV,
     KVConnector,
-    Tier,
     TierCacheClient,
+    TierLevel,
 )
 from tiercache.connector.channel import ChannelConfig, auth_metadata, open_channel, parse_address
 from tiercache.connector.errors import error_from_rpc
@@ -259,7 +259,7 @@ def test_control_calls_through_the_client(shared_daemon: Daemon, engine_mod: Mod
     assert client.lookup(ns, keys).chunks == 0
     assert conn.store(tokens[:32], engine_mod.source_kv(11, TOKENS, False)).tokens_stored == 32
     info = client.lookup(ns, keys, prefetch=True)
-    assert info.chunks == 2 and info.by_tier[Tier.L2] == 2
+    assert info.chunks == 2 and info.by_tier[TierLevel.L2] == 2
     assert client.prefetch(ns, keys, wait_s=5.0) == 2
     assert conn.lookup(tokens) == 32
     assert client.pin(ns, keys) == 2 and client.unpin(ns, keys[:1]) == 1  # chunks changed
@@ -267,7 +267,7 @@ def test_control_calls_through_the_client(shared_daemon: Daemon, engine_mod: Mod
     assert client.purge(ns) == 2
     assert client.lookup(ns, keys).chunks == 0 and conn.lookup(tokens) == 0
     stats = client.stats()
-    assert stats.namespaces >= 1 and stats.tier(Tier.L2) is not None
+    assert stats.namespaces >= 1 and stats.tier(TierLevel.L2) is not None
     client.close()
 
 
@@ -281,7 +281,7 @@ def test_unawaited_calls_to_a_dead_daemon_neither_raise_nor_hang(
     lease = client.acquire_load(ns, chunk_keys(ns, tokens))
     assert lease.lease_id and daemon.stop(signal.SIGKILL) != 0
     client.release_load_nowait(ns, lease.lease_id)  # fails on a gRPC thread: logged, not raised
-    client.report_usage(ns, {Tier.L2: 1}, 0, wait=False)
+    client.report_usage(ns, {TierLevel.L2: 1}, 0, wait=False)
     with pytest.raises(UnavailableError):
         client.stats()  # the next waited call sees the dead daemon itself
     client.close()

@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
-from tiercache.connector import ClientConfig, ConnectorConfig, Tier, TierCacheClient
+from tiercache.connector import ClientConfig, ConnectorConfig, TierCacheClient, TierLevel
 from tiercache.connector.hf import HFAdapter, build_reference_model, model_namespace
 from tiercache.connector.hf_cache import ModelRunner, layer_kv, new_cache
 from tiercache.keys import chunk_keys
@@ -88,7 +88,7 @@ def _written_down(client: TierCacheClient) -> bool:
     return client.stats().pending_writes == 0
 
 
-def _tier_chunks(client: TierCacheClient, tier: Tier) -> int:
+def _tier_chunks(client: TierCacheClient, tier: TierLevel) -> int:
     stats = client.stats().tier(tier)
     return 0 if stats is None else stats.chunks
 
@@ -110,24 +110,24 @@ def test_loaded_kv_is_bit_identical_from_each_tier(
     tokens = prompt(1)
     storer = HFAdapter.attach(model, clients(d.address), chunk_tokens=CHUNK, revision="r1")
     assert storer.generate(tokens, 1).report.tokens_stored == FULL
-    expect_tier = Tier.L2
+    expect_tier = TierLevel.L2
     if where.startswith("L1"):
         # A load makes the chunks hot: the daemon copies them into L1 too; then a second prompt evicts them
         # from L2 (6 slots) and the next load must come from L1 (through a copy into a shared-memory slot).
         warm = HFAdapter.attach(model, clients(d.address), chunk_tokens=CHUNK, revision="r1")
         assert warm.load_prefix(tokens).tokens_loaded == FULL
         client = warm.connector.client  # type: ignore[union-attr]
-        _wait_for(lambda: _tier_chunks(client, Tier.L1) >= FULL // CHUNK, "promotion into L1")
+        _wait_for(lambda: _tier_chunks(client, TierLevel.L1) >= FULL // CHUNK, "promotion into L1")
         assert storer.generate(prompt(2), 1).report.tokens_stored == FULL
-        expect_tier = Tier.L1
+        expect_tier = TierLevel.L1
     elif where == "L3-evicted":
         _wait_for(lambda: _written_down(storer.connector.client), "write-down to L3")  # type: ignore[union-attr]
         assert storer.generate(prompt(2), 1).report.tokens_stored == FULL
-        expect_tier = Tier.L3
+        expect_tier = TierLevel.L3
     elif where == "L3-restart":
         d.stop()
         d.start()
-        expect_tier = Tier.L3
+        expect_tier = TierLevel.L3
     loader = HFAdapter.attach(model, clients(d.address), chunk_tokens=CHUNK, revision="r1")
     ns = loader.connector.namespace  # type: ignore[union-attr]
     info = loader.connector.client.lookup(ns, chunk_keys(ns, tokens))  # type: ignore[union-attr]

@@ -17,8 +17,8 @@ from tiercache.connector import (
     ContiguousKV,
     KVConnector,
     LoadPolicy,
-    Tier,
     TierCacheClient,
+    TierLevel,
 )
 from tiercache.errors import ConflictError
 from tiercache.keys import Namespace
@@ -109,7 +109,7 @@ def test_wait_layer_returns_each_layer_complete_and_in_order(
                 assert not kv.layers[layer + 1].any()
         result = load.result(timeout_s=WAIT_S)
     assert gate.order == [(layer, chunk) for layer in range(4) for chunk in range(3)]
-    assert result.tokens_loaded == TOKENS and dict(result.sources) == {Tier.L2: TOKENS}
+    assert result.tokens_loaded == TOKENS and dict(result.sources) == {TierLevel.L2: TOKENS}
     _wait_for(lambda: conn.client.stats().active_leases == 0, "the lease to be released")
 
 

@@ -7,7 +7,14 @@ from typing import Any
 
 import pytest
 
-from tiercache.connector import ClientConfig, ConnectorConfig, KVConnector, LoadPolicy, Tier, TierCacheClient
+from tiercache.connector import (
+    ClientConfig,
+    ConnectorConfig,
+    KVConnector,
+    LoadPolicy,
+    TierCacheClient,
+    TierLevel,
+)
 from tiercache.errors import InvalidArgumentError
 from tiercache.policies.load import LoadPolicyKind, LoadRequest, PrefillModel
 
@@ -22,7 +29,7 @@ def _connector(address: str, engine: ModuleType, salt: str, **cfg: Any) -> KVCon
 
 def _l2(conn: KVConnector) -> tuple[int, int, int]:
     stats = conn.client.stats()
-    tier = stats.tier(Tier.L2)
+    tier = stats.tier(TierLevel.L2)
     assert tier is not None
     return tier.effective_hit_tokens, tier.load_success_tokens, stats.recomputed_tokens
 
@@ -38,7 +45,7 @@ def test_loads_say_where_tokens_came_from_and_report_usage(
     for policy in (None, LoadPolicy.best_effort(), LoadPolicy.timeout(1.0)):
         kv = engine_mod.empty_kv(seed, N, False)
         result = conn.load(tokens, kv, policy)
-        assert (result.tokens_cached, result.tokens_loaded, dict(result.sources)) == (N, N, {Tier.L2: N})
+        assert (result.tokens_cached, result.tokens_loaded, dict(result.sources)) == (N, N, {TierLevel.L2: N})
         assert engine_mod.exact(kv, seed, N, N)
     after = _l2(conn)
     assert (after[0] - before[0], after[1] - before[1], after[2] - before[2]) == (3 * N, 3 * N, 0)

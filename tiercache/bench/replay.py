@@ -47,7 +47,7 @@ from tiercache.policies import EvictionPolicyKind, WritePolicyKind
 from tiercache.policies.load import LoadPolicyKind, PrefillModel
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.proto.tiercache_pb2_grpc import KVCacheServiceStub
-from tiercache.tiers.base import Tier, TierLevel
+from tiercache.tiers.base import StorageTier, TierLevel
 from tiercache.tiers.hbm import HbmTier, HbmTierConfig
 from tiercache.tiers.host import HostTier, HostTierConfig
 from tiercache.tiers.lmdb import LmdbTier, LmdbTierConfig
@@ -211,7 +211,7 @@ class InprocTarget:
         self._options = options
         layout = options.layout
         nbytes = layout.chunk_bytes
-        tiers: list[Tier] = []
+        tiers: list[StorageTier] = []
         if sizes.l1_bytes:
             tiers.append(HbmTier(HbmTierConfig(sizes.l1_bytes, nbytes, options.l1_device)))
         prefix = f"tiercache-bench-wl-{secrets.token_hex(4)}"

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from tiercache.keys import NAMESPACE_ID_BYTES, chunk_id
-from tiercache.tiers.base import Tier, TierLevel
+from tiercache.tiers.base import StorageTier, TierLevel
 from tiercache.tiers.hbm import HbmTier, HbmTierConfig
 from tiercache.tiers.host import HostTier, HostTierConfig
 from tiercache.tiers.lmdb import Codec, LmdbTier, LmdbTierConfig
@@ -139,15 +139,15 @@ def tier_device(level: TierLevel, options: TierOptions) -> torch.device:
     return torch.device(options.l1_device) if level is TierLevel.L1 else torch.device("cpu")
 
 
-def _open_l1(options: TierOptions, chunk_bytes: int, num_chunks: int, directory: Path) -> Tier:
+def _open_l1(options: TierOptions, chunk_bytes: int, num_chunks: int, directory: Path) -> StorageTier:
     return HbmTier(HbmTierConfig(num_chunks * chunk_bytes, chunk_bytes, options.l1_device))
 
 
-def _open_l2(options: TierOptions, chunk_bytes: int, num_chunks: int, directory: Path) -> Tier:
+def _open_l2(options: TierOptions, chunk_bytes: int, num_chunks: int, directory: Path) -> StorageTier:
     return HostTier(HostTierConfig(num_chunks * chunk_bytes, chunk_bytes, segment_prefix=options.shm_prefix))
 
 
-def _open_l3(options: TierOptions, chunk_bytes: int, num_chunks: int, directory: Path) -> Tier:
+def _open_l3(options: TierOptions, chunk_bytes: int, num_chunks: int, directory: Path) -> StorageTier:
     capacity = num_chunks * (chunk_bytes + _L3_SLACK_PER_CHUNK_BYTES) + _L3_SLACK_BYTES
     config = LmdbTierConfig(
         path=str(directory),
@@ -159,7 +159,7 @@ def _open_l3(options: TierOptions, chunk_bytes: int, num_chunks: int, directory:
     return LmdbTier(config)
 
 
-_TierFactory = Callable[[TierOptions, int, int, Path], Tier]
+_TierFactory = Callable[[TierOptions, int, int, Path], StorageTier]
 _FACTORIES: Mapping[TierLevel, _TierFactory] = {
     TierLevel.L1: _open_l1,
     TierLevel.L2: _open_l2,
@@ -169,7 +169,7 @@ _FACTORIES: Mapping[TierLevel, _TierFactory] = {
 
 def open_tier(
     level: TierLevel, options: TierOptions, chunk_bytes: int, num_chunks: int, directory: Path
-) -> Tier:
+) -> StorageTier:
     """Build a tier that holds exactly one round: ``num_chunks`` chunks of ``chunk_bytes`` (L3: plus slack).
 
     Args:
@@ -193,7 +193,7 @@ def _chunk_ids(chunk_bytes: int, count: int) -> list[bytes]:
     return ids
 
 
-def _put(tier: Tier, ids: Sequence[bytes], chunks: Sequence[torch.Tensor]) -> None:
+def _put(tier: StorageTier, ids: Sequence[bytes], chunks: Sequence[torch.Tensor]) -> None:
     slots = tier.reserve(ids, [c.numel() for c in chunks])
     try:
         for slot, chunk in zip(slots, chunks, strict=True):
@@ -204,7 +204,7 @@ def _put(tier: Tier, ids: Sequence[bytes], chunks: Sequence[torch.Tensor]) -> No
         raise
 
 
-def _get(tier: Tier, ids: Sequence[bytes], dsts: Sequence[torch.Tensor]) -> None:
+def _get(tier: StorageTier, ids: Sequence[bytes], dsts: Sequence[torch.Tensor]) -> None:
     found = tier.read_into(ids, dsts)
     if not all(found):
         missing = ", ".join(cid.hex()[:16] for cid, ok in zip(ids, found, strict=True) if not ok)
@@ -212,7 +212,7 @@ def _get(tier: Tier, ids: Sequence[bytes], dsts: Sequence[torch.Tensor]) -> None
 
 
 def measure_tier(
-    tier: Tier, payload: Payload, dsts: torch.Tensor, options: TierOptions
+    tier: StorageTier, payload: Payload, dsts: torch.Tensor, options: TierOptions
 ) -> tuple[TierOpResult, TierOpResult]:
     """Time put then get of every payload chunk through ``tier`` and verify the bytes read back.
 

@@ -50,7 +50,7 @@ from tiercache.prefill import PrefillClaim, PrefillCoordinator
 from tiercache.rates import RateEstimator, TierRate
 from tiercache.singleflight import SingleFlight
 from tiercache.stats import CacheStats, ChunkEvent, EventKind, TierStats
-from tiercache.tiers.base import SlotTier, Tier, TierLevel, WriteSlot
+from tiercache.tiers.base import SlotTier, StorageTier, TierLevel, WriteSlot
 
 logger = logging.getLogger(__name__)
 
@@ -304,7 +304,7 @@ class CacheManager:
 
     def __init__(
         self,
-        tiers: Sequence[Tier],
+        tiers: Sequence[StorageTier],
         config: CacheConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -325,7 +325,7 @@ class CacheManager:
             raise InvalidArgumentError("tiers", f"duplicate tier levels {sorted(levels)}")
         self._config = config or CacheConfig()
         self._clock = clock
-        self._tiers: dict[TierLevel, Tier] = {t.level: t for t in sorted(tiers, key=lambda t: t.level)}
+        self._tiers: dict[TierLevel, StorageTier] = {t.level: t for t in sorted(tiers, key=lambda t: t.level)}
         self._levels = list(self._tiers)
         self._eviction = make_eviction_policy(self._config.eviction_policy)
         self._writes = make_write_policy(self._config.write_policy, self._config.selective_min_hits)

@@ -27,6 +27,8 @@ Modules (one responsibility each):
 The connector never imports ``tiercache.daemon``.
 """
 
+from tiercache.tiers.base import TierLevel
+
 from .channel import ChannelConfig, Endpoint, parse_address
 from .client import ClientConfig, TierCacheClient
 from .engine import ConnectorConfig, KVConnector, LoadResult, StoreResult
@@ -47,7 +49,6 @@ from .results import (
     StoreTicket,
     StreamChunk,
     StreamStoreResult,
-    Tier,
     TierStatsInfo,
 )
 from .stream import Codec
@@ -80,8 +81,8 @@ __all__ = [
     "StoreTicket",
     "StreamChunk",
     "StreamStoreResult",
-    "Tier",
     "TierCacheClient",
+    "TierLevel",
     "TierStatsInfo",
     "check_kv",
     "chunk_to_kv",

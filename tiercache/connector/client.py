@@ -43,6 +43,7 @@ from tiercache.keys import Namespace
 from tiercache.policies.load import DeadlineModel, LoadPolicyKind, PrefillModel
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.proto.tiercache_pb2_grpc import KVCacheServiceStub
+from tiercache.tiers.base import TierLevel
 
 from .backoff import Backoff, BackoffConfig
 from .channel import ChannelConfig, Endpoint, auth_metadata, open_channel, parse_address
@@ -58,7 +59,6 @@ from .results import (
     StoreTicket,
     StreamChunk,
     StreamStoreResult,
-    Tier,
 )
 from .stream import (
     DEFAULT_MESSAGE_BYTES,
@@ -479,7 +479,7 @@ class TierCacheClient:
     def report_usage(
         self,
         namespace: Namespace,
-        effective_chunks: Mapping[Tier, int],
+        effective_chunks: Mapping[TierLevel, int],
         recomputed_tokens: int,
         wait: bool = True,
     ) -> None:

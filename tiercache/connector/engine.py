@@ -41,6 +41,7 @@ import torch
 from tiercache.errors import InvalidArgumentError, TierCacheError, UnavailableError
 from tiercache.keys import Namespace, chunk_keys
 from tiercache.policies.load import DeadlineModel, LoadRequest, PrefillModel
+from tiercache.tiers.base import TierLevel
 
 from .client import TierCacheClient
 from .dataplane import SlotMapping
@@ -49,7 +50,7 @@ from .layerwise import ChunkBuffers, LayerwiseLoad, LayerwiseSave
 from .outcomes import LoadResult, StoreResult, usage_of
 from .policy import LoadPolicy, WirePolicy, to_wire
 from .prefill import PrefillClaim
-from .results import LoadLease, SlotRef, StoreTicket, StreamChunk, Tier
+from .results import LoadLease, SlotRef, StoreTicket, StreamChunk
 from .stream import Codec
 
 __all__ = ["ConnectorConfig", "KVConnector", "LoadResult", "StoreResult"]
@@ -317,7 +318,7 @@ class KVConnector:
     def _planned(self, lease: LoadLease, refs: list[SlotRef], looked_up: int) -> LoadResult:
         """The result of a load once every chunk of ``refs`` has arrived."""
         c_tokens = self._layout.chunk_tokens
-        sources: dict[Tier, int] = {}
+        sources: dict[TierLevel, int] = {}
         for ref in refs:
             if ref.source is not None:
                 sources[ref.source] = sources.get(ref.source, 0) + c_tokens

@@ -34,12 +34,13 @@ from transformers import DynamicCache, PreTrainedModel
 
 from tiercache.errors import InvalidArgumentError, TierCacheError
 from tiercache.keys import chunk_keys
+from tiercache.tiers.base import TierLevel
 
 from .client import TierCacheClient
 from .engine import ConnectorConfig, KVConnector, LoadResult, StoreResult
 from .hf_cache import ModelRunner, PrefixBuffers, cache_from_prefix, new_cache, prompt_kv
 from .hf_model import build_reference_model, kv_layout, model_namespace
-from .results import LookupInfo, Tier
+from .results import LookupInfo
 
 logger = logging.getLogger(__name__)
 
@@ -254,7 +255,7 @@ class HFAdapter:
         buffers = PrefixBuffers.allocate(layout, to_load, self._runner.device)
         result = conn.load(tokens[:to_load], buffers.engine_kv())
         if _LOAD_NAMES_SOURCES:
-            sources: Mapping[Tier, int] = getattr(result, "sources", {})
+            sources: Mapping[TierLevel, int] = getattr(result, "sources", {})
             tiers = MappingProxyType({t.name: n for t, n in sorted(sources.items()) if n > 0})
             if not tiers and result.tokens_loaded:  # e.g. byte-stream loads: where the prefix is now
                 tiers = self._lookup(tokens[: result.tokens_loaded])[1]

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from .results import Tier
+from tiercache.tiers.base import TierLevel
 
-_NO_SOURCES: Mapping[Tier, int] = MappingProxyType({})
+_NO_SOURCES: Mapping[TierLevel, int] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +38,7 @@ class LoadResult:
     tokens_loaded: int
     remote: bool = False
     tokens_cached: int = 0
-    sources: Mapping[Tier, int] = field(default_factory=lambda: _NO_SOURCES)
+    sources: Mapping[TierLevel, int] = field(default_factory=lambda: _NO_SOURCES)
     estimated_load_s: float = 0.0
     estimated_recompute_s: float = 0.0
 
@@ -65,7 +65,7 @@ class StoreResult:
     remote: bool = False
 
 
-def usage_of(result: LoadResult, chunk_tokens: int) -> tuple[dict[Tier, int], int]:
+def usage_of(result: LoadResult, chunk_tokens: int) -> tuple[dict[TierLevel, int], int]:
     """What to report for a load: effective chunks per source tier, and recomputed tokens."""
     chunks = {tier: tokens // chunk_tokens for tier, tokens in result.sources.items() if tokens > 0}
     return chunks, result.tokens_recomputed

@@ -1,7 +1,6 @@
 """What the client's calls return: frozen, typed mirrors of the daemon's responses.
 
 Primitives:
-    Tier: the cache tiers as the wire numbers them.
     DataPlaneInfo: the daemon's shared-memory segment (same-host data plane).
     Registration: handle, accepted layout and limits of a registered namespace.
     LookupInfo, PrefetchInfo, SlotRef, StoreTicket, LoadLease, StreamStoreResult, StreamChunk: per-call
@@ -12,28 +11,20 @@ Primitives:
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
 from tiercache.layout import KVLayout
 from tiercache.proto import tiercache_pb2 as pb
+from tiercache.tiers.base import TierLevel
 
 from .wire import layout_from_proto
 
 
-class Tier(enum.IntEnum):
-    """Cache tiers, numbered as on the wire."""
-
-    L1 = 1
-    L2 = 2
-    L3 = 3
-
-
-def _tier(value: int) -> Tier | None:
+def _tier(value: int) -> TierLevel | None:
     try:
-        return Tier(value)
+        return TierLevel(value)
     except ValueError:
         return None
 
@@ -107,7 +98,7 @@ class LookupInfo:
     """
 
     chunks: int
-    by_tier: Mapping[Tier, int]
+    by_tier: Mapping[TierLevel, int]
     prefetch_id: int = 0
 
     @classmethod
@@ -144,7 +135,7 @@ class SlotRef:
     index: int
     slot: int
     nbytes: int
-    source: Tier | None = None
+    source: TierLevel | None = None
 
 
 def _slots(refs: Iterable[pb.SlotRef]) -> tuple[SlotRef, ...]:
@@ -267,7 +258,7 @@ class TierStatsInfo:
     reported skipping their prefill). ``latency_s`` and ``bytes_per_s`` are the daemon's measured read rates.
     """
 
-    tier: Tier | None
+    tier: TierLevel | None
     chunks: int
     used_bytes: int
     capacity_bytes: int
@@ -367,6 +358,6 @@ class DaemonStats:
             recomputed_tokens=msg.recomputed_tokens,
         )
 
-    def tier(self, tier: Tier) -> TierStatsInfo | None:
+    def tier(self, tier: TierLevel) -> TierStatsInfo | None:
         """The counters of ``tier``, or None when the daemon has no such tier."""
         return next((t for t in self.tiers if t.tier == tier), None)

@@ -31,7 +31,7 @@ from grpc_health.v1.health import aio as health_aio
 
 from tiercache.cache import CacheConfig, CacheManager
 from tiercache.proto import tiercache_pb2_grpc as pb_grpc
-from tiercache.tiers.base import Tier
+from tiercache.tiers.base import StorageTier
 from tiercache.tiers.hbm import HbmTier
 from tiercache.tiers.host import HostTier
 from tiercache.tiers.lmdb import LmdbTier
@@ -63,7 +63,7 @@ def build_cache(tiers: TierConfigs, cache: CacheConfig) -> tuple[CacheManager, H
     Raises:
         InvalidArgumentError, OSError: a tier could not be built (those built are closed again).
     """
-    built: list[Tier] = []
+    built: list[StorageTier] = []
     try:
         if tiers.l1 is not None:
             built.append(HbmTier(tiers.l1))

@@ -4,9 +4,9 @@ A tier stores opaque chunks (1-D ``uint8`` torch tensors) under ``CHUNK_ID_BYTES
 call each other and never decide what to evict: the cache manager moves data between them and chooses
 victims. Every method is batch-first.
 
-Writes are two-phase: :meth:`Tier.reserve` hands out writable, not-ready buffers; :meth:`Tier.commit`
-makes them readable atomically per chunk; :meth:`Tier.abort` discards them. A reserved but uncommitted
-chunk is never visible to :meth:`Tier.read_into` or :meth:`Tier.contains`.
+Writes are two-phase: :meth:`StorageTier.reserve` hands out writable, not-ready buffers; :meth:`StorageTier.commit`
+makes them readable atomically per chunk; :meth:`StorageTier.abort` discards them. A reserved but uncommitted
+chunk is never visible to :meth:`StorageTier.read_into` or :meth:`StorageTier.contains`.
 
 All methods are thread-safe. They may block (LMDB I/O, large copies): a caller on an event loop runs them
 in an executor.
@@ -15,7 +15,7 @@ Primitives:
     TierLevel: L1 (device HBM), L2 (shared host memory), L3 (LMDB on SSD); lower is faster.
     WriteSlot: a reserved, writable buffer for one chunk.
     TierUsage: a snapshot of a tier's space and error counters.
-    Tier: the protocol (reserve, commit, abort, read_into, contains, delete, entries, usage, close).
+    StorageTier: the protocol (reserve, commit, abort, read_into, contains, delete, entries, usage, close).
     SlotTier: a tier of fixed-size slots in one buffer, which can also hand out zero-copy views.
     check_batch: the argument checks every tier's ``reserve`` starts with.
 """
@@ -96,7 +96,7 @@ class TierUsage:
         return self.capacity_bytes - self.used_bytes - self.reserved_bytes
 
 
-class Tier(abc.ABC):
+class StorageTier(abc.ABC):
     """A capacity-bounded store of chunks. See the module docstring for the contract."""
 
     level: TierLevel
@@ -176,7 +176,7 @@ class Tier(abc.ABC):
         """Release the tier's resources (idempotent). Persistent tiers keep their committed chunks."""
 
 
-class SlotTier(Tier):
+class SlotTier(StorageTier):
     """A tier of fixed-size slots in one preallocated buffer (L1 and L2).
 
     Besides copying, it hands out zero-copy views of committed chunks; a caller must hold a lease from the

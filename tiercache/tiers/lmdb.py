@@ -34,7 +34,7 @@ fsynced before it returns.
 Primitives:
     Codec: how payloads are stored (raw or zstd).
     LmdbTierConfig: path, capacity, codec, zstd level, durability and map size of one L3 tier.
-    LmdbTier: the :class:`~tiercache.tiers.base.Tier` over LMDB, with ``flush()`` to persist access order.
+    LmdbTier: the :class:`~tiercache.tiers.base.StorageTier` over LMDB, with ``flush()`` to persist access order.
     HEADER_BYTES, FORMAT_VERSION, MAGIC: the on-disk value format.
 """
 
@@ -59,7 +59,7 @@ import xxhash
 import zstandard
 
 from tiercache.errors import CapacityError, ConflictError, InvalidArgumentError
-from tiercache.tiers.base import Tier, TierLevel, TierUsage, WriteSlot, check_batch
+from tiercache.tiers.base import StorageTier, TierLevel, TierUsage, WriteSlot, check_batch
 
 logger = logging.getLogger(__name__)
 
@@ -295,7 +295,7 @@ def _check_ids(chunk_ids: Sequence[bytes], field: str = "chunk_ids") -> None:
             raise InvalidArgumentError(field, f"[{i}] must be bytes, got {type(cid).__name__}")
 
 
-class LmdbTier(Tier):
+class LmdbTier(StorageTier):
     """The L3 tier: a capacity-bounded, checksummed chunk store in one LMDB environment.
 
     Space accounting: a committed chunk occupies its stored value (header + payload, possibly compressed);

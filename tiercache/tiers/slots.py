@@ -81,7 +81,7 @@ class SlotPoolTier(SlotTier):
         return self.slot_bytes
 
     def reserve(self, chunk_ids: Sequence[bytes], sizes: Sequence[int]) -> list[WriteSlot]:
-        """See :meth:`Tier.reserve`."""
+        """See :meth:`StorageTier.reserve`."""
         check_batch(chunk_ids, sizes)
         for size in sizes:
             self.charge(size)
@@ -105,7 +105,7 @@ class SlotPoolTier(SlotTier):
             return out
 
     def commit(self, slots: Sequence[WriteSlot]) -> None:
-        """See :meth:`Tier.commit`."""
+        """See :meth:`StorageTier.commit`."""
         with self._lock:
             for ws in slots:
                 if self._reserved.get(ws.token, (None, -1))[0] != ws.chunk_id:
@@ -121,7 +121,7 @@ class SlotPoolTier(SlotTier):
                 self._committed[ws.chunk_id] = _Entry(slot, ws.nbytes)
 
     def abort(self, slots: Sequence[WriteSlot]) -> None:
-        """See :meth:`Tier.abort`."""
+        """See :meth:`StorageTier.abort`."""
         with self._lock:
             for ws in slots:
                 held = self._reserved.get(ws.token)
@@ -132,7 +132,7 @@ class SlotPoolTier(SlotTier):
                 heapq.heappush(self._free, held[1])
 
     def read_into(self, chunk_ids: Sequence[bytes], dsts: Sequence[torch.Tensor]) -> list[bool]:
-        """See :meth:`Tier.read_into`. Copies run outside the lock; their slots cannot be reused meanwhile."""
+        """See :meth:`StorageTier.read_into`. Copies run outside the lock; their slots cannot be reused meanwhile."""
         if len(chunk_ids) != len(dsts):
             raise InvalidArgumentError("dsts", f"{len(dsts)} destinations for {len(chunk_ids)} chunk ids")
         found: list[_Entry | None] = []
@@ -169,12 +169,12 @@ class SlotPoolTier(SlotTier):
             heapq.heappush(self._free, slot)
 
     def contains(self, chunk_ids: Sequence[bytes]) -> list[bool]:
-        """See :meth:`Tier.contains`."""
+        """See :meth:`StorageTier.contains`."""
         with self._lock:
             return [cid in self._committed for cid in chunk_ids]
 
     def delete(self, chunk_ids: Sequence[bytes]) -> int:
-        """See :meth:`Tier.delete`."""
+        """See :meth:`StorageTier.delete`."""
         removed = 0
         with self._lock:
             for cid in chunk_ids:
@@ -189,12 +189,12 @@ class SlotPoolTier(SlotTier):
         return removed
 
     def entries(self) -> list[tuple[bytes, int]]:
-        """See :meth:`Tier.entries`."""
+        """See :meth:`StorageTier.entries`."""
         with self._lock:
             return [(cid, e.nbytes) for cid, e in self._committed.items()]
 
     def usage(self) -> TierUsage:
-        """See :meth:`Tier.usage`."""
+        """See :meth:`StorageTier.usage`."""
         with self._lock:
             return TierUsage(
                 level=self.level,

@@ -19,7 +19,7 @@ from tiercache.errors import CapacityError, InvalidArgumentError, NotFoundError
 from tiercache.keys import Namespace, chunk_id, chunk_keys
 from tiercache.policies import EvictionPolicyKind, WritePolicyKind
 from tiercache.stats import ChunkEvent, EventKind
-from tiercache.tiers.base import Tier, TierLevel
+from tiercache.tiers.base import StorageTier, TierLevel
 from tiercache.tiers.hbm import HbmTier, HbmTierConfig
 from tiercache.tiers.host import HostTier, HostTierConfig
 from tiercache.tiers.lmdb import HEADER_BYTES, LmdbTier, LmdbTierConfig
@@ -62,7 +62,7 @@ class Harness:
         self.clock = FakeClock()
         self.tmp = tmp
         self.l3_cls = l3_cls
-        tiers: list[Tier] = []
+        tiers: list[StorageTier] = []
         if l1:
             tiers.append(
                 HbmTier(HbmTierConfig(capacity_bytes=l1 * self.nbytes, slot_bytes=self.nbytes, device="cpu"))

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tiercache.errors import CapacityError, ConflictError, InvalidArgumentError
 from tiercache.keys import CHUNK_ID_BYTES
-from tiercache.tiers.base import SlotTier, Tier, TierLevel
+from tiercache.tiers.base import SlotTier, StorageTier, TierLevel
 from tiercache.tiers.hbm import HbmTier, HbmTierConfig
 from tiercache.tiers.host import HostTier, HostTierConfig
 from tiercache.tiers.lmdb import HEADER_BYTES, LmdbTier, LmdbTierConfig
@@ -21,7 +21,7 @@ SLOT = 4096
 CHUNKS = 8
 
 
-def make_tier(kind: str, tmp: Path) -> Tier:
+def make_tier(kind: str, tmp: Path) -> StorageTier:
     if kind == "L1":
         return HbmTier(HbmTierConfig(capacity_bytes=CHUNKS * SLOT, slot_bytes=SLOT, device="cpu"))
     if kind == "L2":
@@ -32,7 +32,7 @@ def make_tier(kind: str, tmp: Path) -> Tier:
 
 
 @pytest.fixture(params=["L1", "L2", "L3"])
-def tier(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Tier]:
+def tier(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StorageTier]:
     t = make_tier(request.param, tmp_path)
     yield t
     t.close()
@@ -46,7 +46,7 @@ def data(i: int, n: int = SLOT) -> torch.Tensor:
     return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=torch.Generator().manual_seed(i))
 
 
-def write(tier: Tier, ids: list[int], n: int = SLOT) -> None:
+def write(tier: StorageTier, ids: list[int], n: int = SLOT) -> None:
     slots = tier.reserve([cid(i) for i in ids], [n] * len(ids))
     for i, s in zip(ids, slots):
         assert s.buffer.numel() == n and s.buffer.dtype == torch.uint8
@@ -54,12 +54,12 @@ def write(tier: Tier, ids: list[int], n: int = SLOT) -> None:
     tier.commit(slots)
 
 
-def read(tier: Tier, i: int, n: int = SLOT) -> torch.Tensor | None:
+def read(tier: StorageTier, i: int, n: int = SLOT) -> torch.Tensor | None:
     dst = torch.zeros(n, dtype=torch.uint8)
     return dst if tier.read_into([cid(i)], [dst])[0] else None
 
 
-def test_round_trip_is_bit_exact(tier: Tier) -> None:
+def test_round_trip_is_bit_exact(tier: StorageTier) -> None:
     write(tier, [1, 2, 3])
     for i in (1, 2, 3):
         got = read(tier, i)
@@ -69,7 +69,7 @@ def test_round_trip_is_bit_exact(tier: Tier) -> None:
     assert usage.chunks == 3 and usage.reserved_bytes == 0 and usage.used_bytes >= 3 * SLOT
 
 
-def test_reserved_chunks_are_invisible_until_commit(tier: Tier) -> None:
+def test_reserved_chunks_are_invisible_until_commit(tier: StorageTier) -> None:
     (slot,) = tier.reserve([cid(1)], [SLOT])
     slot.buffer.copy_(data(1))
     assert tier.contains([cid(1)]) == [False]
@@ -83,7 +83,7 @@ def test_reserved_chunks_are_invisible_until_commit(tier: Tier) -> None:
         tier.commit([slot])
 
 
-def test_abort_frees_the_space(tier: Tier) -> None:
+def test_abort_frees_the_space(tier: StorageTier) -> None:
     slots = tier.reserve([cid(i) for i in range(CHUNKS)], [SLOT] * CHUNKS)
     with pytest.raises(CapacityError):
         tier.reserve([cid(99)], [SLOT])
@@ -94,7 +94,7 @@ def test_abort_frees_the_space(tier: Tier) -> None:
     assert tier.usage().chunks == CHUNKS
 
 
-def test_reserve_is_all_or_nothing(tier: Tier) -> None:
+def test_reserve_is_all_or_nothing(tier: StorageTier) -> None:
     write(tier, list(range(CHUNKS - 1)))
     with pytest.raises(CapacityError):
         tier.reserve([cid(100), cid(101)], [SLOT, SLOT])
@@ -102,7 +102,7 @@ def test_reserve_is_all_or_nothing(tier: Tier) -> None:
     write(tier, [100])
 
 
-def test_conflicts_and_bad_batches(tier: Tier) -> None:
+def test_conflicts_and_bad_batches(tier: StorageTier) -> None:
     write(tier, [1])
     with pytest.raises(ConflictError):
         tier.reserve([cid(1)], [SLOT])
@@ -123,7 +123,7 @@ def test_conflicts_and_bad_batches(tier: Tier) -> None:
     assert torch.equal(read(tier, 1), data(1))  # type: ignore[arg-type]
 
 
-def test_delete_and_entries_order(tier: Tier) -> None:
+def test_delete_and_entries_order(tier: StorageTier) -> None:
     write(tier, [1, 2, 3])
     assert [c for c, _ in tier.entries()] == [cid(1), cid(2), cid(3)]
     read(tier, 1)
@@ -133,14 +133,14 @@ def test_delete_and_entries_order(tier: Tier) -> None:
     assert dict(tier.entries())[cid(1)] == SLOT
 
 
-def test_short_chunks_keep_their_length(tier: Tier) -> None:
+def test_short_chunks_keep_their_length(tier: StorageTier) -> None:
     write(tier, [5], n=1000)
     assert dict(tier.entries())[cid(5)] == 1000
     got = read(tier, 5, n=1000)
     assert got is not None and torch.equal(got, data(5, 1000))
 
 
-def test_level_and_slot_views(tier: Tier) -> None:
+def test_level_and_slot_views(tier: StorageTier) -> None:
     assert tier.level in (TierLevel.L1, TierLevel.L2, TierLevel.L3)
     write(tier, [7])
     if isinstance(tier, SlotTier):
