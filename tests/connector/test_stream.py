@@ -7,7 +7,8 @@ import os
 import pytest
 import zstandard
 
-from tiercache.connector.stream import Codec, StreamAssembler, piece_bytes, store_messages
+from tiercache.codec import Codec
+from tiercache.connector.stream import StreamAssembler, piece_bytes, store_messages
 from tiercache.errors import InvalidArgumentError, TierCacheError
 from tiercache.proto import tiercache_pb2 as pb
 

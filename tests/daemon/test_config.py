@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from tiercache.codec import Codec
 from tiercache.daemon.cli import main
 from tiercache.daemon.config import format_size, parse_size
 from tiercache.daemon.options import OPTIONS, default_l2_bytes, load_config, resolve_options
 from tiercache.policies import EvictionPolicyKind, WritePolicyKind
-from tiercache.tiers.lmdb import Codec
 
 
 def test_precedence_defaults_toml_env_cli(tmp_path: Path) -> None:

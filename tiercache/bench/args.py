@@ -23,10 +23,10 @@ from typing import TypeVar
 
 import torch
 
+from tiercache.codec import Codec
 from tiercache.errors import InvalidArgumentError
 from tiercache.policies import EvictionPolicyKind, WritePolicyKind
 from tiercache.tiers.base import TierLevel
-from tiercache.tiers.lmdb import Codec
 
 from .daemon_proc import EmbeddedDaemonConfig
 

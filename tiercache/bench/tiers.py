@@ -29,11 +29,12 @@ from pathlib import Path
 
 import torch
 
+from tiercache.codec import Codec
 from tiercache.keys import NAMESPACE_ID_BYTES, chunk_id
 from tiercache.tiers.base import StorageTier, TierLevel
 from tiercache.tiers.hbm import HbmTier, HbmTierConfig
 from tiercache.tiers.host import HostTier, HostTierConfig
-from tiercache.tiers.lmdb import Codec, LmdbTier, LmdbTierConfig
+from tiercache.tiers.lmdb import LmdbTier, LmdbTierConfig
 
 from .payload import Payload, batch_ranges
 from .timing import Timing, time_calls

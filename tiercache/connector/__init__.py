@@ -27,6 +27,7 @@ Modules (one responsibility each):
 The connector never imports ``tiercache.daemon``.
 """
 
+from tiercache.codec import Codec
 from tiercache.tiers.base import TierLevel
 
 from .channel import ChannelConfig, Endpoint, parse_address
@@ -51,7 +52,6 @@ from .results import (
     StreamStoreResult,
     TierStatsInfo,
 )
-from .stream import Codec
 
 __all__ = [
     "ChannelConfig",

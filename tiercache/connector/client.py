@@ -32,6 +32,7 @@ from typing import Any, TypeVar, cast
 import grpc
 import torch
 
+from tiercache.codec import Codec
 from tiercache.errors import (
     DeadlineExceededError,
     InvalidArgumentError,
@@ -62,12 +63,11 @@ from .results import (
 )
 from .stream import (
     DEFAULT_MESSAGE_BYTES,
-    Codec,
     StreamAssembler,
     piece_bytes,
     store_messages,
 )
-from .wire import deadline_to_proto, namespace_to_proto, prefill_to_proto
+from .wire import codec_to_proto, deadline_to_proto, namespace_to_proto, prefill_to_proto
 
 logger = logging.getLogger(__name__)
 
@@ -623,7 +623,7 @@ class TierCacheClient:
 
         def run(stub: Any, handle: bytes) -> int:
             request = pb.StreamLoadRequest(
-                handle=handle, keys=keys, codec=codec.value, max_message_bytes=limit
+                handle=handle, keys=keys, codec=codec_to_proto(codec), max_message_bytes=limit
             )
             assembler = StreamAssembler(keys, reg.chunk_bytes, reuse_buffer)
             count = 0

@@ -38,6 +38,7 @@ from types import MappingProxyType
 import numpy as np
 import torch
 
+from tiercache.codec import Codec
 from tiercache.errors import InvalidArgumentError, TierCacheError, UnavailableError
 from tiercache.keys import Namespace, chunk_keys
 from tiercache.policies.load import DeadlineModel, LoadRequest, PrefillModel
@@ -51,7 +52,6 @@ from .outcomes import LoadResult, StoreResult, usage_of
 from .policy import LoadPolicy, WirePolicy, to_wire
 from .prefill import PrefillClaim
 from .results import LoadLease, SlotRef, StoreTicket, StreamChunk
-from .stream import Codec
 
 __all__ = ["ConnectorConfig", "KVConnector", "LoadResult", "StoreResult"]
 

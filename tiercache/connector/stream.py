@@ -5,7 +5,6 @@ level 1) when the codec asks for it and compression pays, so every message stays
 ``max_stream_message_bytes`` and ``offset`` always counts raw bytes.
 
 Primitives:
-    Codec: RAW or ZSTD.
     piece_bytes: raw bytes per piece for a message size limit.
     store_messages: the ``StreamStoreMessage`` sequence of a store.
     StreamAssembler: rebuilds whole chunks from ``StreamLoadMessage`` pieces, checking every field.
@@ -13,28 +12,22 @@ Primitives:
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable, Iterator, Sequence
 
 import zstandard
 
+from tiercache.codec import Codec
 from tiercache.errors import InvalidArgumentError, TierCacheError
 from tiercache.proto import tiercache_pb2 as pb
 
 from .results import StreamChunk
+from .wire import codec_to_proto
 
 DEFAULT_MESSAGE_BYTES = 4 * 1024 * 1024
 """Message size limit used when the daemon names none."""
 _OVERHEAD_BYTES = 512
 """Room left in a message for everything but the data (key, offsets, flags, framing)."""
 ZSTD_LEVEL = 1
-
-
-class Codec(enum.Enum):
-    """Encoding of stream data."""
-
-    RAW = pb.CODEC_RAW
-    ZSTD = pb.CODEC_ZSTD
 
 
 def piece_bytes(max_message_bytes: int) -> int:
@@ -104,7 +97,7 @@ def store_messages(
                 index=index,
                 offset=offset,
                 data=data,
-                codec=used.value,
+                codec=codec_to_proto(used),
                 last=stop == chunk_bytes,
                 chunk_bytes=chunk_bytes,
             )

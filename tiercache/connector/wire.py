@@ -2,6 +2,7 @@
 
 Primitives:
     dtype_to_proto / dtype_from_proto: KVDtype <-> the wire enum.
+    codec_to_proto: Codec -> the wire enum.
     layout_to_proto / layout_from_proto: KVLayout <-> ``Layout``.
     namespace_to_proto: Namespace -> ``NamespaceSpec``.
     prefill_to_proto, deadline_to_proto: the engine's cost models -> ``PrefillModel`` / ``DeadlineModel``.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from tiercache.codec import Codec
 from tiercache.errors import InvalidArgumentError
 from tiercache.keys import Namespace
 from tiercache.layout import KVDtype, KVLayout
@@ -26,6 +28,14 @@ _DTYPES: dict[KVDtype, pb.KVDtype] = {
     KVDtype.INT8: pb.KV_DTYPE_INT8,
 }
 _DTYPES_BACK: dict[int, KVDtype] = {int(v): k for k, v in _DTYPES.items()}
+
+
+_CODECS: dict[Codec, pb.Codec] = {Codec.RAW: pb.CODEC_RAW, Codec.ZSTD: pb.CODEC_ZSTD}
+
+
+def codec_to_proto(codec: Codec) -> pb.Codec:
+    """The wire enum of a codec."""
+    return _CODECS[codec]
 
 
 def dtype_to_proto(dtype: KVDtype) -> pb.KVDtype:

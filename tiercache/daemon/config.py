@@ -24,11 +24,12 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from tiercache.cache import CacheConfig
+from tiercache.codec import Codec
 from tiercache.errors import InvalidArgumentError
 from tiercache.policies import EvictionPolicyKind, WritePolicyKind
 from tiercache.tiers.hbm import HbmTierConfig
 from tiercache.tiers.host import HostTierConfig
-from tiercache.tiers.lmdb import HEADER_BYTES, Codec, LmdbTierConfig
+from tiercache.tiers.lmdb import HEADER_BYTES, LmdbTierConfig
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}

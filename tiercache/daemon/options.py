@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from tiercache.codec import Codec
 from tiercache.policies import EvictionPolicyKind, WritePolicyKind
-from tiercache.tiers.lmdb import Codec
 
 from .config import (
     ConfigError,

@@ -32,7 +32,6 @@ damaged value is never served: the checksums turn it into a miss. With ``durable
 fsynced before it returns.
 
 Primitives:
-    Codec: how payloads are stored (raw or zstd).
     LmdbTierConfig: path, capacity, codec, zstd level, durability and map size of one L3 tier.
     LmdbTier: the :class:`~tiercache.tiers.base.StorageTier` over LMDB, with ``flush()`` to persist access order.
     HEADER_BYTES, FORMAT_VERSION, MAGIC: the on-disk value format.
@@ -40,7 +39,6 @@ Primitives:
 
 from __future__ import annotations
 
-import enum
 import errno
 import itertools
 import logging
@@ -58,6 +56,7 @@ import torch
 import xxhash
 import zstandard
 
+from tiercache.codec import Codec
 from tiercache.errors import CapacityError, ConflictError, InvalidArgumentError
 from tiercache.tiers.base import StorageTier, TierLevel, TierUsage, WriteSlot, check_batch
 
@@ -88,26 +87,6 @@ _STAGING_CACHE_BYTES = 256 << 20
 _DAMAGE = (lmdb.CorruptedError, lmdb.InvalidError, lmdb.PageNotFoundError, lmdb.VersionMismatchError)
 """LMDB errors that mean the environment's files are damaged (e.g. by an OS crash without ``durable``)."""
 """Staging buffers kept for reuse after commit or abort."""
-
-
-class Codec(enum.Enum):
-    """How a payload is stored. The value is the name used in config files."""
-
-    RAW = "raw"
-    ZSTD = "zstd"
-
-    @classmethod
-    def from_name(cls, name: str) -> Codec:
-        """The codec called ``name`` (case-insensitive).
-
-        Raises:
-            InvalidArgumentError: no codec has that name (the message lists the valid names).
-        """
-        try:
-            return cls(name.lower())
-        except (ValueError, AttributeError):
-            valid = ", ".join(c.value for c in cls)
-            raise InvalidArgumentError("codec", f"unknown codec {name!r}; valid: {valid}") from None
 
 
 _CODEC_WIRE = {Codec.RAW: 0, Codec.ZSTD: 1}

@@ -26,10 +26,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tiercache.tiers.lmdb as l3
+from tiercache.codec import Codec
 from tiercache.errors import CapacityError, ConflictError, InvalidArgumentError
 from tiercache.keys import CHUNK_ID_BYTES
 from tiercache.tiers.base import TierLevel
-from tiercache.tiers.lmdb import HEADER_BYTES, MAGIC, Codec, LmdbTier, LmdbTierConfig
+from tiercache.tiers.lmdb import HEADER_BYTES, MAGIC, LmdbTier, LmdbTierConfig
 
 REPO_ROOT = Path(l3.__file__).resolve().parents[2]
 
