@@ -11,7 +11,11 @@ Modules, each with one responsibility:
     events: numbered cache events, replay buffer, fan-out to WatchEvents subscribers.
     streams: the byte-stream data plane (pieces, zstd).
     metrics: Prometheus metrics in a registry of their own, optional /metrics endpoint.
-    servicer: KVCacheService and Diagnostics (translation only).
+    rpc: what the handlers share: the caller, executors, and the decorators that authenticate, check the
+        request's handle and turn errors into statuses.
+    kv_namespaces, kv_shared, kv_prefill, kv_streams: the KVCacheService handlers, by what they serve.
+    servicer: KVCacheService put together from its handlers (translation only).
+    diagnostics: the Diagnostics servicer (echo baselines).
     listen: the unix socket file (stale check, mode, removal).
     server: tiers + cache manager + grpc.aio server + health, graceful shutdown.
 """

@@ -38,11 +38,13 @@ from tiercache.tiers.lmdb import LmdbTier
 
 from .auth import Authenticator
 from .config import DaemonConfig, TierConfigs
+from .diagnostics import DiagnosticsServicer
 from .events import EventHub
 from .handles import HandleRegistry
 from .listen import SocketFile, StartupError, prepare_socket_path, restrictive_umask
 from .metrics import DaemonMetrics
-from .servicer import DataPlaneInfo, DiagnosticsServicer, KVCacheServicer, ServiceDeps
+from .rpc import DataPlaneInfo, ServiceDeps
+from .servicer import KVCacheServicer
 
 logger = logging.getLogger(__name__)
 

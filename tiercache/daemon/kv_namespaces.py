@@ -1,0 +1,178 @@
+"""KVCacheService handlers of namespaces and what is cached in them: Register, Lookup, Prefetch,
+CancelPrefetch, Pin, Unpin, Purge, ReportUsage, Stats, WatchEvents.
+
+Each handler converts the request (:mod:`.convert`), makes the core call (through
+:class:`~tiercache.cache.rules.EngineRules` where the engine-facing rules apply) and converts the result;
+authentication and the handle check happen in the decorators of :mod:`.rpc`. Running prefetches are kept by
+id in :mod:`.prefetches` so that CancelPrefetch can drop them.
+
+Primitives:
+    NamespaceRpcs: the handlers (a part of :class:`~tiercache.daemon.servicer.KVCacheServicer`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from tiercache.errors import InvalidArgumentError
+from tiercache.proto import tiercache_pb2 as pb
+
+from . import convert
+from .events import HubEvent, HubEventKind
+from .prefetches import PrefetchTable
+from .rpc import Caller, ServiceDeps, ServicerBase, server_stream_tenant, unary, unary_tenant
+
+logger = logging.getLogger(__name__)
+
+
+class NamespaceRpcs(ServicerBase):
+    """Registration, lookups and prefetches, pins, purge, usage reports, stats and events."""
+
+    def __init__(self, deps: ServiceDeps) -> None:
+        """Args: deps: what the servicer works with."""
+        super().__init__(deps)
+        self._prefetches = PrefetchTable()
+
+    @unary_tenant
+    async def Register(self, request: pb.RegisterRequest, tenant: str, context: Any) -> pb.RegisterResponse:
+        """Register the caller's namespace; the handle is scoped to the caller's tenant."""
+        ns = convert.namespace_from_proto(request.namespace, request.HasField("namespace"))
+        prefill = convert.prefill_from_proto(request.prefill, request.HasField("prefill"))
+        deadline = convert.deadline_from_proto(request.deadline, request.HasField("deadline"))
+        try:
+            handle = await self.run(self._manager.register_namespace, ns, tenant)
+        except InvalidArgumentError as exc:
+            if exc.field != "layout":
+                raise
+            raise InvalidArgumentError("namespace.layout", str(exc).removeprefix("layout: ")) from None
+        chunk_bytes = ns.layout.chunk_bytes
+        self._deps.handles.add(handle, tenant, chunk_bytes, ns.layout.chunk_tokens, prefill, deadline)
+        logger.info(
+            "engine %r of tenant %r registered %s@%s as %s (prefill model %s, deadline model %s)",
+            request.engine_id,
+            tenant,
+            ns.model_id,
+            ns.revision,
+            handle.hex(),
+            prefill,
+            deadline,
+        )
+        dp = self._deps.data_plane
+        return pb.RegisterResponse(
+            handle=handle,
+            layout=convert.layout_to_proto(ns.layout),
+            chunk_bytes=chunk_bytes,
+            data_plane=pb.DataPlane(
+                shm_segment=dp.segment,
+                slot_bytes=dp.slot_bytes,
+                num_slots=dp.num_slots,
+                segment_bytes=dp.slot_bytes * dp.num_slots,
+            ),
+            lease_ttl_s=self._deps.lease_ttl_s,
+            max_stream_message_bytes=self._deps.stream.stream_chunk_bytes,
+        )
+
+    @unary
+    async def Lookup(self, request: pb.LookupRequest, caller: Caller, context: Any) -> pb.LookupResponse:
+        """Per-tier contiguous hits; with ``prefetch``, promotion of the cached prefix into L2 starts."""
+        keys = convert.keys_from_proto(request.keys)
+        found = await self.run(self._rules.lookup, caller.namespace_id, keys, request.prefetch)
+        prefetch_id = 0
+        if found.prefetch is not None:
+            prefetch_id = self._prefetches.add(caller.namespace_id, found.prefetch)
+        return convert.lookup_to_proto(found.result, prefetch_id)
+
+    @unary
+    async def Prefetch(
+        self, request: pb.PrefetchRequest, caller: Caller, context: Any
+    ) -> pb.PrefetchResponse:
+        """Promote into L2, waiting at most ``timeout_s`` (the promotions go on after a timeout).
+
+        Promotions still running when the call returns keep going under ``prefetch_id`` (CancelPrefetch
+        drops them); a client that cancels the call while it waits cancels the promotions too.
+        """
+        keys = convert.keys_from_proto(request.keys)
+        timeout = convert.timeout_from_proto(request.timeout_s)
+        prefetch = await self.run(self._rules.prefetch, caller.namespace_id, keys)
+        pending = [asyncio.wrap_future(f) for f in prefetch.futures if not f.done()]
+        if pending and timeout > 0:
+            try:
+                # asyncio.wait cancels nothing itself, neither on timeout nor when this call is cancelled.
+                await asyncio.wait(pending, timeout=timeout)
+            except asyncio.CancelledError:
+                dropped = prefetch.cancel()
+                logger.debug("Prefetch cancelled by its client: %d promotions dropped", dropped)
+                raise
+        return pb.PrefetchResponse(
+            ready=prefetch.ready(), prefetch_id=self._prefetches.add(caller.namespace_id, prefetch)
+        )
+
+    @unary
+    async def CancelPrefetch(
+        self, request: pb.CancelPrefetchRequest, caller: Caller, context: Any
+    ) -> pb.CancelPrefetchResponse:
+        """Drop the promotions of a prefetch that have not started (0 for an unknown or finished id)."""
+        cancelled = self._prefetches.cancel(request.prefetch_id, caller.namespace_id)
+        return pb.CancelPrefetchResponse(cancelled=cancelled or 0)
+
+    @unary
+    async def ReportUsage(
+        self, request: pb.ReportUsageRequest, caller: Caller, context: Any
+    ) -> pb.ReportUsageResponse:
+        """Count what an engine did with a load: tokens it skipped per source tier, and recomputed."""
+        effective = convert.usage_from_proto(request.effective_chunks, caller.info.chunk_tokens)
+        await self.run(
+            self._manager.report_usage, caller.namespace_id, effective, int(request.recomputed_tokens)
+        )
+        return pb.ReportUsageResponse()
+
+    @unary
+    async def Pin(self, request: pb.PinRequest, caller: Caller, context: Any) -> pb.PinResponse:
+        """Pin chunks, or the whole namespace when no keys are given."""
+        keys = convert.keys_from_proto(request.keys) or None
+        return pb.PinResponse(chunks=await self.run(self._manager.pin, caller.namespace_id, keys))
+
+    @unary
+    async def Unpin(self, request: pb.PinRequest, caller: Caller, context: Any) -> pb.PinResponse:
+        """Unpin chunks, or the whole namespace when no keys are given."""
+        keys = convert.keys_from_proto(request.keys) or None
+        return pb.PinResponse(chunks=await self.run(self._manager.unpin, caller.namespace_id, keys))
+
+    @unary
+    async def Purge(self, request: pb.PurgeRequest, caller: Caller, context: Any) -> pb.PurgeResponse:
+        """Remove every chunk of the namespace from every tier; logs an audit line, emits CLEARED."""
+        handle = caller.namespace_id
+        removed = await self.run(self._manager.purge, handle)
+        logger.warning("AUDIT purge tenant=%s handle=%s removed=%d", caller.tenant, handle.hex(), removed)
+        self._deps.events.publish(HubEventKind.CLEARED, None, handle)
+        return pb.PurgeResponse(removed=removed)
+
+    @unary_tenant
+    async def Stats(self, request: pb.StatsRequest, tenant: str, context: Any) -> pb.StatsResponse:
+        """A snapshot of the cache's counters."""
+        return convert.stats_to_proto(await self.run(self._manager.stats))
+
+    @server_stream_tenant
+    async def WatchEvents(
+        self, request: pb.WatchEventsRequest, tenant: str, context: Any
+    ) -> AsyncIterator[pb.CacheEvent]:
+        """Retained events after ``after_sequence``, then live ones, of the caller's namespaces.
+
+        Initial metadata is sent as soon as the subscription is in place: a client that waits for it knows
+        that every later change reaches it.
+        """
+        handles = self._deps.handles
+
+        def mine(event: HubEvent) -> bool:
+            return not self._deps.auth.enabled or handles.owner(event.handle) == tenant
+
+        subscription = self._deps.events.subscribe(request.after_sequence, mine)
+        try:
+            await context.send_initial_metadata(())  # tells the client the subscription is live
+            async for event in subscription:
+                yield convert.event_to_proto(event)
+        finally:
+            subscription.close()

@@ -1,0 +1,151 @@
+"""KVCacheService handlers of stores and loads through shared memory: BeginStore, CommitStore, AbortStore,
+AcquireLoad, ReleaseLoad.
+
+Engines store into and load from L2, the shared-memory tier named in ``RegisterResponse.data_plane``
+(:class:`~tiercache.cache.rules.EngineRules` holds that rule and the warming of L1 after a load). Each store
+ticket and load lease is remembered under the handle it was taken with (:class:`~.handles.Claims`), so that
+one engine cannot commit or release another namespace's work.
+
+AcquireLoad's policies are resolved in :mod:`.loads`. A load that may wait for promotion out of a slow L3
+runs in the bounded wait executor; a load that waits for nothing (``wait_s == 0``) in the short one.
+
+Primitives:
+    SharedMemoryRpcs: the handlers (a part of :class:`~tiercache.daemon.servicer.KVCacheServicer`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import Future
+from typing import Any
+
+from tiercache.errors import NotFoundError
+from tiercache.policies.load import LoadPolicyKind
+from tiercache.proto import tiercache_pb2 as pb
+
+from . import convert
+from .handles import Claims
+from .loads import LoadOutcome, policy_wait_s, run_load
+from .rpc import Caller, ServiceDeps, ServicerBase, unary
+
+logger = logging.getLogger(__name__)
+
+
+class SharedMemoryRpcs(ServicerBase):
+    """Two-phase stores into, and leased loads out of, the shared-memory tier."""
+
+    def __init__(self, deps: ServiceDeps) -> None:
+        """Args: deps: what the servicer works with."""
+        super().__init__(deps)
+        self._tickets = Claims(deps.clock)
+        self._leases = Claims(deps.clock)
+
+    @unary
+    async def BeginStore(
+        self, request: pb.BeginStoreRequest, caller: Caller, context: Any
+    ) -> pb.BeginStoreResponse:
+        """Reserve L2 slots for the chunks not cached yet."""
+        keys = convert.keys_from_proto(request.keys)
+        ttl = convert.ttl_from_proto(request.ttl_s)
+        ticket = await self.run(
+            self._rules.begin_shared_store, caller.namespace_id, keys, ttl, request.start_depth
+        )
+        self._tickets.add(ticket.ticket_id, caller.namespace_id, ticket.expires_at)
+        return pb.BeginStoreResponse(
+            ticket_id=ticket.ticket_id,
+            slots=convert.slot_refs(ticket.slots, caller.info.chunk_bytes),
+            skipped=ticket.skipped,
+            expires_in_s=self.expires_in(ticket.expires_at),
+        )
+
+    @unary
+    async def CommitStore(
+        self, request: pb.CommitStoreRequest, caller: Caller, context: Any
+    ) -> pb.CommitStoreResponse:
+        """Make a ticket's chunks visible: all of them, or only ``indices`` (the ticket stays open for the rest)."""
+        handle = caller.namespace_id
+        indices = list(request.indices)
+        known = (
+            self._tickets.owned(request.ticket_id, handle)
+            if indices
+            else self._tickets.take(request.ticket_id, handle)
+        )
+        if not known:
+            raise NotFoundError(
+                "ticket_id",
+                f"{request.ticket_id} is not an open store ticket of this handle (finished or expired?)",
+            )
+        stored = await self.run(self._manager.commit_store, request.ticket_id, indices or None)
+        self._deps.metrics.add_bytes("shm", "store", stored * caller.info.chunk_bytes)
+        return pb.CommitStoreResponse(stored=stored)
+
+    @unary
+    async def AbortStore(
+        self, request: pb.AbortStoreRequest, caller: Caller, context: Any
+    ) -> pb.AbortStoreResponse:
+        """Discard a ticket's reservations (False when it is not an open ticket of this handle)."""
+        aborted = self._tickets.take(request.ticket_id, caller.namespace_id) and await self.run(
+            self._manager.abort_store, request.ticket_id
+        )
+        return pb.AbortStoreResponse(aborted=aborted)
+
+    @unary
+    async def AcquireLoad(
+        self, request: pb.AcquireLoadRequest, caller: Caller, context: Any
+    ) -> pb.AcquireLoadResponse:
+        """Lease the L2 slots of the cached prefix the load policy chooses (promoting chunks from L3 first).
+
+        See :mod:`.loads` for the policies. A call cancelled by its client while the lease is being taken
+        releases the lease as soon as it exists.
+        """
+        arrived = time.monotonic()
+        handle, info = caller.namespace_id, caller.info
+        keys = convert.keys_from_proto(request.keys)
+        ttl = convert.ttl_from_proto(request.ttl_s)
+        kind = convert.load_policy_from_proto(int(request.policy))
+        timeout = convert.timeout_from_proto(request.timeout_s)
+        wait_s = policy_wait_s(kind, timeout, request.prompt_tokens, len(keys), info)
+        prefill = info.prefill if kind is LoadPolicyKind.COST_AWARE else None
+        executor = self._deps.executor if wait_s == 0 else self.long_executor
+        level = self._rules.shared_level
+        fut = executor.submit(run_load, self._manager, handle, keys, level, ttl, wait_s, prefill, arrived)
+        try:
+            outcome = await asyncio.wrap_future(fut)
+        except asyncio.CancelledError:
+            fut.add_done_callback(self._release_orphan)
+            raise
+        ticket = outcome.ticket
+        if ticket.lease_id:
+            self._leases.add(ticket.lease_id, handle, ticket.expires_at)
+            self.fire(self._rules.warm_after_load, handle, keys, ticket)
+        self._deps.metrics.add_bytes("shm", "load", len(ticket.chunks) * info.chunk_bytes)
+        plan = outcome.plan
+        return pb.AcquireLoadResponse(
+            lease_id=ticket.lease_id,
+            slots=convert.slot_refs(ticket.chunks, info.chunk_bytes),
+            expires_in_s=self.expires_in(ticket.expires_at) if ticket.lease_id else 0.0,
+            cached=outcome.cached,
+            estimated_load_s=plan.load_s if plan is not None else 0.0,
+            estimated_recompute_s=plan.recompute_s if plan is not None else 0.0,
+        )
+
+    def _release_orphan(self, fut: Future[LoadOutcome]) -> None:
+        """Release the lease of a load whose caller went away (runs on an executor thread)."""
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        lease_id = fut.result().ticket.lease_id
+        if lease_id:
+            logger.debug("AcquireLoad cancelled by its client: releasing lease %d", lease_id)
+            self.fire(self._manager.release, lease_id)
+
+    @unary
+    async def ReleaseLoad(
+        self, request: pb.ReleaseLoadRequest, caller: Caller, context: Any
+    ) -> pb.ReleaseLoadResponse:
+        """End a lease (False when it is not a live lease of this handle)."""
+        released = self._leases.take(request.lease_id, caller.namespace_id) and await self.run(
+            self._manager.release, request.lease_id
+        )
+        return pb.ReleaseLoadResponse(released=released)

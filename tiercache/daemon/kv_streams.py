@@ -1,0 +1,114 @@
+"""KVCacheService handlers of the byte-stream data plane: StreamStore and StreamLoad.
+
+For engines that cannot map the daemon's shared memory (another host, another container): chunks travel as
+pieces of at most the negotiated message size, optionally zstd per piece (:mod:`.streams` cuts and checks
+them). Large pieces are copied or coded in the executor, small ones on the event loop. A StreamStore names its
+handle in its first message; the handle is checked there (the same check the decorators of :mod:`.rpc` make),
+and every later message must name the same handle or none.
+
+Primitives:
+    StreamRpcs: the handlers (a part of :class:`~tiercache.daemon.servicer.KVCacheServicer`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import zstandard
+
+from tiercache.cache import StoreTicket
+from tiercache.errors import InvalidArgumentError
+from tiercache.proto import tiercache_pb2 as pb
+
+from . import convert
+from .rpc import Caller, ServicerBase, server_stream, unary_tenant
+from .streams import INLINE_BYTES, LOAD_ZSTD_LEVEL, ChunkAssembler, encode_piece
+
+
+class StreamRpcs(ServicerBase):
+    """Stores and loads as streams of byte pieces."""
+
+    @unary_tenant
+    async def StreamStore(
+        self, request_iterator: AsyncIterator[pb.StreamStoreMessage], tenant: str, context: Any
+    ) -> pb.StreamStoreResponse:
+        """Store chunks sent as pieces; all are committed when the client closes the stream."""
+        handle = b""
+        start_depth = 0
+        assembler: ChunkAssembler | None = None
+        tickets: list[StoreTicket] = []
+        skipped: list[int] = []
+        chunk_bytes = 0
+        try:
+            async for msg in request_iterator:
+                if assembler is None:
+                    caller = self.resolve(tenant, msg.handle)
+                    handle, chunk_bytes = caller.namespace_id, caller.info.chunk_bytes
+                    assembler = ChunkAssembler(chunk_bytes)
+                    start_depth = msg.start_depth
+                elif msg.handle and msg.handle != handle:
+                    raise InvalidArgumentError("handle", "differs from the stream's first message")
+                piece = assembler.check(msg)
+                if piece.starts_chunk:
+                    ticket = await self.run(
+                        self._rules.begin_stream_store, handle, piece.key, start_depth + piece.index
+                    )
+                    tickets.append(ticket)
+                    if not ticket.slots:
+                        skipped.append(piece.index)
+                    assembler.open(piece, ticket.slots[0].buffer if ticket.slots else None)
+                if len(piece.data) > INLINE_BYTES:
+                    await self.run(assembler.write, piece)
+                else:
+                    assembler.write(piece)
+            if assembler is None:
+                return pb.StreamStoreResponse()
+            assembler.finish()
+            stored = 0
+            while tickets:
+                stored += await self.run(self._manager.commit_store, tickets[0].ticket_id)
+                tickets.pop(0)
+        finally:
+            for ticket in tickets:
+                self.fire(self._manager.abort_store, ticket.ticket_id)
+        self._deps.metrics.add_bytes("stream", "store", stored * chunk_bytes)
+        return pb.StreamStoreResponse(stored=stored, skipped=skipped)
+
+    @server_stream
+    async def StreamLoad(
+        self, request: pb.StreamLoadRequest, caller: Caller, context: Any
+    ) -> AsyncIterator[pb.StreamLoadMessage]:
+        """Stream the cached prefix as pieces of at most the negotiated message size."""
+        chunk_bytes = caller.info.chunk_bytes
+        keys = convert.keys_from_proto(request.keys)
+        zstd = convert.codec_from_proto(int(request.codec))
+        piece_bytes = self._deps.stream.stream_chunk_bytes
+        if request.max_message_bytes:
+            piece_bytes = min(piece_bytes, request.max_message_bytes)
+        cctx = zstandard.ZstdCompressor(level=LOAD_ZSTD_LEVEL) if zstd else None
+        ticket = await self.run(self._rules.lease, caller.namespace_id, keys)
+        done = ticket.lease_id == 0
+        try:
+            for chunk in ticket.chunks:
+                for start in range(0, chunk_bytes, piece_bytes):
+                    stop = min(start + piece_bytes, chunk_bytes)
+                    if stop - start > INLINE_BYTES:
+                        data, packed = await self.run(encode_piece, chunk.view, start, stop, cctx)
+                    else:
+                        data, packed = encode_piece(chunk.view, start, stop, cctx)
+                    yield pb.StreamLoadMessage(
+                        index=chunk.index,
+                        key=chunk.key,
+                        offset=start,
+                        data=data,
+                        codec=pb.CODEC_ZSTD if packed else pb.CODEC_RAW,
+                        last=stop == chunk_bytes,
+                        chunk_bytes=chunk_bytes,
+                    )
+                self._deps.metrics.add_bytes("stream", "load", chunk_bytes)
+            await self.run(self._manager.release, ticket.lease_id)
+            done = True
+        finally:
+            if not done:  # cancelled or failed: release without waiting (this coroutine may not resume)
+                self.fire(self._manager.release, ticket.lease_id)
