@@ -255,6 +255,31 @@ def shared_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonPr
     _cleanup(d)
 
 
+TENANT_A = (("authorization", "Bearer token-of-a"),)
+"""Call metadata of tenant ``team-a`` of :func:`tenants_daemon`."""
+TENANT_B = (("authorization", "Bearer token-of-b"),)
+"""Call metadata of tenant ``team-b`` of :func:`tenants_daemon`."""
+
+
+def write_tokens(path: Path) -> Path:
+    """A tokens file of two tenants (``team-a``, ``team-b``; see TENANT_A and TENANT_B)."""
+    path.write_text('[tokens]\n"token-of-a" = "team-a"\n"token-of-b" = "team-b"\n')
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tenants_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProc]:
+    """One daemon with authentication for a whole test module: tenants ``team-a`` and ``team-b``."""
+    tmp = tmp_path_factory.mktemp("tenants")
+    tokens = write_tokens(tmp / "tokens.toml")
+    d = _spawn(
+        tmp, ["--tokens-file", str(tokens)], f"tiercache-test-{secrets.token_hex(4)}", tmp / "l3", None
+    )
+    yield d
+    _cleanup(d)
+
+
 def register(
     stub: pb_grpc.KVCacheServiceStub, metadata: Sequence[tuple[str, str]] = ()
 ) -> pb.RegisterResponse:

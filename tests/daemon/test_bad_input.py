@@ -1,8 +1,11 @@
-"""Bad input gets a clear status naming the problem; the daemon stays up and stored data stays intact."""
+"""Bad input gets a clear status naming the problem; the daemon stays up and stored data stays intact.
+
+Every RPC that names a handle refuses a malformed, an unknown and another tenant's handle with the same
+status, and every RPC refuses a call without a valid token, before its handler runs."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import grpc
 import pytest
@@ -11,6 +14,8 @@ from tests.daemon.conftest import (
     LAYOUT,
     MAX_MESSAGE_BYTES,
     RPC_TIMEOUT_S,
+    TENANT_A,
+    TENANT_B,
     DaemonProc,
     make_keys,
     namespace_spec,
@@ -300,3 +305,190 @@ def test_bad_tickets_leases_and_durations(
     assert stub.CommitStore(commit, timeout=RPC_TIMEOUT_S).stored == 1
     fails(lambda: stub.CommitStore(commit, timeout=RPC_TIMEOUT_S), grpc.StatusCode.NOT_FOUND, "ticket_id:")
     assert_intact(stub, reg, baseline)
+
+
+# ------------------------------------------------------------------ the handle check of every RPC, and auth
+
+Metadata = Sequence[tuple[str, str]]
+T = RPC_TIMEOUT_S
+KEYS = make_keys(2, seed=300)
+
+
+def _stream_store(kv: Stub, handle: bytes, md: Metadata) -> object:
+    return kv.StreamStore(
+        iter([piece(handle, KEYS[0], 0, 0, payload(0, seed=300), True)]), timeout=T, metadata=md
+    )
+
+
+HANDLE_CALLS: dict[str, Callable[[Stub, bytes, Metadata], object]] = {
+    "Lookup": lambda kv, h, md: kv.Lookup(pb.LookupRequest(handle=h, keys=KEYS), timeout=T, metadata=md),
+    "Prefetch": lambda kv, h, md: kv.Prefetch(
+        pb.PrefetchRequest(handle=h, keys=KEYS), timeout=T, metadata=md
+    ),
+    "CancelPrefetch": lambda kv, h, md: kv.CancelPrefetch(
+        pb.CancelPrefetchRequest(handle=h, prefetch_id=1), timeout=T, metadata=md
+    ),
+    "BeginStore": lambda kv, h, md: kv.BeginStore(
+        pb.BeginStoreRequest(handle=h, keys=KEYS), timeout=T, metadata=md
+    ),
+    "CommitStore": lambda kv, h, md: kv.CommitStore(
+        pb.CommitStoreRequest(handle=h, ticket_id=1), timeout=T, metadata=md
+    ),
+    "AbortStore": lambda kv, h, md: kv.AbortStore(
+        pb.AbortStoreRequest(handle=h, ticket_id=1), timeout=T, metadata=md
+    ),
+    "AcquireLoad": lambda kv, h, md: kv.AcquireLoad(
+        pb.AcquireLoadRequest(handle=h, keys=KEYS), timeout=T, metadata=md
+    ),
+    "ReleaseLoad": lambda kv, h, md: kv.ReleaseLoad(
+        pb.ReleaseLoadRequest(handle=h, lease_id=1), timeout=T, metadata=md
+    ),
+    "ClaimPrefill": lambda kv, h, md: kv.ClaimPrefill(
+        pb.ClaimPrefillRequest(handle=h, keys=KEYS), timeout=T, metadata=md
+    ),
+    "WaitPrefill": lambda kv, h, md: kv.WaitPrefill(
+        pb.WaitPrefillRequest(handle=h, keys=KEYS), timeout=T, metadata=md
+    ),
+    "ReleasePrefill": lambda kv, h, md: kv.ReleasePrefill(
+        pb.ReleasePrefillRequest(handle=h, claim_id=1), timeout=T, metadata=md
+    ),
+    "ReportUsage": lambda kv, h, md: kv.ReportUsage(pb.ReportUsageRequest(handle=h), timeout=T, metadata=md),
+    "Pin": lambda kv, h, md: kv.Pin(pb.PinRequest(handle=h, keys=KEYS), timeout=T, metadata=md),
+    "Unpin": lambda kv, h, md: kv.Unpin(pb.PinRequest(handle=h, keys=KEYS), timeout=T, metadata=md),
+    "Purge": lambda kv, h, md: kv.Purge(pb.PurgeRequest(handle=h), timeout=T, metadata=md),
+    "StreamLoad": lambda kv, h, md: list(
+        kv.StreamLoad(pb.StreamLoadRequest(handle=h, keys=KEYS), timeout=T, metadata=md)
+    ),
+    "StreamStore": _stream_store,
+}
+"""Every KVCacheService RPC whose request names a handle (StreamStore: in its first message), called with
+otherwise valid requests."""
+
+TENANT_CALLS: dict[str, Callable[[Stub, pb_grpc.DiagnosticsStub, Metadata], object]] = {
+    "Register": lambda kv, diag, md: kv.Register(
+        pb.RegisterRequest(namespace=namespace_spec()), timeout=T, metadata=md
+    ),
+    "Stats": lambda kv, diag, md: kv.Stats(pb.StatsRequest(), timeout=T, metadata=md),
+    "WatchEvents": lambda kv, diag, md: list(kv.WatchEvents(pb.WatchEventsRequest(), timeout=T, metadata=md)),
+    "Echo": lambda kv, diag, md: diag.Echo(pb.EchoMessage(data=b"x"), timeout=T, metadata=md),
+    "EchoStream": lambda kv, diag, md: list(
+        diag.EchoStream(iter([pb.EchoMessage(data=b"x")]), timeout=T, metadata=md)
+    ),
+}
+"""The RPCs that take no handle."""
+
+
+def _methods(service: str) -> dict[str, bool]:
+    """Method name -> whether its request message has a ``handle`` field."""
+    desc = pb.DESCRIPTOR.services_by_name[service]
+    return {m.name: "handle" in m.input_type.fields_by_name for m in desc.methods}
+
+
+def test_the_tables_cover_every_rpc() -> None:
+    kv = _methods("KVCacheService")
+    assert set(HANDLE_CALLS) == {name for name, has_handle in kv.items() if has_handle}
+    assert set(TENANT_CALLS) == {name for name, has_handle in kv.items() if not has_handle} | set(
+        _methods("Diagnostics")
+    )
+
+
+@pytest.fixture(scope="module")
+def tenant_stub(tenants_daemon: DaemonProc) -> Stub:
+    return tenants_daemon.stub()
+
+
+@pytest.fixture(scope="module")
+def reg_a(tenant_stub: Stub) -> pb.RegisterResponse:
+    return register(tenant_stub, TENANT_A)
+
+
+@pytest.fixture(scope="module")
+def stored_a(tenant_stub: Stub, reg_a: pb.RegisterResponse) -> tuple[list[bytes], list[bytes]]:
+    """Chunks tenant A stored before any refused call (under KEYS, which every call names)."""
+    chunks = [payload(i, seed=300) for i in range(len(KEYS))]
+    assert shm_store(tenant_stub, reg_a, KEYS, chunks, TENANT_A) == len(KEYS)
+    return KEYS, chunks
+
+
+def assert_a_intact(stub: Stub, reg_a: pb.RegisterResponse, stored: tuple[list[bytes], list[bytes]]) -> None:
+    keys, chunks = stored
+    lookup = stub.Lookup(pb.LookupRequest(handle=reg_a.handle, keys=keys), timeout=T, metadata=TENANT_A)
+    assert lookup.chunks == len(keys)
+    assert shm_load(stub, reg_a, keys, TENANT_A) == chunks
+    stats = stub.Stats(pb.StatsRequest(), timeout=T, metadata=TENANT_A)
+    assert stats.active_leases == 0
+
+
+BAD_HANDLES: dict[str, tuple[grpc.StatusCode, Callable[[bytes], bytes], Callable[[bytes], str]]] = {
+    "malformed": (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        lambda own: b"abc",
+        lambda h: "handle: must be the 16-byte handle Register returned, got 3 bytes",
+    ),
+    "unknown": (
+        grpc.StatusCode.NOT_FOUND,
+        lambda own: b"\x01" * 16,
+        lambda h: f"handle: {h.hex()} is not registered",
+    ),
+    "foreign": (
+        grpc.StatusCode.PERMISSION_DENIED,
+        lambda own: own,
+        lambda h: f"handle: {h.hex()} belongs to another tenant",
+    ),
+}
+"""Case -> (status, the handle tenant B sends given tenant A's, the message that names it)."""
+
+
+@pytest.mark.parametrize("case", sorted(BAD_HANDLES))
+@pytest.mark.parametrize("rpc", sorted(HANDLE_CALLS))
+def test_every_handle_rpc_refuses_a_bad_handle_with_one_status(
+    tenant_stub: Stub,
+    reg_a: pb.RegisterResponse,
+    stored_a: tuple[list[bytes], list[bytes]],
+    rpc: str,
+    case: str,
+) -> None:
+    code, handle_of, message_of = BAD_HANDLES[case]
+    handle = handle_of(reg_a.handle)
+    fails(lambda: HANDLE_CALLS[rpc](tenant_stub, handle, TENANT_B), code, message_of(handle))
+    assert_a_intact(tenant_stub, reg_a, stored_a)
+
+
+NO_TOKEN: dict[str, tuple[Metadata, str]] = {
+    "missing": ((), "authorization: missing"),
+    "unknown": ((("authorization", "Bearer not-a-token"),), "authorization: unknown token"),
+    "malformed": ((("authorization", "Basic abc"),), "authorization: expected 'Bearer <token>'"),
+}
+
+
+@pytest.mark.parametrize("token", sorted(NO_TOKEN))
+@pytest.mark.parametrize("rpc", sorted(HANDLE_CALLS))
+def test_every_handle_rpc_refuses_a_call_without_a_valid_token(
+    tenant_stub: Stub,
+    reg_a: pb.RegisterResponse,
+    stored_a: tuple[list[bytes], list[bytes]],
+    rpc: str,
+    token: str,
+) -> None:
+    """With the tenant's own handle, but no valid token: refused, and nothing the handler would do is done
+    (a Purge would remove A's chunks, a BeginStore reserve, an AcquireLoad lease)."""
+    metadata, message = NO_TOKEN[token]
+    fails(
+        lambda: HANDLE_CALLS[rpc](tenant_stub, reg_a.handle, metadata),
+        grpc.StatusCode.UNAUTHENTICATED,
+        message,
+    )
+    assert_a_intact(tenant_stub, reg_a, stored_a)
+
+
+@pytest.mark.parametrize("token", sorted(NO_TOKEN))
+@pytest.mark.parametrize("rpc", sorted(TENANT_CALLS))
+def test_every_rpc_without_a_handle_refuses_a_call_without_a_valid_token(
+    tenants_daemon: DaemonProc, tenant_stub: Stub, rpc: str, token: str
+) -> None:
+    metadata, message = NO_TOKEN[token]
+    diag = pb_grpc.DiagnosticsStub(tenants_daemon.channel())
+    namespaces = tenant_stub.Stats(pb.StatsRequest(), timeout=T, metadata=TENANT_B).namespaces
+    fails(lambda: TENANT_CALLS[rpc](tenant_stub, diag, metadata), grpc.StatusCode.UNAUTHENTICATED, message)
+    # A refused Register registers nothing.
+    assert tenant_stub.Stats(pb.StatsRequest(), timeout=T, metadata=TENANT_B).namespaces == namespaces
