@@ -1,7 +1,7 @@
 """The prefetches still running, by id, so that an engine whose request went away can cancel them.
 
 A Prefetch RPC (or a Lookup with ``prefetch``) whose promotions have not all finished gets an id; the
-promotions' core :class:`~tiercache.cache.manager.Prefetch` object is kept under it, owned by the caller's handle
+promotions' core :class:`~tiercache.cache.Prefetch` object is kept under it, owned by the caller's handle
 (handles are tenant-scoped). An entry is dropped as soon as its last promotion finishes (a done callback on
 the event loop), when it is cancelled, or — the table being bounded — when it is the oldest of a full table
 (its promotions then run to completion but can no longer be cancelled).
