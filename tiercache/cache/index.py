@@ -12,19 +12,22 @@ Not thread-safe: every method runs under the cache's index lock.
 Primitives:
     Residency, ChunkEntry: one chunk and its copies.
     TierCounters, TokenCounters: per-tier counters.
-    Index: lookups (get, visible, cached_prefix, of_namespace), changes (add_residency, touch, record_hit,
+    Index: rebuild, tier_stats, lookups (get, visible, cached_prefix, of_namespace), changes (add_residency, touch, record_hit,
         hold, unhold, remove_residency, purge), pins (is_pinned, pin, pin_namespace), tick.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tiercache.cache.space import Space
-from tiercache.stats import ChunkEvent, EventKind
-from tiercache.tiers.base import TierLevel
+from tiercache.errors import InvalidArgumentError
+from tiercache.keys import split_chunk_id
+from tiercache.rates import TierRate
+from tiercache.stats import ChunkEvent, EventKind, TierStats
+from tiercache.tiers.base import StorageTier, TierLevel, TierUsage
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +94,45 @@ class Index:
         self.tokens = {level: TokenCounters() for level in levels}
         self.recomputed_tokens = 0
         self.tick = 0
+
+    def rebuild(self, tiers: Mapping[TierLevel, StorageTier]) -> None:
+        """Index the chunks the tiers already hold (a warm L3), oldest access first (``entries()`` order)."""
+        for level, tier in tiers.items():
+            found = 0
+            for cid, nbytes in tier.entries():
+                try:
+                    ns_id, key = split_chunk_id(cid)
+                except InvalidArgumentError:
+                    logger.warning(
+                        "%s holds a chunk id of unexpected length %d; ignored", level.name, len(cid)
+                    )
+                    continue
+                entry = self._entries.get(cid) or ChunkEntry(ns_id, key, 0, nbytes)
+                self.add_residency(cid, entry, level, float("-inf"), tick=self.next_tick())
+                found += 1
+            if found:
+                logger.info("%s: indexed %d chunks found at start", level.name, found)
+
+    def tier_stats(self, level: TierLevel, usage: TierUsage, rate: TierRate) -> TierStats:
+        """The stats of one tier: its counters with the tier's usage and measured rate."""
+        c, tokens = self.counters[level], self.tokens[level]
+        return TierStats(
+            level=level,
+            lookup_hit_tokens=tokens.lookup_hit,
+            load_success_tokens=tokens.load_success,
+            effective_hit_tokens=tokens.effective_hit,
+            latency_s=rate.latency_s,
+            bytes_per_s=rate.bytes_per_s,
+            chunks=usage.chunks,
+            used_bytes=usage.used_bytes,
+            capacity_bytes=usage.capacity_bytes,
+            hits=c.hits,
+            misses=c.misses,
+            evictions=c.evictions,
+            promotions=c.promotions,
+            demotions=c.demotions,
+            corrupt_reads=usage.corrupt_reads,
+        )
 
     # ------------------------------------------------------------------ lookups
 

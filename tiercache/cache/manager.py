@@ -43,7 +43,7 @@ from types import MappingProxyType
 import torch
 
 from tiercache.cache.config import CacheConfig
-from tiercache.cache.index import ChunkEntry, Index
+from tiercache.cache.index import Index
 from tiercache.cache.leases import Lease, LeaseTable
 from tiercache.cache.loads import Loads
 from tiercache.cache.mover import Mover
@@ -53,13 +53,13 @@ from tiercache.cache.space import Space
 from tiercache.cache.stores import Stores
 from tiercache.cache.writeback import WriteBack
 from tiercache.errors import ConflictError, InvalidArgumentError, NotFoundError
-from tiercache.keys import Namespace, check_key, chunk_id, split_chunk_id
+from tiercache.keys import Namespace, check_key, chunk_id
 from tiercache.layout import KVLayout
 from tiercache.policies import make_eviction_policy, make_write_policy
 from tiercache.policies.load import CostPlan, PrefillModel, plan_cost_aware
 from tiercache.prefill import PrefillClaim, PrefillCoordinator
 from tiercache.rates import RateEstimator, TierRate
-from tiercache.stats import CacheStats, ChunkEvent, TierStats
+from tiercache.stats import CacheStats, ChunkEvent
 from tiercache.tiers.base import SlotTier, StorageTier, TierLevel
 
 logger = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ class CacheManager:
         self._prefetcher = Prefetcher(
             self._config.prefetch_workers, self._config.prefetch_inflight_bytes, self._mover.move
         )
-        self._rebuild()
+        self._index.rebuild(self._tiers)
 
     # ------------------------------------------------------------------ registration and lookup
 
@@ -506,29 +506,11 @@ class CacheManager:
         """
         cids = self._chunk_ids(namespace_id, keys)
         target = self._level(level)
-        moved = 0
         with self._lock:
             self._check_open()
             self._index.next_tick()
             self._reap(self._clock())
-        for cid in cids:
-            with self._lock:
-                entry = self._index.get(cid)
-                if entry is None:
-                    continue
-                needs_copy = target not in entry.res
-                if needs_copy and not any(lv < target for lv in entry.res):
-                    continue
-            if needs_copy and not self._mover.move(cid, target):
-                continue
-            moved += 1
-            with self._lock:
-                entry = self._index.get(cid)
-                if entry is None:
-                    continue
-                for lv in [lv for lv, res in entry.res.items() if lv < target and res.holds == 0]:
-                    self._mover.drop(cid, entry, lv, evicted=False)
-        return moved
+        return self._mover.demote(cids, target)
 
     def pin(self, namespace_id: bytes, keys: Sequence[bytes] | None = None) -> int:
         """Pin chunks (or, with ``keys`` None, the whole namespace): pinned chunks are never evicted.
@@ -646,33 +628,12 @@ class CacheManager:
         """A consistent snapshot of every tier and cache-wide counter."""
         with self._lock:
             self._reap(self._clock())
-            tiers = []
-            for level, tier in self._tiers.items():
-                usage = tier.usage()
-                c = self._index.counters[level]
-                tokens = self._index.tokens[level]
-                rate = self._rates.rate(level)
-                tiers.append(
-                    TierStats(
-                        level=level,
-                        lookup_hit_tokens=tokens.lookup_hit,
-                        load_success_tokens=tokens.load_success,
-                        effective_hit_tokens=tokens.effective_hit,
-                        latency_s=rate.latency_s,
-                        bytes_per_s=rate.bytes_per_s,
-                        chunks=usage.chunks,
-                        used_bytes=usage.used_bytes,
-                        capacity_bytes=usage.capacity_bytes,
-                        hits=c.hits,
-                        misses=c.misses,
-                        evictions=c.evictions,
-                        promotions=c.promotions,
-                        demotions=c.demotions,
-                        corrupt_reads=usage.corrupt_reads,
-                    )
-                )
+            tiers = tuple(
+                self._index.tier_stats(level, tier.usage(), self._rates.rate(level))
+                for level, tier in self._tiers.items()
+            )
             return CacheStats(
-                tiers=tuple(tiers),
+                tiers=tiers,
                 namespaces=len(self._namespaces),
                 active_leases=self._leases.active_leases,
                 expired_leases=self._leases.expired,
@@ -761,21 +722,3 @@ class CacheManager:
             logger.warning(
                 "store ticket %d expired before commit; %d chunks aborted", ticket_id, len(store.writes)
             )
-
-    def _rebuild(self) -> None:
-        """Index the chunks persistent tiers already hold, oldest access first."""
-        for level, tier in self._tiers.items():
-            found = 0
-            for cid, nbytes in tier.entries():
-                try:
-                    ns_id, key = split_chunk_id(cid)
-                except InvalidArgumentError:
-                    logger.warning(
-                        "%s holds a chunk id of unexpected length %d; ignored", level.name, len(cid)
-                    )
-                    continue
-                entry = self._index.get(cid) or ChunkEntry(ns_id, key, 0, nbytes)
-                self._index.add_residency(cid, entry, level, float("-inf"), tick=self._index.next_tick())
-                found += 1
-            if found:
-                logger.info("%s: indexed %d chunks found at start", level.name, found)

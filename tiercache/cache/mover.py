@@ -18,7 +18,7 @@ wait in a cycle. Copies out to a caller's buffer (``get``) hold the source copy 
 
 Primitives:
     MoveOutcome: what a move did.
-    Mover: known, reserve, reserve_from, move, move_many, write_down_step, copy_out, drop, release_hold,
+    Mover: known, reserve, reserve_from, move, move_many, demote, write_down_step, copy_out, drop, release_hold,
         lost; ``storing`` (ids under an open store ticket).
 """
 
@@ -211,6 +211,31 @@ class Mover:
     def move_outcome(self, cid: bytes, dst: TierLevel, observe: bool = True) -> MoveOutcome:
         """Like :meth:`move`, with the reason a move did not happen."""
         return self._flights.run((cid, dst), lambda: self._copy(cid, dst, observe))[0]
+
+    def demote(self, cids: Sequence[bytes], target: TierLevel) -> int:
+        """Copy chunks down into ``target`` when needed, then drop their unheld copies in faster tiers.
+
+        Returns how many chunks are in ``target`` now (chunks only in slower tiers are left alone).
+        """
+        moved = 0
+        for cid in cids:
+            with self._lock:
+                entry = self._index.get(cid)
+                if entry is None:
+                    continue
+                needs_copy = target not in entry.res
+                if needs_copy and not any(lv < target for lv in entry.res):
+                    continue
+            if needs_copy and not self.move(cid, target):
+                continue
+            moved += 1
+            with self._lock:
+                entry = self._index.get(cid)
+                if entry is None:
+                    continue
+                for lv in [lv for lv, res in entry.res.items() if lv < target and res.holds == 0]:
+                    self.drop(cid, entry, lv, evicted=False)
+        return moved
 
     def write_down_step(self, cid: bytes) -> MoveOutcome | None:
         """Copy a chunk into the next slower tier lacking it; None when no tier lacks it."""
