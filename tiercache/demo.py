@@ -20,13 +20,13 @@ from pathlib import Path
 
 import torch
 
-from tiercache.cache import CacheManager
+from tiercache.cache import CacheBuildConfig, CacheManager, build_cache
 from tiercache.keys import Namespace, chunk_keys
 from tiercache.layout import KVDtype, KVLayout
-from tiercache.tiers.base import StorageTier, TierLevel
-from tiercache.tiers.hbm import HbmTier, HbmTierConfig
-from tiercache.tiers.host import HostTier, HostTierConfig
-from tiercache.tiers.lmdb import LmdbTier, LmdbTierConfig
+from tiercache.tiers.base import TierLevel
+from tiercache.tiers.hbm import HbmTierConfig
+from tiercache.tiers.host import HostTierConfig
+from tiercache.tiers.lmdb import LmdbTierConfig
 
 logger = logging.getLogger(__name__)
 
@@ -37,17 +37,18 @@ def default_dir() -> Path:
     return Path(base) / "tiercache" / "demo"
 
 
-def build_cache(
+def demo_cache(
     directory: Path, chunk_bytes: int, l1_chunks: int, l2_chunks: int, l3_chunks: int
 ) -> CacheManager:
     """The three tiers sized in chunks, under one manager with default policies."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    tiers: list[StorageTier] = [
-        HbmTier(HbmTierConfig(capacity_bytes=l1_chunks * chunk_bytes, slot_bytes=chunk_bytes, device=device)),
-        HostTier(HostTierConfig(capacity_bytes=l2_chunks * chunk_bytes, slot_bytes=chunk_bytes)),
-        LmdbTier(LmdbTierConfig(path=str(directory / "l3"), capacity_bytes=l3_chunks * (chunk_bytes + 4096))),
-    ]
-    return CacheManager(tiers)
+    return build_cache(
+        CacheBuildConfig(
+            l1=HbmTierConfig(capacity_bytes=l1_chunks * chunk_bytes, slot_bytes=chunk_bytes, device=device),
+            l2=HostTierConfig(capacity_bytes=l2_chunks * chunk_bytes, slot_bytes=chunk_bytes),
+            l3=LmdbTierConfig(path=str(directory / "l3"), capacity_bytes=l3_chunks * (chunk_bytes + 4096)),
+        )
+    )
 
 
 def run_request(cache: CacheManager, ns: Namespace, ns_id: bytes, tokens: list[int]) -> dict[str, object]:
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     args.dir.mkdir(parents=True, exist_ok=True)
     print(f"tiercache demo: {layout.chunk_bytes / 2**20:.0f} MiB chunks, L3 in {args.dir}")
     print(f"{'request':<22}{'chunks':>7}{'cached':>8}{'in L1':>7}{'in L2':>7}{'in L3':>7}{'ms':>9}")
-    cache = build_cache(args.dir, layout.chunk_bytes, l1_chunks=6, l2_chunks=12, l3_chunks=64)
+    cache = demo_cache(args.dir, layout.chunk_bytes, l1_chunks=6, l2_chunks=12, l3_chunks=64)
     try:
         ns_id = cache.register_namespace(ns)
         for r in range(args.requests):
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         cache.flush()
     finally:
         cache.close()
-    cache = build_cache(args.dir, layout.chunk_bytes, l1_chunks=6, l2_chunks=12, l3_chunks=64)
+    cache = demo_cache(args.dir, layout.chunk_bytes, l1_chunks=6, l2_chunks=12, l3_chunks=64)
     try:
         ns_id = cache.register_namespace(ns)
         user = [20_000 + t for t in range(2 * layout.chunk_tokens)]

@@ -7,6 +7,7 @@ Subcommands (each a module with ``configure_parser(parser)`` and ``run(args) -> 
         vs bare stream.
     workload: synthetic or JSONL traces replayed through the cache; token-weighted hits per tier.
     compare: the same store/load workload against recompute, Redis and plain files.
+    concurrency: aggregate put+get GB/s of an in-process cache manager under several threads vs memcpy.
     layerwise, singleflight, engine: further benchmarks, registered when their modules are present.
 
 Every subcommand prints a table; ``--json PATH`` writes every figure with the machine and config,
@@ -68,6 +69,11 @@ COMMANDS: tuple[Command, ...] = (
         "replay synthetic or JSONL traces; token-weighted hits per tier, bytes moved, prefill saved",
     ),
     Command("compare", ".cmd_compare", "the same store/load workload vs recompute, Redis and plain files"),
+    Command(
+        "concurrency",
+        ".concurrency",
+        "aggregate put+get GB/s of an in-process cache manager under 1, 2, 4 threads vs memcpy",
+    ),
     Command(
         "layerwise",
         ".layerwise",

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from tiercache.cache import CacheConfig, CacheManager, LoadTicket
+from tiercache.cache import CacheBuildConfig, CacheConfig, LoadTicket, build_cache
 from tiercache.connector import (
     ChannelConfig,
     ClientConfig,
@@ -47,10 +47,10 @@ from tiercache.policies import EvictionPolicyKind, WritePolicyKind
 from tiercache.policies.load import LoadPolicyKind, PrefillModel
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.proto.tiercache_pb2_grpc import KVCacheServiceStub
-from tiercache.tiers.base import StorageTier, TierLevel
-from tiercache.tiers.hbm import HbmTier, HbmTierConfig
-from tiercache.tiers.host import HostTier, HostTierConfig
-from tiercache.tiers.lmdb import LmdbTier, LmdbTierConfig
+from tiercache.tiers.base import TierLevel
+from tiercache.tiers.hbm import HbmTierConfig
+from tiercache.tiers.host import HostTierConfig
+from tiercache.tiers.lmdb import LmdbTierConfig
 
 from .daemon_proc import DaemonHandle
 from .tiers import RoundTripError
@@ -211,20 +211,19 @@ class InprocTarget:
         self._options = options
         layout = options.layout
         nbytes = layout.chunk_bytes
-        tiers: list[StorageTier] = []
-        if sizes.l1_bytes:
-            tiers.append(HbmTier(HbmTierConfig(sizes.l1_bytes, nbytes, options.l1_device)))
         prefix = f"tiercache-bench-wl-{secrets.token_hex(4)}"
-        tiers.append(HostTier(HostTierConfig(sizes.l2_bytes, nbytes, prefix, pin=False)))
-        if sizes.l3_bytes:
-            path = work_dir / f"l3-{secrets.token_hex(4)}"
-            tiers.append(LmdbTier(LmdbTierConfig(path=str(path), capacity_bytes=sizes.l3_bytes)))
-        config = CacheConfig(write_policy=options.write_policy, eviction_policy=options.eviction_policy)
-        self._manager = CacheManager(tiers, config)
+        path = work_dir / f"l3-{secrets.token_hex(4)}"
+        build = CacheBuildConfig(
+            cache=CacheConfig(write_policy=options.write_policy, eviction_policy=options.eviction_policy),
+            l1=HbmTierConfig(sizes.l1_bytes, nbytes, options.l1_device) if sizes.l1_bytes else None,
+            l2=HostTierConfig(sizes.l2_bytes, nbytes, prefix, pin=False),
+            l3=LmdbTierConfig(path=str(path), capacity_bytes=sizes.l3_bytes) if sizes.l3_bytes else None,
+        )
+        self._manager = build_cache(build)
         self._ns = _namespace(layout)
         self._ns_id = self._manager.register_namespace(self._ns)
         self._prefill = PrefillModel(options.prefill_tokens_per_s)
-        self._stored_chunks = dict.fromkeys((t.level for t in tiers), 0)
+        self._stored_chunks = dict.fromkeys(self._manager.levels, 0)
 
     def _acquire(self, keys: Sequence[bytes]) -> LoadTicket | None:
         opts = self._options

@@ -11,7 +11,7 @@ closes the tiers (the L2 segment is unlinked, L3 is closed and kept), ``/metrics
 is removed.
 
 Primitives:
-    build_cache: the tiers and the cache manager of a config.
+    build_daemon_cache: the tiers and the cache manager of a config (through ``tiercache.cache.build_cache``).
     Daemon: ``run()`` until a signal or ``stop()``; returns the exit code.
     DRAIN_GRACE_S, HEALTH_SERVICES, WAIT_WORKERS.
 """
@@ -29,12 +29,10 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from tiercache.cache import CacheConfig, CacheManager
+from tiercache.cache import CacheBuildConfig, CacheConfig, CacheManager, build_cache
 from tiercache.proto import tiercache_pb2_grpc as pb_grpc
-from tiercache.tiers.base import StorageTier
-from tiercache.tiers.hbm import HbmTier
+from tiercache.tiers.base import TierLevel
 from tiercache.tiers.host import HostTier
-from tiercache.tiers.lmdb import LmdbTier
 
 from .auth import Authenticator
 from .config import DaemonConfig, TierConfigs
@@ -56,7 +54,7 @@ HEALTH_SERVICES = ("", "tiercache.v1.KVCacheService", "tiercache.v1.Diagnostics"
 """Services reported by the gRPC health service."""
 
 
-def build_cache(tiers: TierConfigs, cache: CacheConfig) -> tuple[CacheManager, HostTier]:
+def build_daemon_cache(tiers: TierConfigs, cache: CacheConfig) -> tuple[CacheManager, HostTier]:
     """Build the tiers and a cache manager over them (blocking: L2 is pre-faulted, L3 re-indexed).
 
     Returns:
@@ -65,20 +63,10 @@ def build_cache(tiers: TierConfigs, cache: CacheConfig) -> tuple[CacheManager, H
     Raises:
         InvalidArgumentError, OSError: a tier could not be built (those built are closed again).
     """
-    built: list[StorageTier] = []
-    try:
-        if tiers.l1 is not None:
-            built.append(HbmTier(tiers.l1))
-        host = HostTier(tiers.l2)
-        built.append(host)
-        if tiers.l3 is not None:
-            os.makedirs(tiers.l3.path, exist_ok=True)
-            built.append(LmdbTier(tiers.l3))
-        return CacheManager(built, cache), host
-    except BaseException:
-        for tier in built:
-            tier.close()
-        raise
+    manager = build_cache(CacheBuildConfig(cache=cache, l1=tiers.l1, l2=tiers.l2, l3=tiers.l3))
+    host = manager.tier(TierLevel.L2)
+    assert isinstance(host, HostTier)
+    return manager, host
 
 
 class Daemon:
@@ -125,7 +113,7 @@ class Daemon:
         manager: CacheManager | None = None
         try:
             built, host = await loop.run_in_executor(
-                executor, build_cache, self._config.tiers, self._config.cache
+                executor, build_daemon_cache, self._config.tiers, self._config.cache
             )
             manager = built
             await self._serve(loop, manager, host, executor, waits)

@@ -1,0 +1,54 @@
+"""Configuration of the cache core.
+
+Primitives:
+    CacheConfig: policies, minimum residency, lease TTL, prefetch bounds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tiercache.errors import InvalidArgumentError
+from tiercache.policies import EvictionPolicyKind, WritePolicyKind
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """Policies and timing of the cache manager.
+
+    Attributes:
+        write_policy: when chunks are written down to slower tiers.
+        eviction_policy: which evictable chunk goes first.
+        selective_min_hits: reads after which the selective policy writes a chunk down.
+        min_residency_s: a newly stored chunk is not evicted from a tier before this many seconds.
+        lease_ttl_s: default lifetime of a load lease or store ticket.
+        prefetch_workers: threads running background promotions.
+        prefetch_inflight_bytes: bound on the bytes of promotions in flight at once, so that prefetching
+            cannot take every free slot from stores.
+    """
+
+    write_policy: WritePolicyKind = WritePolicyKind.WRITE_THROUGH
+    eviction_policy: EvictionPolicyKind = EvictionPolicyKind.LRU
+    selective_min_hits: int = 2
+    min_residency_s: float = 0.0
+    lease_ttl_s: float = 30.0
+    prefetch_workers: int = 4
+    prefetch_inflight_bytes: int = 256 << 20
+
+    def __post_init__(self) -> None:
+        for name in ("prefetch_workers", "prefetch_inflight_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise InvalidArgumentError(name, f"must be a positive integer, got {value!r}")
+        if not isinstance(self.write_policy, WritePolicyKind):
+            raise InvalidArgumentError(
+                "write_policy", f"must be a WritePolicyKind, got {self.write_policy!r}"
+            )
+        if not isinstance(self.eviction_policy, EvictionPolicyKind):
+            raise InvalidArgumentError(
+                "eviction_policy", f"must be an EvictionPolicyKind, got {self.eviction_policy!r}"
+            )
+        if not self.min_residency_s >= 0:
+            raise InvalidArgumentError("min_residency_s", f"must be >= 0, got {self.min_residency_s!r}")
+        if not self.lease_ttl_s > 0:
+            raise InvalidArgumentError("lease_ttl_s", f"must be > 0, got {self.lease_ttl_s!r}")

@@ -1,0 +1,263 @@
+"""Residency: which chunk is in which tier, the one record of recency, pins and counters.
+
+Every chunk the cache knows is a :class:`ChunkEntry` filed by storage id (namespace id + key); each tier
+holding it is a :class:`Residency` with the logical time of its last access (one tick per cache operation, so
+chunks touched by one request share it) and the number of holds on it (leases and copies out of it in
+flight: a held residency is never evicted). Every change is passed on to :class:`~tiercache.cache.space.Space`
+so that victim choice never scans the index, and announced to listeners as a :class:`ChunkEvent`.
+
+The index never touches a tier: the caller deletes a chunk from its tier before it drops the residency.
+Not thread-safe: every method runs under the cache's index lock.
+
+Primitives:
+    Residency, ChunkEntry: one chunk and its copies.
+    TierCounters, TokenCounters: per-tier counters.
+    Index: rebuild, tier_stats, lookups (get, visible, cached_prefix, of_namespace), changes (add_residency, touch, record_hit,
+        hold, unhold, remove_residency, purge), pins (is_pinned, pin, pin_namespace), tick.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from tiercache.cache.space import Space
+from tiercache.errors import InvalidArgumentError
+from tiercache.keys import split_chunk_id
+from tiercache.rates import TierRate
+from tiercache.stats import ChunkEvent, EventKind, TierStats
+from tiercache.tiers.base import StorageTier, TierLevel, TierUsage
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Residency:
+    """One tier's copy of a chunk.
+
+    Attributes:
+        last_access: tick of the last store or read of this copy.
+        stored_at: clock time the copy arrived (minimum residency is measured from it).
+        holds: leases and in-flight copies out of this copy; a held copy is not evicted.
+    """
+
+    last_access: int
+    stored_at: float
+    holds: int = 0
+
+
+@dataclass(slots=True)
+class ChunkEntry:
+    """A chunk the cache knows, and its copies."""
+
+    namespace_id: bytes
+    key: bytes
+    depth: int
+    nbytes: int
+    res: dict[TierLevel, Residency] = field(default_factory=dict)
+    hits: int = 0
+    pinned: bool = False
+    purged: bool = False  # invisible; its held copies go when their holds end
+
+
+@dataclass(slots=True)
+class TierCounters:
+    """Operation counters of one tier."""
+
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    promotions: int = 0
+    demotions: int = 0
+
+
+@dataclass(slots=True)
+class TokenCounters:
+    """Token-weighted hit counters of one tier."""
+
+    lookup_hit: int = 0
+    load_success: int = 0
+    effective_hit: int = 0
+
+
+class Index:
+    """The chunks of a cache and their residencies."""
+
+    def __init__(self, levels: Sequence[TierLevel], space: Space, emit: Callable[[ChunkEvent], None]) -> None:
+        """Args: levels: the cache's tiers; space: told of every change; emit: receives chunk events."""
+        self._entries: dict[bytes, ChunkEntry] = {}
+        self._space = space
+        self._emit = emit
+        self.pinned_namespaces: set[bytes] = set()
+        self.counters = {level: TierCounters() for level in levels}
+        self.tokens = {level: TokenCounters() for level in levels}
+        self.recomputed_tokens = 0
+        self.tick = 0
+
+    def rebuild(self, tiers: Mapping[TierLevel, StorageTier]) -> None:
+        """Index the chunks the tiers already hold (a warm L3), oldest access first (``entries()`` order)."""
+        for level, tier in tiers.items():
+            found = 0
+            for cid, nbytes in tier.entries():
+                try:
+                    ns_id, key = split_chunk_id(cid)
+                except InvalidArgumentError:
+                    logger.warning(
+                        "%s holds a chunk id of unexpected length %d; ignored", level.name, len(cid)
+                    )
+                    continue
+                entry = self._entries.get(cid) or ChunkEntry(ns_id, key, 0, nbytes)
+                self.add_residency(cid, entry, level, float("-inf"), tick=self.next_tick())
+                found += 1
+            if found:
+                logger.info("%s: indexed %d chunks found at start", level.name, found)
+
+    def tier_stats(self, level: TierLevel, usage: TierUsage, rate: TierRate) -> TierStats:
+        """The stats of one tier: its counters with the tier's usage and measured rate."""
+        c, tokens = self.counters[level], self.tokens[level]
+        return TierStats(
+            level=level,
+            lookup_hit_tokens=tokens.lookup_hit,
+            load_success_tokens=tokens.load_success,
+            effective_hit_tokens=tokens.effective_hit,
+            latency_s=rate.latency_s,
+            bytes_per_s=rate.bytes_per_s,
+            chunks=usage.chunks,
+            used_bytes=usage.used_bytes,
+            capacity_bytes=usage.capacity_bytes,
+            hits=c.hits,
+            misses=c.misses,
+            evictions=c.evictions,
+            promotions=c.promotions,
+            demotions=c.demotions,
+            corrupt_reads=usage.corrupt_reads,
+        )
+
+    # ------------------------------------------------------------------ lookups
+
+    def __len__(self) -> int:
+        """Chunks known (purged ones with held copies included)."""
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[bytes]:
+        """Chunk ids known."""
+        return iter(list(self._entries))
+
+    @property
+    def entries(self) -> dict[bytes, ChunkEntry]:
+        """The entries by chunk id (read-only use)."""
+        return self._entries
+
+    def get(self, cid: bytes) -> ChunkEntry | None:
+        """The entry of a chunk, purged or not."""
+        return self._entries.get(cid)
+
+    def visible(self, cid: bytes) -> ChunkEntry | None:
+        """The entry of a cached (not purged) chunk."""
+        entry = self._entries.get(cid)
+        return None if entry is None or entry.purged else entry
+
+    def cached_prefix(self, cids: Sequence[bytes]) -> list[ChunkEntry]:
+        """Entries of the contiguous cached prefix of a chain."""
+        out = []
+        for cid in cids:
+            entry = self.visible(cid)
+            if entry is None:
+                break
+            out.append(entry)
+        return out
+
+    def of_namespace(self, namespace_id: bytes) -> list[tuple[bytes, ChunkEntry]]:
+        """The visible chunks of a namespace."""
+        return [(c, e) for c, e in self._entries.items() if e.namespace_id == namespace_id and not e.purged]
+
+    def is_pinned(self, entry: ChunkEntry) -> bool:
+        """Pinned itself or through its namespace."""
+        return entry.pinned or entry.namespace_id in self.pinned_namespaces
+
+    def next_tick(self) -> int:
+        """Start a new cache operation: chunks it touches share its tick."""
+        self.tick += 1
+        return self.tick
+
+    # ------------------------------------------------------------------ changes
+
+    def add_residency(
+        self, cid: bytes, entry: ChunkEntry, level: TierLevel, now: float, tick: int | None = None
+    ) -> ChunkEntry:
+        """Record that ``level`` now holds a chunk; returns the entry filed under ``cid``.
+
+        When another entry is filed under ``cid`` already (the chunk was stored anew while a copy of it ran),
+        the copy joins that entry.
+        """
+        entry = self._entries.setdefault(cid, entry)
+        entry.res[level] = Residency(self.tick if tick is None else tick, now)
+        self._space.refresh(cid, entry)
+        self._emit(ChunkEvent(EventKind.STORED, level, entry.namespace_id, entry.key))
+        return entry
+
+    def touch(self, cid: bytes, entry: ChunkEntry, level: TierLevel) -> None:
+        """A read of ``level``'s copy: it becomes the most recent."""
+        entry.res[level].last_access = self.tick
+        self._space.refresh(cid, entry)
+
+    def record_hit(self, cid: bytes, entry: ChunkEntry, level: TierLevel) -> int:
+        """Count a read served by ``level``; returns the chunk's hit count."""
+        self.counters[level].hits += 1
+        entry.hits += 1
+        self._space.refresh(cid, entry)
+        return entry.hits
+
+    def hold(self, cid: bytes, entry: ChunkEntry, level: TierLevel) -> None:
+        """Protect ``level``'s copy from eviction (a lease, or a copy out of it in flight)."""
+        entry.res[level].holds += 1
+        self._space.queue(level).discard(cid)
+
+    def unhold(self, cid: bytes, level: TierLevel) -> bool:
+        """End one hold. Returns True when the copy should go now (its chunk was purged, no hold is left)."""
+        entry = self._entries.get(cid)
+        if entry is None or level not in entry.res:
+            return False
+        res = entry.res[level]
+        res.holds -= 1
+        if res.holds == 0:
+            self._space.refresh(cid, entry)
+        return entry.purged and res.holds == 0
+
+    def remove_residency(self, cid: bytes, entry: ChunkEntry, level: TierLevel, evicted: bool) -> None:
+        """Record that ``level`` no longer holds a chunk (the caller deleted it from the tier)."""
+        del entry.res[level]
+        self._space.forget(cid, level)
+        if not entry.res and self._entries.get(cid) is entry:
+            del self._entries[cid]
+        if evicted:
+            self.counters[level].evictions += 1
+        self._emit(ChunkEvent(EventKind.REMOVED, level, entry.namespace_id, entry.key, evicted))
+
+    def purge(self, entry: ChunkEntry, cid: bytes) -> list[TierLevel]:
+        """Make a chunk invisible; returns the levels whose copies can go now (not held)."""
+        entry.purged = True
+        self._space.refresh(cid, entry)
+        return [level for level, res in entry.res.items() if res.holds == 0]
+
+    # ------------------------------------------------------------------ pins
+
+    def pin(self, cids: Iterable[bytes], pinned: bool) -> int:
+        """Pin or unpin chunks; returns how many changed."""
+        changed = 0
+        for cid in cids:
+            entry = self._entries.get(cid)
+            if entry is not None and entry.pinned != pinned:
+                entry.pinned = pinned
+                self._space.refresh(cid, entry)
+                changed += 1
+        return changed
+
+    def pin_namespace(self, namespace_id: bytes, pinned: bool) -> int:
+        """Pin or unpin a namespace; returns how many chunks it has."""
+        if pinned:
+            self.pinned_namespaces.add(namespace_id)
+        else:
+            self.pinned_namespaces.discard(namespace_id)
+        return sum(1 for e in self._entries.values() if e.namespace_id == namespace_id)

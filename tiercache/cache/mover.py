@@ -1,0 +1,330 @@
+"""The one data mover: every promotion, demotion, eviction demotion, write-down and copy-out goes through it.
+
+A move of chunk ``c`` into tier ``dst`` is always the same protocol:
+
+1. under the index lock: find the fastest tier ``src`` holding ``c``, hold that copy (it cannot be evicted
+   or reused meanwhile) and mark ``(c, dst)`` as being copied;
+2. make room in ``dst`` and reserve a not-ready slot (:meth:`Mover.reserve`: evictions run under the lock,
+   an eviction that must demote its victim runs that demotion with the lock released, then takes the lock
+   again);
+3. with the lock released: copy ``src -> dst`` and commit ``dst`` (for L3 the commit is the disk write);
+4. under the lock: index the new copy (or, if the source turned out corrupt, abort the reservation and drop
+   the lost copy from the index), end the hold and the copying mark.
+
+Moves are single-flight per ``(chunk, dst)`` (:class:`~tiercache.singleflight.SingleFlight`): concurrent
+promotions, write-downs or demotions of one chunk into one tier share one copy. A move into tier ``d`` only
+ever waits for moves into tiers slower than ``d`` (the demotions that make room in ``d``), so flights never
+wait in a cycle. Copies out to a caller's buffer (``get``) hold the source copy the same way.
+
+Primitives:
+    MoveOutcome: what a move did.
+    Mover: known, reserve, reserve_from, move, move_many, demote, write_down_step, copy_out, drop, release_hold,
+        lost; ``storing`` (ids under an open store ticket).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+
+from tiercache.cache.index import ChunkEntry, Index
+from tiercache.cache.space import Space
+from tiercache.errors import CapacityError, ConflictError
+from tiercache.policies import WritePolicy
+from tiercache.rates import RateEstimator
+from tiercache.singleflight import SingleFlight
+from tiercache.tiers.base import SlotTier, StorageTier, TierLevel, WriteSlot
+
+logger = logging.getLogger(__name__)
+
+
+class MoveOutcome(enum.Enum):
+    """What a move did."""
+
+    DONE = enum.auto()  # the chunk is in the target tier (it was there already, or was copied)
+    ABSENT = enum.auto()  # not cached (or purged), nothing to copy from, or a copy into the tier is running
+    NO_ROOM = enum.auto()  # the target tier could not make room
+    LOST = enum.auto()  # the source copy was corrupt (the tier deleted it)
+
+
+class Mover:
+    """Moves chunks between tiers and out to callers, keeping index and tiers consistent."""
+
+    def __init__(
+        self,
+        lock: threading.RLock,
+        tiers: Mapping[TierLevel, StorageTier],
+        index: Index,
+        space: Space,
+        writes: WritePolicy,
+        rates: RateEstimator,
+        clock: Callable[[], float],
+        reap: Callable[[float], None],
+    ) -> None:
+        """Args: the cache's index lock, tiers, index, victim queues, write policy, rate estimator, clock,
+        and ``reap`` (reclaims expired leases and tickets; called under the lock before evicting)."""
+        self._lock = lock
+        self._tiers = tiers
+        self._levels = sorted(tiers)
+        self._index = index
+        self._space = space
+        self._writes = writes
+        self._rates = rates
+        self._clock = clock
+        self._reap = reap
+        self._flights: SingleFlight[MoveOutcome] = SingleFlight()
+        self._copying: set[tuple[bytes, TierLevel]] = set()
+        self.storing: set[bytes] = set()
+
+    @property
+    def joins(self) -> int:
+        """Moves that shared another caller's copy."""
+        return self._flights.joins
+
+    def copying(self) -> set[tuple[bytes, TierLevel]]:
+        """Copies in flight as ``(chunk id, target tier)`` (a snapshot; call under the lock)."""
+        return set(self._copying)
+
+    # ------------------------------------------------------------------ bookkeeping (lock held)
+
+    def known(self, cid: bytes) -> bool:
+        """Cached, or being written into some tier (by a store or by a copy). Call under the lock."""
+        return (
+            self._index.get(cid) is not None
+            or cid in self.storing
+            or any((cid, level) in self._copying for level in self._levels)
+        )
+
+    def drop(self, cid: bytes, entry: ChunkEntry, level: TierLevel, evicted: bool) -> None:
+        """Delete a copy from its tier and from the index. Call under the lock."""
+        self._tiers[level].delete([cid])
+        self._index.remove_residency(cid, entry, level, evicted)
+
+    def release_hold(self, cid: bytes, level: TierLevel) -> None:
+        """End one hold on a copy; a purged chunk's copy goes when its last hold ends. Call under the lock."""
+        if self._index.unhold(cid, level):
+            entry = self._index.get(cid)
+            assert entry is not None
+            self.drop(cid, entry, level, evicted=False)
+
+    def lost(self, cid: bytes, level: TierLevel) -> None:
+        """A tier no longer has a chunk the index said it had (a corrupt value it deleted). Under the lock."""
+        entry = self._index.get(cid)
+        if entry is not None and level in entry.res:
+            self._index.counters[level].misses += 1
+            self.drop(cid, entry, level, evicted=False)
+
+    # ------------------------------------------------------------------ space (lock not held)
+
+    def reserve(self, level: TierLevel, cids: Sequence[bytes], sizes: Sequence[int]) -> list[WriteSlot]:
+        """Make room in ``level`` (evicting in policy order) and reserve slots for ``cids``; all or nothing.
+
+        Call without the lock: a victim that must be demoted is copied down with the lock released.
+
+        Raises:
+            CapacityError: not enough is evictable (leased, pinned or younger than the minimum residency).
+            ConflictError: a chunk is already present or being written in ``level``.
+        """
+        tier = self._tiers[level]
+        need = sum(tier.charge(s) for s in sizes)
+        capacity = tier.usage().capacity_bytes
+        if need > capacity:
+            raise CapacityError(f"{level.name}: {need} bytes wanted, capacity is {capacity}")
+        reaped = False
+        while True:
+            with self._lock:
+                usage = tier.usage()
+                if usage.free_bytes >= need:
+                    return tier.reserve(cids, sizes)
+                now = self._clock()
+                if not reaped:
+                    self._reap(now)
+                    reaped = True
+                    continue
+                victim = self._space.victim(level, now, self._index.entries, self._index.pinned_namespaces)
+                if victim is None:
+                    raise CapacityError(
+                        f"{level.name}: {need} bytes wanted, {usage.free_bytes} free and nothing else "
+                        "evictable (leased, pinned or younger than the minimum residency)"
+                    )
+                entry = self._index.get(victim)
+                assert entry is not None
+                below = self._demotion_target(victim, entry, level)
+                if below is None:
+                    self.drop(victim, entry, level, evicted=True)
+                    continue
+                self._index.hold(victim, entry, level)
+            try:
+                if not self.move(victim, below):
+                    logger.debug("could not demote %s from %s; dropped", victim.hex(), level.name)
+            finally:
+                with self._lock:
+                    self._index.unhold(victim, level)
+                    entry = self._index.get(victim)
+                    # Someone may have leased it meanwhile: then it stays, and the loop picks another.
+                    if entry is not None and level in entry.res and entry.res[level].holds == 0:
+                        self.drop(victim, entry, level, evicted=not entry.purged)
+
+    def reserve_from(
+        self, target: TierLevel, cids: Sequence[bytes], sizes: Sequence[int]
+    ) -> tuple[list[WriteSlot], TierLevel]:
+        """Reserve in ``target`` or, failing that, the next slower tiers. Call without the lock.
+
+        Raises:
+            CapacityError: no tier at or below ``target`` can make room (the message names each).
+        """
+        errors = []
+        for level in [lv for lv in self._levels if lv >= target]:
+            try:
+                return self.reserve(level, cids, sizes), level
+            except CapacityError as exc:
+                errors.append(str(exc))
+        raise CapacityError("no tier can hold the chunks: " + "; ".join(errors))
+
+    def _demotion_target(self, cid: bytes, entry: ChunkEntry, level: TierLevel) -> TierLevel | None:
+        """Where an evicted copy goes: the next slower tier when none holds it and the policy keeps it."""
+        slower = [lv for lv in self._levels if lv > level]
+        held_below = any(lv in entry.res or (cid, lv) in self._copying for lv in slower)
+        if slower and not held_below and self._writes.on_evict(entry.hits, self._index.is_pinned(entry)):
+            return slower[0]
+        return None
+
+    # ------------------------------------------------------------------ moves (lock not held)
+
+    def move(self, cid: bytes, dst: TierLevel, observe: bool = True) -> bool:
+        """Bring a cached chunk into ``dst`` from the fastest tier holding it. True when it is there now.
+
+        Args:
+            observe: time the read of the source and feed it to the rate estimator.
+        """
+        return self.move_outcome(cid, dst, observe) is MoveOutcome.DONE
+
+    def move_many(self, cids: Sequence[bytes], dst: TierLevel) -> int:
+        """Bring chunks into ``dst``; returns how many are there now."""
+        return sum(self.move(cid, dst) for cid in cids)
+
+    def move_outcome(self, cid: bytes, dst: TierLevel, observe: bool = True) -> MoveOutcome:
+        """Like :meth:`move`, with the reason a move did not happen."""
+        return self._flights.run((cid, dst), lambda: self._copy(cid, dst, observe))[0]
+
+    def demote(self, cids: Sequence[bytes], target: TierLevel) -> int:
+        """Copy chunks down into ``target`` when needed, then drop their unheld copies in faster tiers.
+
+        Returns how many chunks are in ``target`` now (chunks only in slower tiers are left alone).
+        """
+        moved = 0
+        for cid in cids:
+            with self._lock:
+                entry = self._index.get(cid)
+                if entry is None:
+                    continue
+                needs_copy = target not in entry.res
+                if needs_copy and not any(lv < target for lv in entry.res):
+                    continue
+            if needs_copy and not self.move(cid, target):
+                continue
+            moved += 1
+            with self._lock:
+                entry = self._index.get(cid)
+                if entry is None:
+                    continue
+                for lv in [lv for lv, res in entry.res.items() if lv < target and res.holds == 0]:
+                    self.drop(cid, entry, lv, evicted=False)
+        return moved
+
+    def write_down_step(self, cid: bytes) -> MoveOutcome | None:
+        """Copy a chunk into the next slower tier lacking it; None when no tier lacks it."""
+        with self._lock:
+            entry = self._index.visible(cid)
+            if entry is None:
+                return None
+            src = min(entry.res)
+            missing = [
+                lv
+                for lv in self._levels
+                if lv > src and lv not in entry.res and (cid, lv) not in self._copying
+            ]
+            if not missing:
+                return None
+        return self.move_outcome(cid, missing[0], observe=False)
+
+    def _copy(self, cid: bytes, dst: TierLevel, observe: bool) -> MoveOutcome:
+        with self._lock:
+            entry = self._index.visible(cid)
+            if entry is None:
+                return MoveOutcome.ABSENT
+            if dst in entry.res:
+                return MoveOutcome.DONE
+            if (cid, dst) in self._copying:
+                return MoveOutcome.ABSENT
+            src = min(entry.res)
+            nbytes = entry.nbytes
+            self._index.hold(cid, entry, src)
+            self._copying.add((cid, dst))
+        try:
+            try:
+                (ws,) = self.reserve(dst, [cid], [nbytes])
+            except (CapacityError, ConflictError) as exc:
+                logger.debug("no room for %s in %s: %s", cid.hex(), dst.name, exc)
+                return MoveOutcome.NO_ROOM
+            started = time.perf_counter()
+            try:
+                ok = self._tiers[src].read_into([cid], [ws.buffer])[0]
+                elapsed = time.perf_counter() - started
+                if ok:
+                    self._tiers[dst].commit([ws])
+            except BaseException:
+                self._tiers[dst].abort([ws])
+                raise
+            with self._lock:
+                if not ok:
+                    self._tiers[dst].abort([ws])
+                    self.lost(cid, src)
+                    return MoveOutcome.LOST
+                if observe:
+                    self._rates.observe(src, nbytes, elapsed)
+                if entry.purged:  # purged while the copy ran: the new copy must not appear
+                    self._tiers[dst].delete([cid])
+                    return MoveOutcome.ABSENT
+                self._index.add_residency(cid, entry, dst, self._clock())
+                counters = self._index.counters
+                if dst < src:
+                    counters[dst].promotions += 1
+                    if not isinstance(self._tiers[src], SlotTier):
+                        counters[src].hits += 1
+                else:
+                    counters[dst].demotions += 1
+                return MoveOutcome.DONE
+        finally:
+            with self._lock:
+                self._copying.discard((cid, dst))
+                self.release_hold(cid, src)
+
+    def copy_out(self, cid: bytes, level: TierLevel, out: torch.Tensor, observe: bool) -> bool:
+        """Copy ``level``'s copy of a chunk into ``out`` (the copy is held meanwhile; lock not held).
+
+        The caller holds nothing; False when ``level`` no longer holds the chunk or its value was corrupt
+        (then it is dropped from the index).
+        """
+        with self._lock:
+            entry = self._index.get(cid)
+            if entry is None or level not in entry.res:
+                return False
+            self._index.hold(cid, entry, level)
+        try:
+            started = time.perf_counter()
+            ok = self._tiers[level].read_into([cid], [out])[0]
+            if ok and observe:
+                self._rates.observe(level, out.numel(), time.perf_counter() - started)
+        finally:
+            with self._lock:
+                self.release_hold(cid, level)
+        if not ok:
+            with self._lock:
+                self.lost(cid, level)
+        return ok

@@ -1,0 +1,154 @@
+"""Victim choice: which chunk of a tier goes next when the tier needs room.
+
+Each tier has a :class:`VictimQueue`, a min-heap of its evictable chunks keyed by the eviction policy's
+priority (ties broken by chunk id), with lazy invalidation: a chunk whose priority changes is pushed again
+and its older heap items are skipped when they surface; a chunk that stops being evictable (leased, held by
+a copy, pinned) is dropped from the queue and pushed back when it becomes evictable again. Choosing a victim
+costs O(log n) plus the chunks skipped because they are only temporarily protected (younger than the minimum
+residency, or in a pinned namespace), which are pushed back afterwards. The heap is rebuilt from its live
+items when stale ones outnumber them, so its size stays O(live chunks).
+
+The index (:mod:`tiercache.cache.index`) tells :class:`Space` about every change of a residency; nothing
+here touches a tier. All methods run under the cache's index lock.
+
+Primitives:
+    VictimQueue: push / discard / pop_min(eligible) over one tier's chunks.
+    Space: the queues of every tier plus the policy: refresh, forget, victim.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from tiercache.policies import Candidate, EvictionPolicy
+from tiercache.tiers.base import TierLevel
+
+if TYPE_CHECKING:
+    from tiercache.cache.index import ChunkEntry
+
+Priority = tuple[int, ...]
+
+_COMPACT_SLACK = 64
+"""Stale heap items tolerated beyond the live ones before the heap is rebuilt."""
+
+
+class VictimQueue:
+    """Evictable chunks of one tier, smallest (priority, chunk id) first."""
+
+    def __init__(self) -> None:
+        """An empty queue."""
+        self._heap: list[tuple[Priority, bytes, int]] = []
+        self._live: dict[bytes, tuple[Priority, int]] = {}
+        self._seq = 0
+
+    def __len__(self) -> int:
+        """Chunks in the queue."""
+        return len(self._live)
+
+    def __contains__(self, cid: object) -> bool:
+        """Whether a chunk is in the queue."""
+        return cid in self._live
+
+    def priority(self, cid: bytes) -> Priority | None:
+        """The priority a chunk is queued with, or None when it is not queued."""
+        item = self._live.get(cid)
+        return None if item is None else item[0]
+
+    def push(self, cid: bytes, priority: Priority) -> None:
+        """Queue a chunk with ``priority`` (replacing its previous priority)."""
+        current = self._live.get(cid)
+        if current is not None and current[0] == priority:
+            return
+        self._seq += 1
+        self._live[cid] = (priority, self._seq)
+        heapq.heappush(self._heap, (priority, cid, self._seq))
+        self._maybe_compact()
+
+    def discard(self, cid: bytes) -> None:
+        """Take a chunk out of the queue (absent chunks are ignored)."""
+        if self._live.pop(cid, None) is not None:
+            self._maybe_compact()
+
+    def pop_min(self, eligible: Callable[[bytes], bool]) -> bytes | None:
+        """Remove and return the smallest chunk that ``eligible`` accepts; None when there is none.
+
+        Chunks ``eligible`` refuses stay queued.
+        """
+        skipped: list[tuple[Priority, bytes, int]] = []
+        found = None
+        while self._heap:
+            item = heapq.heappop(self._heap)
+            _, cid, seq = item
+            live = self._live.get(cid)
+            if live is None or live[1] != seq:
+                continue  # stale: the chunk was re-queued or discarded since
+            if eligible(cid):
+                del self._live[cid]
+                found = cid
+                break
+            skipped.append(item)
+        for item in skipped:
+            heapq.heappush(self._heap, item)
+        return found
+
+    def ordered(self) -> list[bytes]:
+        """Every queued chunk, smallest first (for tests and diagnostics; O(n log n))."""
+        return [cid for cid, _ in sorted(self._live.items(), key=lambda kv: (kv[1][0], kv[0]))]
+
+    def heap_size(self) -> int:
+        """Items in the heap, stale ones included (bounded by twice the live ones plus a slack)."""
+        return len(self._heap)
+
+    def _maybe_compact(self) -> None:
+        if len(self._heap) > 2 * len(self._live) + _COMPACT_SLACK:
+            self._heap = [(p, cid, seq) for cid, (p, seq) in self._live.items()]
+            heapq.heapify(self._heap)
+
+
+class Space:
+    """The victim queues of a cache's tiers, fed by the eviction policy."""
+
+    def __init__(self, levels: Iterable[TierLevel], policy: EvictionPolicy, min_residency_s: float) -> None:
+        """Args: levels: the cache's tiers; policy: ranks candidates; min_residency_s: protection of new chunks."""
+        self._queues = {level: VictimQueue() for level in levels}
+        self._policy = policy
+        self._min_residency_s = min_residency_s
+
+    def queue(self, level: TierLevel) -> VictimQueue:
+        """The victim queue of one tier."""
+        return self._queues[level]
+
+    def refresh(self, cid: bytes, entry: ChunkEntry) -> None:
+        """Re-rank every residency of a chunk after its access time, hits, holds or pin changed."""
+        for level, res in entry.res.items():
+            queue = self._queues[level]
+            if res.holds > 0 or entry.pinned or entry.purged:
+                queue.discard(cid)
+            else:
+                queue.push(cid, self._policy.priority(Candidate(res.last_access, entry.depth, entry.hits)))
+
+    def forget(self, cid: bytes, level: TierLevel) -> None:
+        """A residency ended."""
+        self._queues[level].discard(cid)
+
+    def victim(
+        self,
+        level: TierLevel,
+        now: float,
+        entries: Mapping[bytes, ChunkEntry],
+        pinned_namespaces: set[bytes],
+    ) -> bytes | None:
+        """Take the next victim of ``level`` out of its queue, or None when nothing is evictable.
+
+        A chunk of a pinned namespace, or younger than the minimum residency, is skipped and stays queued.
+        """
+
+        def eligible(cid: bytes) -> bool:
+            entry = entries[cid]
+            if entry.namespace_id in pinned_namespaces:
+                return False
+            return now - entry.res[level].stored_at >= self._min_residency_s
+
+        return self._queues[level].pop_min(eligible)

@@ -1,0 +1,152 @@
+"""Two-phase stores: reserve invisible space, let the caller fill it, publish or discard it.
+
+A store first claims its chunk ids under the index lock (so that no other store or copy writes them), then
+reserves space through the mover with the lock released (room is made by evicting, which may demote), then
+files the reservation as a ticket in the lease table. Commit makes chunks visible in the tier and in the
+index at once (under the lock) and applies the write policy; abort and expiry give the space back.
+
+Primitives:
+    Stores: begin, commit, abort, expire, abort_all.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+
+from tiercache.cache.index import ChunkEntry, Index
+from tiercache.cache.leases import LeaseTable, StoreReservation
+from tiercache.cache.mover import Mover
+from tiercache.cache.results import StoreSlot, StoreTicket
+from tiercache.cache.writeback import WriteBack
+from tiercache.errors import InvalidArgumentError, NotFoundError
+from tiercache.keys import split_chunk_id
+from tiercache.policies import WritePolicy
+from tiercache.prefill import PrefillCoordinator
+from tiercache.tiers.base import StorageTier, TierLevel, WriteSlot
+
+logger = logging.getLogger(__name__)
+
+
+class Stores:
+    """Store tickets over the index, the lease table and the mover."""
+
+    def __init__(
+        self,
+        lock: threading.RLock,
+        clock: Callable[[], float],
+        tiers: Mapping[TierLevel, StorageTier],
+        index: Index,
+        leases: LeaseTable,
+        mover: Mover,
+        writes: WritePolicy,
+        writeback: WriteBack,
+        prefill: PrefillCoordinator,
+        reap: Callable[[float], None],
+    ) -> None:
+        """Args: the cache's parts this one works with; ``reap`` reclaims expired leases and tickets."""
+        self._lock = lock
+        self._clock = clock
+        self._tiers = tiers
+        self._index = index
+        self._leases = leases
+        self._mover = mover
+        self._writes = writes
+        self._writeback = writeback
+        self._prefill = prefill
+        self._reap = reap
+
+    def begin(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        cids: Sequence[bytes],
+        chunk_bytes: int,
+        target: TierLevel,
+        ttl: float,
+        start_depth: int,
+        check_open: Callable[[], None],
+    ) -> StoreTicket:
+        """See :meth:`CacheManager.begin_store` (arguments already checked)."""
+        with self._lock:
+            check_open()
+            self._index.next_tick()
+            self._reap(self._clock())
+            todo = [i for i, cid in enumerate(cids) if not self._mover.known(cid)]
+            claimed = [cids[i] for i in todo]
+            self._mover.storing.update(claimed)
+            ticket_id = self._leases.new_id()
+        try:
+            writes: list[WriteSlot] = []
+            landed = target
+            if todo:
+                writes, landed = self._mover.reserve_from(target, claimed, [chunk_bytes] * len(todo))
+        except BaseException:
+            with self._lock:
+                self._mover.storing.difference_update(claimed)
+            raise
+        with self._lock:
+            now = self._clock()
+            todo_set = set(todo)
+            skipped = tuple(i for i in range(len(cids)) if i not in todo_set)
+            slots = tuple(StoreSlot(i, bytes(keys[i]), ws.buffer, ws.slot) for i, ws in zip(todo, writes))
+            depths = [start_depth + i for i in todo]
+            self._leases.add_store(
+                ticket_id, StoreReservation(namespace_id, landed, writes, depths, list(todo), now + ttl)
+            )
+            return StoreTicket(ticket_id, namespace_id, landed, slots, skipped, now + ttl)
+
+    def commit(self, ticket_id: int, indices: Sequence[int] | None) -> int:
+        """See :meth:`CacheManager.commit_store`."""
+        with self._lock:
+            self._index.next_tick()
+            now = self._clock()
+            self._reap(self._clock())
+            store = self._leases.store(ticket_id)
+            if store is None:
+                raise NotFoundError("ticket_id", f"store ticket {ticket_id} is unknown, finished or expired")
+            if indices is None:
+                chosen = list(range(len(store.writes)))
+            else:
+                position = {index: i for i, index in enumerate(store.indices)}
+                unknown = [i for i in indices if i not in position]
+                if unknown:
+                    raise InvalidArgumentError(
+                        "indices", f"{unknown} are not open slots of ticket {ticket_id}"
+                    )
+                chosen = sorted({position[i] for i in indices})
+            writes = [store.writes[i] for i in chosen]
+            depths = [store.depths[i] for i in chosen]
+            self._tiers[store.level].commit(writes)
+            chosen_set = set(chosen)
+            keep = [i for i in range(len(store.writes)) if i not in chosen_set]
+            store.writes = [store.writes[i] for i in keep]
+            store.depths = [store.depths[i] for i in keep]
+            store.indices = [store.indices[i] for i in keep]
+            if not store.writes:
+                self._leases.take_store(ticket_id)
+            self._mover.storing.difference_update(ws.chunk_id for ws in writes)
+            for ws, depth in zip(writes, depths):
+                _, key = split_chunk_id(ws.chunk_id)
+                entry = self._index.add_residency(
+                    ws.chunk_id, ChunkEntry(store.namespace_id, key, depth, ws.nbytes), store.level, now
+                )
+                if self._writes.on_commit(self._index.is_pinned(entry)):
+                    self._writeback.schedule(ws.chunk_id)
+            self._prefill.published([ws.chunk_id for ws in writes])
+            return len(writes)
+
+    def abort(self, ticket_id: int) -> bool:
+        """See :meth:`CacheManager.abort_store`."""
+        with self._lock:
+            store = self._leases.take_store(ticket_id)
+            if store is None:
+                return False
+            self.discard(store)
+            return True
+
+    def discard(self, store: StoreReservation) -> None:
+        """Give a closed ticket's reservations back (call under the lock)."""
+        self._mover.storing.difference_update(ws.chunk_id for ws in store.writes)
+        self._tiers[store.level].abort(store.writes)

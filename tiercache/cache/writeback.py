@@ -1,0 +1,90 @@
+"""The write-back worker: write-downs decided at commit or on a hit run on one background thread.
+
+A write-down copies a chunk into every slower tier lacking it, one tier at a time, through the mover
+(:meth:`~tiercache.cache.mover.Mover.write_down_step`). A write-down that finds no room in a tier, or fails,
+is counted; the chunk stays where it is.
+
+The worker's own lock guards only its set of pending futures; :meth:`WriteBack.schedule` may be called
+with the index lock held (index lock first, then this one), and the worker takes neither while it copies.
+
+Primitives:
+    WriteBack: schedule, flush, pending, failed, close.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from tiercache.cache.mover import MoveOutcome
+
+logger = logging.getLogger(__name__)
+
+
+class WriteBack:
+    """Queued write-downs on one worker thread."""
+
+    def __init__(self, step: Callable[[bytes], MoveOutcome | None]) -> None:
+        """Args: step: copies a chunk one tier further down; None when no slower tier lacks it."""
+        self._step = step
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tiercache-writedown")
+        self._lock = threading.Lock()
+        self._pending: set[Future[None]] = set()
+        self._failed = 0
+        self._closed = False
+
+    @property
+    def pending(self) -> int:
+        """Write-downs queued or running."""
+        with self._lock:
+            return len(self._pending)
+
+    @property
+    def failed(self) -> int:
+        """Write-downs that found no room or failed."""
+        with self._lock:
+            return self._failed
+
+    def schedule(self, cid: bytes) -> None:
+        """Queue copies of a chunk into every slower tier that lacks it (ignored once closing)."""
+        with self._lock:
+            if self._closed:
+                return
+            fut = self._executor.submit(self._write_down, cid)
+            self._pending.add(fut)
+        fut.add_done_callback(self._done)
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Wait until every write-down queued so far has finished."""
+        with self._lock:
+            pending = list(self._pending)
+        for fut in pending:
+            fut.result(timeout=timeout_s)
+
+    def close(self) -> None:
+        """Finish what is queued, then stop the worker (idempotent)."""
+        with self._lock:
+            self._closed = True
+        self._executor.shutdown(wait=True)
+
+    def _done(self, fut: Future[None]) -> None:
+        with self._lock:
+            self._pending.discard(fut)
+
+    def _write_down(self, cid: bytes) -> None:
+        try:
+            while True:
+                outcome = self._step(cid)
+                if outcome is MoveOutcome.DONE:
+                    continue
+                if outcome is MoveOutcome.NO_ROOM:
+                    logger.info("write-down of %s skipped: no room", cid.hex())
+                    with self._lock:
+                        self._failed += 1
+                return
+        except Exception:
+            logger.exception("write-down of %s failed", cid.hex())
+            with self._lock:
+                self._failed += 1
