@@ -44,7 +44,7 @@ from tiercache.errors import CapacityError
 from tiercache.keys import Namespace, chunk_keys
 from tiercache.layout import KVLayout
 from tiercache.policies import EvictionPolicyKind, WritePolicyKind
-from tiercache.policies.load import LoadPolicyKind, PrefillModel
+from tiercache.policies.load import LoadPolicyKind, PrefillModel, make_load_policy
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.proto.tiercache_pb2_grpc import KVCacheServiceStub
 from tiercache.tiers.base import StorageTier, TierLevel
@@ -223,22 +223,24 @@ class InprocTarget:
         self._manager = CacheManager(tiers, config)
         self._ns = _namespace(layout)
         self._ns_id = self._manager.register_namespace(self._ns)
-        self._prefill = PrefillModel(options.prefill_tokens_per_s)
+        self._policy = make_load_policy(
+            options.load_policy,
+            timeout_s=options.timeout_s,
+            prefill=PrefillModel(options.prefill_tokens_per_s),
+        )
         self._stored_chunks = dict.fromkeys((t.level for t in tiers), 0)
 
     def _acquire(self, keys: Sequence[bytes]) -> LoadTicket | None:
-        opts = self._options
+        """Lease what the load policy takes of the cached prefix ``keys`` (None: nothing to lease)."""
         if not keys:
             return None
-        if opts.load_policy is LoadPolicyKind.COST_AWARE:
-            keys = keys[: self._manager.plan_load(self._ns_id, keys, self._prefill).chunks]
-            return self._manager.acquire(self._ns_id, keys, wait_s=None) if keys else None
-        wait: dict[LoadPolicyKind, float | None] = {
-            LoadPolicyKind.WAIT_COMPLETE: None,
-            LoadPolicyKind.BEST_EFFORT: 0.0,
-            LoadPolicyKind.TIMEOUT: opts.timeout_s,
-        }
-        return self._manager.acquire(self._ns_id, keys, wait_s=wait[opts.load_policy])
+        choice = self._policy.choose(
+            keys, lambda ks, prefill: self._manager.plan_load(self._ns_id, ks, prefill)
+        )
+        if not choice.keys:
+            return None
+        prompt_tokens = len(keys) * self._options.layout.chunk_tokens
+        return self._manager.acquire(self._ns_id, choice.keys, wait_s=self._policy.wait_s(prompt_tokens))
 
     def serve(self, tokens: np.ndarray) -> RequestOutcome:
         """Serve one request; see the module docstring.

@@ -41,7 +41,7 @@ from tiercache.errors import (
     UnavailableError,
 )
 from tiercache.keys import Namespace
-from tiercache.policies.load import DeadlineModel, LoadPolicyKind, PrefillModel
+from tiercache.policies.load import DeadlineModel, LoadPolicyKind, PrefillModel, make_load_policy
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.proto.tiercache_pb2_grpc import KVCacheServiceStub
 from tiercache.tiers.base import TierLevel
@@ -402,16 +402,18 @@ class TierCacheClient:
         timeout_s: float,
         prompt_tokens: int,
     ) -> float:
-        """How long the daemon may wait for promotion under a TIMEOUT policy (added to the call's deadline)."""
-        if policy is not LoadPolicyKind.TIMEOUT:
-            return 0.0
-        if timeout_s > 0:
-            return timeout_s
+        """How long the daemon may wait for promotion under ``policy`` (added to the call's deadline): the
+        policy's own wait, resolved against the models declared for the namespace as the daemon does."""
         with self._lock:
-            models = self._models.get(namespace)
-        if models is None or models.deadline is None:
-            return 0.0
-        return models.deadline.deadline_s(prompt_tokens or num_keys * namespace.layout.chunk_tokens)
+            models = self._models.get(namespace) or _Models(None, None)
+        try:
+            load_policy = make_load_policy(policy, timeout_s=timeout_s or None)
+            wait = load_policy.resolve(models.deadline, models.prefill).wait_s(
+                prompt_tokens or num_keys * namespace.layout.chunk_tokens
+            )
+        except InvalidArgumentError:
+            return 0.0  # the daemon refuses the policy at once
+        return wait or 0.0  # wait_complete and cost_aware are bounded by the call's own timeout
 
     def release_load(self, namespace: Namespace, lease_id: int) -> bool:
         """End a lease; False when it was unknown, released or expired (its slots may have been reused)."""

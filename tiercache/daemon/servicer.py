@@ -35,7 +35,6 @@ import zstandard
 
 from tiercache.cache import CacheManager, StoreTicket
 from tiercache.errors import CapacityError, InvalidArgumentError, NotFoundError, TierCacheError
-from tiercache.policies.load import LoadPolicyKind
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.proto import tiercache_pb2_grpc as pb_grpc
 from tiercache.tiers.base import TierLevel
@@ -45,7 +44,7 @@ from .auth import Authenticator
 from .config import StreamConfig
 from .events import EventHub, HubEvent, HubEventKind
 from .handles import Claims, HandleRegistry, Owners
-from .loads import LoadOutcome, policy_wait_s, run_load
+from .loads import LoadOutcome, resolve_policy, run_load
 from .metrics import DaemonMetrics
 from .prefetches import PrefetchTable
 from .status import abort_with, status_of
@@ -395,10 +394,10 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer, _Translating):
         ttl = convert.ttl_from_proto(request.ttl_s)
         kind = convert.load_policy_from_proto(int(request.policy))
         timeout = convert.timeout_from_proto(request.timeout_s)
-        wait_s = policy_wait_s(kind, timeout, request.prompt_tokens, len(keys), info)
-        prefill = info.prefill if kind is LoadPolicyKind.COST_AWARE else None
+        policy = resolve_policy(kind, timeout, info)
+        wait_s = policy.wait_s(request.prompt_tokens or len(keys) * info.chunk_tokens)
         executor = self._deps.executor if wait_s == 0 else (self._deps.wait_executor or self._deps.executor)
-        fut = executor.submit(run_load, self._manager, handle, keys, SHM, ttl, wait_s, prefill, arrived)
+        fut = executor.submit(run_load, self._manager, handle, keys, SHM, ttl, policy, wait_s, arrived)
         try:
             outcome = await asyncio.wrap_future(fut)
         except asyncio.CancelledError:
