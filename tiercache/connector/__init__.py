@@ -39,19 +39,16 @@ from .kv import ContiguousKV, EngineKV, PagedKV, check_kv, chunk_to_kv, kv_to_ch
 from .layerwise import LayerwiseLoad, LayerwiseSave
 from .prefill import PrefillClaim
 from .results import (
-    DaemonStats,
     DataPlaneInfo,
     LoadLease,
     LookupInfo,
     PrefetchInfo,
     PrefillClaimInfo,
-    PrefillStatsInfo,
     Registration,
     SlotRef,
     StoreTicket,
     StreamChunk,
     StreamStoreResult,
-    TierStatsInfo,
 )
 
 __all__ = [
@@ -60,7 +57,6 @@ __all__ = [
     "Codec",
     "ConnectorConfig",
     "ContiguousKV",
-    "DaemonStats",
     "DataPlaneInfo",
     "Endpoint",
     "EngineKV",
@@ -75,7 +71,6 @@ __all__ = [
     "PrefetchInfo",
     "PrefillClaim",
     "PrefillClaimInfo",
-    "PrefillStatsInfo",
     "Registration",
     "SlotRef",
     "StoreResult",
@@ -84,7 +79,6 @@ __all__ = [
     "StreamStoreResult",
     "TierCacheClient",
     "TierLevel",
-    "TierStatsInfo",
     "check_kv",
     "chunk_to_kv",
     "kv_to_chunk",

@@ -44,6 +44,8 @@ from tiercache.keys import Namespace
 from tiercache.policies.load import DeadlineModel, LoadPolicyKind, PrefillModel, make_load_policy
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.proto.tiercache_pb2_grpc import KVCacheServiceStub
+from tiercache.stats import CacheStats
+from tiercache.stats_wire import stats_from_proto
 from tiercache.tiers.base import TierLevel
 
 from .backoff import Backoff, BackoffConfig
@@ -51,7 +53,6 @@ from .channel import ChannelConfig, Endpoint, auth_metadata, open_channel, parse
 from .dataplane import SlotMapping
 from .errors import error_from_rpc, is_lost_handle
 from .results import (
-    DaemonStats,
     LoadLease,
     LookupInfo,
     PrefetchInfo,
@@ -517,10 +518,14 @@ class TierCacheClient:
         resp = self._unary("Purge", namespace, lambda h: pb.PurgeRequest(handle=h))
         return int(cast(pb.PurgeResponse, resp).removed)
 
-    def stats(self) -> DaemonStats:
-        """A snapshot of the daemon's tiers and counters."""
+    def stats(self) -> CacheStats:
+        """A snapshot of the daemon's tiers and counters (the core's schema, :mod:`tiercache.stats`).
+
+        Raises:
+            InvalidArgumentError: the daemon reports a tier this connector does not know.
+        """
         resp = self._unary("Stats", None, lambda _h: pb.StatsRequest())
-        return DaemonStats.from_proto(cast(pb.StatsResponse, resp))
+        return stats_from_proto(cast(pb.StatsResponse, resp))
 
     # ------------------------------------------------------------------ byte-stream data plane
 

@@ -37,6 +37,7 @@ from tiercache.cache import CacheManager, StoreTicket
 from tiercache.errors import CapacityError, InvalidArgumentError, NotFoundError, TierCacheError
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.proto import tiercache_pb2_grpc as pb_grpc
+from tiercache.stats_wire import stats_to_proto
 from tiercache.tiers.base import TierLevel
 
 from . import convert
@@ -524,7 +525,7 @@ class KVCacheServicer(pb_grpc.KVCacheServiceServicer, _Translating):
     async def Stats(self, request: pb.StatsRequest, context: Any) -> pb.StatsResponse:
         """A snapshot of the cache's counters."""
         self._tenant(context)
-        return convert.stats_to_proto(await self._run(self._manager.stats))
+        return stats_to_proto(await self._run(self._manager.stats))
 
     @server_stream
     async def WatchEvents(self, request: pb.WatchEventsRequest, context: Any) -> AsyncIterator[pb.CacheEvent]:
