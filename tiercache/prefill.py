@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tiercache.errors import InvalidArgumentError
+from tiercache.stats import PrefillStats
 
 logger = logging.getLogger(__name__)
 
@@ -54,25 +55,6 @@ class PrefillClaim:
     lead: int
     takeovers: int
     expires_at: float
-
-
-@dataclass(frozen=True, slots=True)
-class PrefillStats:
-    """Counters of the coordinator.
-
-    Attributes:
-        active_claims: claims leading at least one unpublished chunk.
-        claimed_chunks: chunks being computed under a claim now.
-        waits: waits that found another leader computing the next chunk they needed.
-        takeovers: chunks claimed after their previous leader gave them up or died.
-        expired_claims: claims that lapsed at their TTL.
-    """
-
-    active_claims: int
-    claimed_chunks: int
-    waits: int
-    takeovers: int
-    expired_claims: int
 
 
 @dataclass(slots=True)

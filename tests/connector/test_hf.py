@@ -89,8 +89,7 @@ def _written_down(client: TierCacheClient) -> bool:
 
 
 def _tier_chunks(client: TierCacheClient, tier: TierLevel) -> int:
-    stats = client.stats().tier(tier)
-    return 0 if stats is None else stats.chunks
+    return sum(t.chunks for t in client.stats().tiers if t.level is tier)  # 0: the daemon has no such tier
 
 
 # ---------------------------------------------------------------------------------------------- tiers

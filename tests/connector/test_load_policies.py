@@ -16,7 +16,7 @@ from tiercache.connector import (
     TierLevel,
 )
 from tiercache.errors import InvalidArgumentError
-from tiercache.policies.load import LoadPolicyKind, LoadRequest, PrefillModel
+from tiercache.policies.load import PrefillModel
 
 Daemon = Any  # tests/connector/conftest.py:Daemon
 N = 64
@@ -29,8 +29,7 @@ def _connector(address: str, engine: ModuleType, salt: str, **cfg: Any) -> KVCon
 
 def _l2(conn: KVConnector) -> tuple[int, int, int]:
     stats = conn.client.stats()
-    tier = stats.tier(TierLevel.L2)
-    assert tier is not None
+    tier = stats.tier(TierLevel.L2)  # KeyError: the daemon has no L2
     return tier.effective_hit_tokens, tier.load_success_tokens, stats.recomputed_tokens
 
 
@@ -62,8 +61,8 @@ def test_cost_aware_with_a_fast_prefill_recomputes_and_reports_it(
     result = fast.load(tokens, engine_mod.empty_kv(seed, N, False), LoadPolicy.cost_aware())
     assert (result.tokens_cached, result.tokens_loaded, result.tokens_recomputed) == (N, 0, N)
     assert _l2(fast)[2] - before[2] == N
-    # A prefill model brought by the core's LoadRequest is declared for the namespace on the way.
-    slow = LoadRequest(LoadPolicyKind.COST_AWARE, prefill=PrefillModel(tokens_per_s=1.0))
+    # A prefill model brought by the policy itself is declared for the namespace on the way.
+    slow = LoadPolicy.cost_aware(PrefillModel(tokens_per_s=1.0))
     result = fast.load(tokens, engine_mod.empty_kv(seed, N, False), slow)
     assert result.tokens_loaded == N and 0 < result.estimated_load_s < result.estimated_recompute_s
 

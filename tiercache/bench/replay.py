@@ -24,14 +24,13 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from tiercache.cache import CacheBuildConfig, CacheConfig, LoadTicket, build_cache
 from tiercache.connector import (
-    ChannelConfig,
     ClientConfig,
     ContiguousKV,
     KVConnector,
@@ -39,14 +38,12 @@ from tiercache.connector import (
     chunk_to_kv,
     kv_to_chunk,
 )
-from tiercache.connector.channel import auth_metadata, open_channel, parse_address
 from tiercache.errors import CapacityError
 from tiercache.keys import Namespace, chunk_keys
 from tiercache.layout import KVLayout
 from tiercache.policies import EvictionPolicyKind, WritePolicyKind
-from tiercache.policies.load import LoadPolicyKind, PrefillModel
-from tiercache.proto import tiercache_pb2 as pb
-from tiercache.proto.tiercache_pb2_grpc import KVCacheServiceStub
+from tiercache.policies.load import LoadPolicyKind, PrefillModel, make_load_policy
+from tiercache.stats import TierStats
 from tiercache.tiers.base import TierLevel
 from tiercache.tiers.hbm import HbmTierConfig
 from tiercache.tiers.host import HostTierConfig
@@ -54,8 +51,6 @@ from tiercache.tiers.lmdb import LmdbTierConfig
 
 from .daemon_proc import DaemonHandle
 from .tiers import RoundTripError
-
-_LEVEL_OF_WIRE = {1: TierLevel.L1, 2: TierLevel.L2, 3: TierLevel.L3}
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,22 +217,24 @@ class InprocTarget:
         self._manager = build_cache(build)
         self._ns = _namespace(layout)
         self._ns_id = self._manager.register_namespace(self._ns)
-        self._prefill = PrefillModel(options.prefill_tokens_per_s)
+        self._policy = make_load_policy(
+            options.load_policy,
+            timeout_s=options.timeout_s,
+            prefill=PrefillModel(options.prefill_tokens_per_s),
+        )
         self._stored_chunks = dict.fromkeys(self._manager.levels, 0)
 
     def _acquire(self, keys: Sequence[bytes]) -> LoadTicket | None:
-        opts = self._options
+        """Lease what the load policy takes of the cached prefix ``keys`` (None: nothing to lease)."""
         if not keys:
             return None
-        if opts.load_policy is LoadPolicyKind.COST_AWARE:
-            keys = keys[: self._manager.plan_load(self._ns_id, keys, self._prefill).chunks]
-            return self._manager.acquire(self._ns_id, keys, wait_s=None) if keys else None
-        wait: dict[LoadPolicyKind, float | None] = {
-            LoadPolicyKind.WAIT_COMPLETE: None,
-            LoadPolicyKind.BEST_EFFORT: 0.0,
-            LoadPolicyKind.TIMEOUT: opts.timeout_s,
-        }
-        return self._manager.acquire(self._ns_id, keys, wait_s=wait[opts.load_policy])
+        choice = self._policy.choose(
+            keys, lambda ks, prefill: self._manager.plan_load(self._ns_id, ks, prefill)
+        )
+        if not choice.keys:
+            return None
+        prompt_tokens = len(keys) * self._options.layout.chunk_tokens
+        return self._manager.acquire(self._ns_id, choice.keys, wait_s=self._policy.wait_s(prompt_tokens))
 
     def serve(self, tokens: np.ndarray) -> RequestOutcome:
         """Serve one request; see the module docstring.
@@ -341,20 +338,17 @@ class DaemonTarget:
         )
         self._conn = KVConnector(self._client, self._ns)
         self._client.register(self._ns)
-        self._channel = open_channel(parse_address(handle.address), ChannelConfig())
-        self._stub: Any = KVCacheServiceStub(self._channel)
-        self._metadata = auth_metadata(handle.token)
         shape = (2, max(max_tokens, layout.chunk_tokens), layout.num_kv_heads, layout.head_dim)
         dtype = layout.dtype.torch_dtype
         self._src = ContiguousKV([torch.zeros(shape, dtype=dtype) for _ in range(layout.num_layers)])
         self._dst = ContiguousKV([torch.zeros(shape, dtype=dtype) for _ in range(layout.num_layers)])
         self._staging = torch.empty(layout.chunk_bytes, dtype=torch.uint8)
         self._stored = 0
-        self._before = self._raw_stats()
+        self._before = self._tier_stats()
 
-    def _raw_stats(self) -> Mapping[TierLevel, Any]:
-        resp = self._stub.Stats(pb.StatsRequest(), timeout=30.0, metadata=self._metadata)
-        return {_LEVEL_OF_WIRE[t.tier]: t for t in resp.tiers if t.tier in _LEVEL_OF_WIRE}
+    def _tier_stats(self) -> Mapping[TierLevel, TierStats]:
+        """The daemon's per-tier stats now (the core's schema, as the in-process target reads them)."""
+        return {t.level: t for t in self._client.stats().tiers}
 
     def serve(self, tokens: np.ndarray) -> RequestOutcome:
         """Serve one request; see the module docstring.
@@ -386,18 +380,18 @@ class DaemonTarget:
     def counters(self) -> tuple[TierCounters, ...]:
         """Per-tier counters: the daemon's, less their values when the target was opened."""
         nbytes, c = self._options.layout.chunk_bytes, self._options.layout.chunk_tokens
-        after = self._raw_stats()
+        after = self._tier_stats()
         out = []
         for level, a in after.items():
             b = self._before.get(level, a)
 
-            def d(name: str, a: Any = a, b: Any = b) -> int:
+            def d(name: str, a: TierStats = a, b: TierStats = b) -> int:
                 return int(getattr(a, name)) - int(getattr(b, name))
 
             out.append(
                 TierCounters(
                     level=level,
-                    capacity_bytes=int(a.capacity_bytes),
+                    capacity_bytes=a.capacity_bytes,
                     lookup_hit_tokens=d("lookup_hit_tokens"),
                     load_success_tokens=d("load_success_tokens"),
                     effective_hit_tokens=None,
@@ -414,5 +408,4 @@ class DaemonTarget:
 
     def close(self) -> None:
         """Close the connection."""
-        self._channel.close()
         self._client.close()

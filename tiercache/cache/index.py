@@ -233,12 +233,19 @@ class Index:
             del self._entries[cid]
         if evicted:
             self.counters[level].evictions += 1
-        self._emit(ChunkEvent(EventKind.REMOVED, level, entry.namespace_id, entry.key, evicted))
+        if not entry.purged:  # a purge announced every copy's removal already
+            self._emit(ChunkEvent(EventKind.REMOVED, level, entry.namespace_id, entry.key, evicted))
 
     def purge(self, entry: ChunkEntry, cid: bytes) -> list[TierLevel]:
-        """Make a chunk invisible; returns the levels whose copies can go now (not held)."""
+        """Make a chunk invisible; returns the levels whose copies can go now (not held).
+
+        Every copy's removal is announced at once, held ones included: to listeners the chunk is gone now,
+        whenever the last hold (a lease, or a copy out of it in flight) lets its bytes go.
+        """
         entry.purged = True
         self._space.refresh(cid, entry)
+        for level in entry.res:
+            self._emit(ChunkEvent(EventKind.REMOVED, level, entry.namespace_id, entry.key, False))
         return [level for level, res in entry.res.items() if res.holds == 0]
 
     # ------------------------------------------------------------------ pins

@@ -18,7 +18,8 @@ Modules (one responsibility each):
     dataplane: the daemon's shared-memory segment mapped into the engine.
     stream: byte-stream framing (pieces, zstd).
     kv: copies between chunk buffers and engine KV tensors (contiguous and paged layouts).
-    policy: load policies (``LoadPolicy``: wait_complete, best_effort, timeout, cost_aware).
+    policy: the core's load policies (``LoadPolicy``: wait_complete, best_effort, timeout, cost_aware) on
+        the wire.
     outcomes: ``LoadResult`` / ``StoreResult``, token-weighted.
     layerwise: ``LayerwiseLoad`` (wait_layer) and ``LayerwiseSave`` (save_layer, commit, abort).
     prefill: ``PrefillClaim`` — single-flight prefill (wait, publish, release).
@@ -28,6 +29,7 @@ The connector never imports ``tiercache.daemon``.
 """
 
 from tiercache.codec import Codec
+from tiercache.policies.load import LoadPolicy
 from tiercache.tiers.base import TierLevel
 
 from .channel import ChannelConfig, Endpoint, parse_address
@@ -35,22 +37,18 @@ from .client import ClientConfig, TierCacheClient
 from .engine import ConnectorConfig, KVConnector, LoadResult, StoreResult
 from .kv import ContiguousKV, EngineKV, PagedKV, check_kv, chunk_to_kv, kv_to_chunk
 from .layerwise import LayerwiseLoad, LayerwiseSave
-from .policy import LoadPolicy
 from .prefill import PrefillClaim
 from .results import (
-    DaemonStats,
     DataPlaneInfo,
     LoadLease,
     LookupInfo,
     PrefetchInfo,
     PrefillClaimInfo,
-    PrefillStatsInfo,
     Registration,
     SlotRef,
     StoreTicket,
     StreamChunk,
     StreamStoreResult,
-    TierStatsInfo,
 )
 
 __all__ = [
@@ -59,7 +57,6 @@ __all__ = [
     "Codec",
     "ConnectorConfig",
     "ContiguousKV",
-    "DaemonStats",
     "DataPlaneInfo",
     "Endpoint",
     "EngineKV",
@@ -74,7 +71,6 @@ __all__ = [
     "PrefetchInfo",
     "PrefillClaim",
     "PrefillClaimInfo",
-    "PrefillStatsInfo",
     "Registration",
     "SlotRef",
     "StoreResult",
@@ -83,7 +79,6 @@ __all__ = [
     "StreamStoreResult",
     "TierCacheClient",
     "TierLevel",
-    "TierStatsInfo",
     "check_kv",
     "chunk_to_kv",
     "kv_to_chunk",

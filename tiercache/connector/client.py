@@ -41,9 +41,11 @@ from tiercache.errors import (
     UnavailableError,
 )
 from tiercache.keys import Namespace
-from tiercache.policies.load import DeadlineModel, LoadPolicyKind, PrefillModel
+from tiercache.policies.load import DeadlineModel, LoadPolicyKind, PrefillModel, make_load_policy
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.proto.tiercache_pb2_grpc import KVCacheServiceStub
+from tiercache.stats import CacheStats
+from tiercache.stats_wire import stats_from_proto
 from tiercache.tiers.base import TierLevel
 
 from .backoff import Backoff, BackoffConfig
@@ -51,7 +53,6 @@ from .channel import ChannelConfig, Endpoint, auth_metadata, open_channel, parse
 from .dataplane import SlotMapping
 from .errors import error_from_rpc, is_lost_handle
 from .results import (
-    DaemonStats,
     LoadLease,
     LookupInfo,
     PrefetchInfo,
@@ -402,16 +403,18 @@ class TierCacheClient:
         timeout_s: float,
         prompt_tokens: int,
     ) -> float:
-        """How long the daemon may wait for promotion under a TIMEOUT policy (added to the call's deadline)."""
-        if policy is not LoadPolicyKind.TIMEOUT:
-            return 0.0
-        if timeout_s > 0:
-            return timeout_s
+        """How long the daemon may wait for promotion under ``policy`` (added to the call's deadline): the
+        policy's own wait, resolved against the models declared for the namespace as the daemon does."""
         with self._lock:
-            models = self._models.get(namespace)
-        if models is None or models.deadline is None:
-            return 0.0
-        return models.deadline.deadline_s(prompt_tokens or num_keys * namespace.layout.chunk_tokens)
+            models = self._models.get(namespace) or _Models(None, None)
+        try:
+            load_policy = make_load_policy(policy, timeout_s=timeout_s or None)
+            wait = load_policy.resolve(models.deadline, models.prefill).wait_s(
+                prompt_tokens or num_keys * namespace.layout.chunk_tokens
+            )
+        except InvalidArgumentError:
+            return 0.0  # the daemon refuses the policy at once
+        return wait or 0.0  # wait_complete and cost_aware are bounded by the call's own timeout
 
     def release_load(self, namespace: Namespace, lease_id: int) -> bool:
         """End a lease; False when it was unknown, released or expired (its slots may have been reused)."""
@@ -515,10 +518,14 @@ class TierCacheClient:
         resp = self._unary("Purge", namespace, lambda h: pb.PurgeRequest(handle=h))
         return int(cast(pb.PurgeResponse, resp).removed)
 
-    def stats(self) -> DaemonStats:
-        """A snapshot of the daemon's tiers and counters."""
+    def stats(self) -> CacheStats:
+        """A snapshot of the daemon's tiers and counters (the core's schema, :mod:`tiercache.stats`).
+
+        Raises:
+            InvalidArgumentError: the daemon reports a tier this connector does not know.
+        """
         resp = self._unary("Stats", None, lambda _h: pb.StatsRequest())
-        return DaemonStats.from_proto(cast(pb.StatsResponse, resp))
+        return stats_from_proto(cast(pb.StatsResponse, resp))
 
     # ------------------------------------------------------------------ byte-stream data plane
 

@@ -41,7 +41,7 @@ import torch
 from tiercache.codec import Codec
 from tiercache.errors import InvalidArgumentError, TierCacheError, UnavailableError
 from tiercache.keys import Namespace, chunk_keys
-from tiercache.policies.load import DeadlineModel, LoadRequest, PrefillModel
+from tiercache.policies.load import DeadlineModel, LoadPolicy, PrefillModel
 from tiercache.tiers.base import TierLevel
 
 from .client import TierCacheClient
@@ -49,7 +49,7 @@ from .dataplane import SlotMapping
 from .kv import EngineKV, check_kv, chunk_to_kv, kv_to_chunk
 from .layerwise import ChunkBuffers, LayerwiseLoad, LayerwiseSave
 from .outcomes import LoadResult, StoreResult, usage_of
-from .policy import LoadPolicy, WirePolicy, to_wire
+from .policy import WirePolicy, to_wire
 from .prefill import PrefillClaim
 from .results import LoadLease, SlotRef, StoreTicket, StreamChunk
 
@@ -99,8 +99,8 @@ class ConnectorConfig:
             raise InvalidArgumentError("deadline", f"must be a DeadlineModel, got {self.deadline!r}")
 
 
-Policy = LoadPolicy | LoadRequest | None
-"""A load policy: the connector's :class:`LoadPolicy`, the core's ``LoadRequest``, or None (wait_complete)."""
+Policy = LoadPolicy | None
+"""A load policy (:class:`~tiercache.policies.load.LoadPolicy`), or None (wait_complete)."""
 
 
 def _prefix(refs: Sequence[SlotRef]) -> list[SlotRef]:

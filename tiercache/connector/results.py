@@ -6,7 +6,8 @@ Primitives:
     LookupInfo, PrefetchInfo, SlotRef, StoreTicket, LoadLease, StreamStoreResult, StreamChunk: per-call
         results.
     PrefillClaimInfo: what a single-flight prefill claim granted.
-    TierStatsInfo, PrefillStatsInfo, DaemonStats: a stats snapshot.
+
+A stats snapshot is the core's :class:`~tiercache.stats.CacheStats` (see :mod:`tiercache.stats_wire`).
 """
 
 from __future__ import annotations
@@ -247,117 +248,3 @@ class StreamChunk:
     index: int
     key: bytes
     data: bytearray
-
-
-@dataclass(frozen=True, slots=True)
-class TierStatsInfo:
-    """Counters and usage of one tier.
-
-    The token counters are token-weighted and per source tier: ``lookup_hit_tokens`` (engine lookups'
-    cached prefixes), ``load_success_tokens`` (leased into engines), ``effective_hit_tokens`` (engines
-    reported skipping their prefill). ``latency_s`` and ``bytes_per_s`` are the daemon's measured read rates.
-    """
-
-    tier: TierLevel | None
-    chunks: int
-    used_bytes: int
-    capacity_bytes: int
-    hits: int
-    misses: int
-    evictions: int
-    promotions: int
-    demotions: int
-    corrupt_reads: int
-    lookup_hit_tokens: int = 0
-    load_success_tokens: int = 0
-    effective_hit_tokens: int = 0
-    latency_s: float = 0.0
-    bytes_per_s: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class PrefillStatsInfo:
-    """Single-flight prefill counters.
-
-    Attributes:
-        active_claims: claims leading at least one unpublished chunk.
-        claimed_chunks: chunks being computed under a claim.
-        waits: waits that found another request computing a chunk they needed.
-        takeovers: chunks claimed after their leader gave them up or died.
-        expired_claims: claims that lapsed at their TTL.
-    """
-
-    active_claims: int = 0
-    claimed_chunks: int = 0
-    waits: int = 0
-    takeovers: int = 0
-    expired_claims: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class DaemonStats:
-    """A snapshot of the daemon's cache.
-
-    Attributes:
-        tiers: per-tier counters.
-        namespaces: registered namespaces.
-        active_leases: live load leases.
-        expired_leases: leases and tickets reclaimed at their TTL so far.
-        single_flight_joins: reads that joined an in-flight read.
-        pending_writes: queued write-downs.
-        failed_writes: write-downs that failed.
-        prefill: single-flight prefill counters.
-        recomputed_tokens: looked-up tokens engines reported recomputing (fallback recompute).
-    """
-
-    tiers: tuple[TierStatsInfo, ...]
-    namespaces: int
-    active_leases: int
-    expired_leases: int
-    single_flight_joins: int
-    pending_writes: int
-    failed_writes: int
-    prefill: PrefillStatsInfo = PrefillStatsInfo()
-    recomputed_tokens: int = 0
-
-    @classmethod
-    def from_proto(cls, msg: pb.StatsResponse) -> DaemonStats:
-        """Convert a ``StatsResponse``."""
-        tiers = tuple(
-            TierStatsInfo(
-                tier=_tier(t.tier),
-                chunks=t.chunks,
-                used_bytes=t.used_bytes,
-                capacity_bytes=t.capacity_bytes,
-                hits=t.hits,
-                misses=t.misses,
-                evictions=t.evictions,
-                promotions=t.promotions,
-                demotions=t.demotions,
-                corrupt_reads=t.corrupt_reads,
-                lookup_hit_tokens=t.lookup_hit_tokens,
-                load_success_tokens=t.load_success_tokens,
-                effective_hit_tokens=t.effective_hit_tokens,
-                latency_s=t.latency_s,
-                bytes_per_s=t.bytes_per_s,
-            )
-            for t in msg.tiers
-        )
-        p = msg.prefill
-        return cls(
-            tiers=tiers,
-            namespaces=msg.namespaces,
-            active_leases=msg.active_leases,
-            expired_leases=msg.expired_leases,
-            single_flight_joins=msg.single_flight_joins,
-            pending_writes=msg.pending_writes,
-            failed_writes=msg.failed_writes,
-            prefill=PrefillStatsInfo(
-                p.active_claims, p.claimed_chunks, p.waits, p.takeovers, p.expired_claims
-            ),
-            recomputed_tokens=msg.recomputed_tokens,
-        )
-
-    def tier(self, tier: TierLevel) -> TierStatsInfo | None:
-        """The counters of ``tier``, or None when the daemon has no such tier."""
-        return next((t for t in self.tiers if t.tier == tier), None)

@@ -11,7 +11,8 @@ Primitives:
     codec_from_proto, tier_to_proto, tier_from_proto, load_policy_from_proto: enums.
     prefill_from_proto, deadline_from_proto: the cost models an engine declares at registration.
     usage_from_proto: ReportUsage's per-tier chunks -> tokens per tier.
-    lookup_to_proto, slot_refs, claim_to_proto, stats_to_proto, event_to_proto: responses.
+    lookup_to_proto, slot_refs, claim_to_proto, event_to_proto: responses (stats travel through
+        :mod:`tiercache.stats_wire`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from tiercache.layout import KVDtype, KVLayout
 from tiercache.policies.load import DeadlineModel, LoadPolicyKind, PrefillModel
 from tiercache.prefill import PrefillClaim
 from tiercache.proto import tiercache_pb2 as pb
-from tiercache.stats import CacheStats
 from tiercache.tiers.base import TierLevel
 
 from .events import HubEvent, HubEventKind
@@ -299,46 +299,6 @@ def claim_to_proto(claim: PrefillClaim) -> pb.ClaimPrefillResponse:
         wait=claim.wait,
         lead=claim.lead,
         takeovers=claim.takeovers,
-    )
-
-
-def stats_to_proto(stats: CacheStats) -> pb.StatsResponse:
-    """A StatsResponse of a stats snapshot."""
-    return pb.StatsResponse(
-        tiers=[
-            pb.TierStats(
-                tier=TIERS[t.level],
-                chunks=t.chunks,
-                used_bytes=t.used_bytes,
-                capacity_bytes=t.capacity_bytes,
-                hits=t.hits,
-                misses=t.misses,
-                evictions=t.evictions,
-                promotions=t.promotions,
-                demotions=t.demotions,
-                corrupt_reads=t.corrupt_reads,
-                lookup_hit_tokens=t.lookup_hit_tokens,
-                load_success_tokens=t.load_success_tokens,
-                effective_hit_tokens=t.effective_hit_tokens,
-                latency_s=t.latency_s,
-                bytes_per_s=t.bytes_per_s,
-            )
-            for t in stats.tiers
-        ],
-        namespaces=stats.namespaces,
-        active_leases=stats.active_leases,
-        expired_leases=stats.expired_leases,
-        single_flight_joins=stats.single_flight_joins,
-        pending_writes=stats.pending_writes,
-        failed_writes=stats.failed_writes,
-        prefill=pb.PrefillStats(
-            active_claims=stats.prefill.active_claims,
-            claimed_chunks=stats.prefill.claimed_chunks,
-            waits=stats.prefill.waits,
-            takeovers=stats.prefill.takeovers,
-            expired_claims=stats.prefill.expired_claims,
-        ),
-        recomputed_tokens=stats.recomputed_tokens,
     )
 
 

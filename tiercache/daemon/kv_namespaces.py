@@ -19,6 +19,7 @@ from typing import Any
 
 from tiercache.errors import InvalidArgumentError
 from tiercache.proto import tiercache_pb2 as pb
+from tiercache.stats_wire import stats_to_proto
 
 from . import convert
 from .events import HubEvent, HubEventKind
@@ -153,7 +154,7 @@ class NamespaceRpcs(ServicerBase):
     @unary_tenant
     async def Stats(self, request: pb.StatsRequest, tenant: str, context: Any) -> pb.StatsResponse:
         """A snapshot of the cache's counters."""
-        return convert.stats_to_proto(await self.run(self._manager.stats))
+        return stats_to_proto(await self.run(self._manager.stats))
 
     @server_stream_tenant
     async def WatchEvents(

@@ -22,12 +22,11 @@ from concurrent.futures import Future
 from typing import Any
 
 from tiercache.errors import NotFoundError
-from tiercache.policies.load import LoadPolicyKind
 from tiercache.proto import tiercache_pb2 as pb
 
 from . import convert
 from .handles import Claims
-from .loads import LoadOutcome, policy_wait_s, run_load
+from .loads import LoadOutcome, resolve_policy, run_load
 from .rpc import Caller, ServiceDeps, ServicerBase, unary
 
 logger = logging.getLogger(__name__)
@@ -106,11 +105,11 @@ class SharedMemoryRpcs(ServicerBase):
         ttl = convert.ttl_from_proto(request.ttl_s)
         kind = convert.load_policy_from_proto(int(request.policy))
         timeout = convert.timeout_from_proto(request.timeout_s)
-        wait_s = policy_wait_s(kind, timeout, request.prompt_tokens, len(keys), info)
-        prefill = info.prefill if kind is LoadPolicyKind.COST_AWARE else None
+        policy = resolve_policy(kind, timeout, info)
+        wait_s = policy.wait_s(request.prompt_tokens or len(keys) * info.chunk_tokens)
         executor = self._deps.executor if wait_s == 0 else self.long_executor
         level = self._rules.shared_level
-        fut = executor.submit(run_load, self._manager, handle, keys, level, ttl, wait_s, prefill, arrived)
+        fut = executor.submit(run_load, self._manager, handle, keys, level, ttl, policy, wait_s, arrived)
         try:
             outcome = await asyncio.wrap_future(fut)
         except asyncio.CancelledError:

@@ -1,7 +1,8 @@
 """AcquireLoad's load policies on the daemon side: which keys to lease and how long to wait for promotion.
 
 The servicer resolves the wire policy against what the engine declared at registration
-(:class:`~tiercache.daemon.handles.HandleInfo`), then runs :func:`run_load` in an executor:
+(:class:`~tiercache.daemon.handles.HandleInfo`) into one of the core's load policies
+(:mod:`tiercache.policies.load`), then runs :func:`run_load` in an executor:
 
 * ``WAIT_COMPLETE``: lease the whole cached prefix, however long promotion from L3 takes.
 * ``BEST_EFFORT``: lease only what is in shared memory now (``wait_s = 0``).
@@ -14,7 +15,7 @@ The servicer resolves the wire policy against what the engine declared at regist
 
 Primitives:
     LoadOutcome: the lease, the cached prefix and the cost estimates behind the decision.
-    policy_wait_s: a policy's promotion wait (validates that the needed model was declared).
+    resolve_policy: the request's policy with the declared models (validates that the needed one exists).
     run_load: the blocking lookup + plan + acquire.
 """
 
@@ -25,8 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tiercache.cache import CacheManager, LoadTicket
-from tiercache.errors import InvalidArgumentError
-from tiercache.policies.load import CostPlan, LoadPolicyKind, PrefillModel
+from tiercache.policies.load import CostPlan, LoadPolicy, LoadPolicyKind, make_load_policy
 from tiercache.tiers.base import TierLevel
 
 from .handles import HandleInfo
@@ -50,38 +50,19 @@ class LoadOutcome:
     plan: CostPlan | None
 
 
-def policy_wait_s(
-    kind: LoadPolicyKind, timeout_s: float, prompt_tokens: int, num_keys: int, info: HandleInfo
-) -> float | None:
-    """How long a load may wait for promotion: None as long as it takes, 0 not at all.
+def resolve_policy(kind: LoadPolicyKind, timeout_s: float, info: HandleInfo) -> LoadPolicy:
+    """The request's policy, with the models the engine declared at Register filling what it leaves open.
 
     Args:
-        kind: the policy.
-        timeout_s: the request's ``timeout_s`` (0: unset).
-        prompt_tokens: the request's ``prompt_tokens`` (0: the keys' tokens).
-        num_keys: the number of keys of the request.
+        kind: the request's policy.
+        timeout_s: the request's ``timeout_s`` (0: unset, the declared deadline model decides).
         info: the handle's declared models.
 
     Raises:
         InvalidArgumentError: ``timeout_s`` for TIMEOUT without a timeout or a declared deadline model;
             ``prefill`` for COST_AWARE without a declared prefill model.
     """
-    if kind is LoadPolicyKind.BEST_EFFORT:
-        return 0.0
-    if kind is LoadPolicyKind.TIMEOUT:
-        if timeout_s > 0:
-            return timeout_s
-        if info.deadline is None:
-            raise InvalidArgumentError(
-                "timeout_s",
-                "LOAD_POLICY_TIMEOUT needs timeout_s > 0 or a deadline model declared at Register",
-            )
-        return info.deadline.deadline_s(prompt_tokens or num_keys * info.chunk_tokens)
-    if kind is LoadPolicyKind.COST_AWARE and info.prefill is None:
-        raise InvalidArgumentError(
-            "prefill", "LOAD_POLICY_COST_AWARE needs the engine's prefill model, declared at Register"
-        )
-    return None
+    return make_load_policy(kind, timeout_s=timeout_s or None).resolve(info.deadline, info.prefill)
 
 
 def run_load(
@@ -90,11 +71,11 @@ def run_load(
     keys: Sequence[bytes],
     level: TierLevel,
     ttl_s: float | None,
+    policy: LoadPolicy,
     wait_s: float | None,
-    prefill: PrefillModel | None,
     arrived: float,
 ) -> LoadOutcome:
-    """Look the chain up, plan (cost-aware when ``prefill`` is given) and lease (blocking: run it in an executor).
+    """Look the chain up, let the policy choose its prefix and lease it (blocking: run it in an executor).
 
     Args:
         manager: the cache.
@@ -102,20 +83,16 @@ def run_load(
         keys: the request's chain.
         level: the slot tier to lease in.
         ttl_s: lease lifetime (None: the default).
-        wait_s: from :func:`policy_wait_s`; counted from ``arrived``.
-        prefill: the prefill model of a cost-aware load, else None.
+        policy: from :func:`resolve_policy`.
+        wait_s: the policy's ``wait_s`` for the prompt; counted from ``arrived``.
         arrived: ``time.monotonic()`` when the RPC arrived.
 
     Raises:
         NotFoundError, InvalidArgumentError: from the cache manager.
     """
     cached = manager.lookup(handle, keys).chunks
-    plan = None
-    chosen = list(keys[:cached])
-    if prefill is not None:
-        plan = manager.plan_load(handle, chosen, prefill, level)
-        chosen = chosen[: plan.chunks]
+    choice = policy.choose(keys[:cached], lambda ks, prefill: manager.plan_load(handle, ks, prefill, level))
     if wait_s is not None and wait_s > 0:
         wait_s = max(_LATE_WAIT_S, arrived + wait_s - time.monotonic())
-    ticket = manager.acquire(handle, chosen, level, ttl_s, wait_s)
-    return LoadOutcome(ticket, cached, plan)
+    ticket = manager.acquire(handle, choice.keys, level, ttl_s, wait_s)
+    return LoadOutcome(ticket, cached, choice.plan)

@@ -1,28 +1,31 @@
 """Prometheus metrics of the daemon, in a registry of its own (never the global one).
 
-Cache-wide figures (tier usage, hits, misses, evictions, promotions, demotions, corrupt reads, token-weighted
-lookup / load / effective hits, fallback-recompute tokens, measured tier rates, leases, write-downs,
-single-flight prefill claims, waits and take-overs) are read from one :meth:`CacheManager.stats` snapshot at
-scrape time. The servicer records
+Cache-wide figures are read from one :meth:`CacheManager.stats` snapshot at scrape time: one family per
+figure of the stats schema (:mod:`tiercache.stats`: every field with a ``StatInfo``, which gives its help
+text and whether it is a gauge or a counter), named ``tiercache_<group><field>`` (groups: ``tier_`` with a
+``tier`` label, none for cache-wide figures, ``prefill_``) unless the schema names it. The servicer records
 what only it sees: RPC latency per method and status code, and bytes moved per data path and direction.
 
 Primitives:
     DaemonMetrics: the registry, ``observe_rpc``, ``add_bytes``, ``serve`` / ``stop`` of the HTTP endpoint.
+    Figure, figures: the exported figures of a stats dataclass, derived from its fields.
     StatsCollector: the scrape-time collector over a stats snapshot function.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tiercache.stats import CacheStats
+from tiercache.stats import CacheStats, PrefillStats, StatInfo, StatKind, TierStats, stat_info
 
 from .config import MetricsConfig
 
@@ -34,8 +37,52 @@ LATENCY_BUCKETS_S = (
 """Histogram buckets of RPC latency, seconds."""
 
 
+_GROUPS: dict[type, str] = {TierStats: "tier_", CacheStats: "", PrefillStats: "prefill_"}
+"""Metric name prefix (after ``tiercache_``) of each stats dataclass's figures."""
+
+_FAMILIES: dict[StatKind, type[GaugeMetricFamily] | type[CounterMetricFamily]] = {
+    StatKind.GAUGE: GaugeMetricFamily,
+    StatKind.COUNTER: CounterMetricFamily,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Figure:
+    """One exported figure: a stats field and its metric family.
+
+    Attributes:
+        field: the field's name in its stats dataclass.
+        metric: the family's name.
+        info: help text and kind, from the schema.
+    """
+
+    field: str
+    metric: str
+    info: StatInfo
+
+    def family(self, labels: Sequence[str] = ()) -> GaugeMetricFamily | CounterMetricFamily:
+        """An empty family of this figure (per-tier figures carry a ``tier`` label)."""
+        return _FAMILIES[self.info.kind](self.metric, self.info.help, labels=list(labels))
+
+
+def figures(cls: type) -> tuple[Figure, ...]:
+    """The exported figures of a stats dataclass: every field with a ``StatInfo``, in field order."""
+    out = []
+    for f in dataclasses.fields(cls):
+        info = stat_info(f)
+        if info is not None:
+            name = info.metric if info.metric is not None else f"{_GROUPS[cls]}{f.name}"
+            out.append(Figure(f.name, f"tiercache_{name}", info))
+    return tuple(out)
+
+
+_TIER_FIGURES = figures(TierStats)
+_CACHE_FIGURES = figures(CacheStats)
+_PREFILL_FIGURES = figures(PrefillStats)
+
+
 class StatsCollector(Collector):
-    """Turns one cache stats snapshot into metric families at each scrape."""
+    """Turns one cache stats snapshot into metric families at each scrape (one per figure of the schema)."""
 
     def __init__(self, snapshot: Callable[[], CacheStats]) -> None:
         """Args: snapshot: returns the current stats (thread-safe; called on the HTTP server's thread)."""
@@ -44,118 +91,16 @@ class StatsCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         """The metric families of the current snapshot."""
         stats = self._snapshot()
-        gauges = {
-            "chunks": GaugeMetricFamily("tiercache_tier_chunks", "Chunks held by a tier", labels=["tier"]),
-            "used_bytes": GaugeMetricFamily(
-                "tiercache_tier_used_bytes", "Bytes used in a tier", labels=["tier"]
-            ),
-            "capacity_bytes": GaugeMetricFamily(
-                "tiercache_tier_capacity_bytes", "Capacity of a tier", labels=["tier"]
-            ),
-        }
-        counters = {
-            "hits": CounterMetricFamily(
-                "tiercache_tier_hits", "Chunk reads served by a tier", labels=["tier"]
-            ),
-            "misses": CounterMetricFamily(
-                "tiercache_tier_misses", "Chunk reads that missed in a tier", labels=["tier"]
-            ),
-            "evictions": CounterMetricFamily(
-                "tiercache_tier_evictions", "Chunks evicted from a tier for room", labels=["tier"]
-            ),
-            "promotions": CounterMetricFamily(
-                "tiercache_tier_promotions", "Chunks copied into a tier from a slower one", labels=["tier"]
-            ),
-            "demotions": CounterMetricFamily(
-                "tiercache_tier_demotions", "Chunks copied into a tier from a faster one", labels=["tier"]
-            ),
-            "corrupt_reads": CounterMetricFamily(
-                "tiercache_tier_corrupt_reads", "Values that failed their checksum", labels=["tier"]
-            ),
-            "lookup_hit_tokens": CounterMetricFamily(
-                "tiercache_lookup_hit_tokens",
-                "Tokens of engine lookups' cached prefixes, by the fastest tier holding them",
-                labels=["tier"],
-            ),
-            "load_success_tokens": CounterMetricFamily(
-                "tiercache_load_success_tokens", "Tokens loaded into engines, by source tier", labels=["tier"]
-            ),
-            "effective_hit_tokens": CounterMetricFamily(
-                "tiercache_effective_hit_tokens",
-                "Prefill tokens engines reported skipped, by source tier",
-                labels=["tier"],
-            ),
-        }
-        gauges["latency_s"] = GaugeMetricFamily(
-            "tiercache_tier_read_latency_seconds",
-            "Measured fixed cost of a read from a tier",
-            labels=["tier"],
-        )
-        gauges["bytes_per_s"] = GaugeMetricFamily(
-            "tiercache_tier_read_bytes_per_second", "Measured read bandwidth of a tier", labels=["tier"]
-        )
-        for tier in stats.tiers:
-            label = [tier.level.name]
-            for name, gauge in gauges.items():
-                gauge.add_metric(label, getattr(tier, name))
-            for name, counter in counters.items():
-                counter.add_metric(label, getattr(tier, name))
-        yield from gauges.values()
-        yield from counters.values()
-        yield GaugeMetricFamily("tiercache_namespaces", "Registered namespaces", value=stats.namespaces)
-        yield GaugeMetricFamily("tiercache_active_leases", "Load leases held now", value=stats.active_leases)
-        yield CounterMetricFamily(
-            "tiercache_expired_leases",
-            "Leases and store tickets reclaimed at their TTL",
-            value=stats.expired_leases,
-        )
-        yield CounterMetricFamily(
-            "tiercache_single_flight_joins",
-            "Reads that joined one in flight",
-            value=stats.single_flight_joins,
-        )
-        yield GaugeMetricFamily(
-            "tiercache_pending_writes", "Write-downs queued or running", value=stats.pending_writes
-        )
-        yield CounterMetricFamily(
-            "tiercache_failed_writes", "Write-downs that found no room", value=stats.failed_writes
-        )
-        yield CounterMetricFamily(
-            "tiercache_recomputed_tokens",
-            "Prefill tokens engines reported recomputing although they had looked them up",
-            value=stats.recomputed_tokens,
-        )
-        yield from _prefill_families(stats)
-
-
-def _prefill_families(stats: CacheStats) -> Iterator[Metric]:
-    """The single-flight prefill gauges and counters."""
-    prefill = stats.prefill
-    yield GaugeMetricFamily(
-        "tiercache_prefill_active_claims",
-        "Single-flight prefill claims leading at least one unpublished chunk",
-        value=prefill.active_claims,
-    )
-    yield GaugeMetricFamily(
-        "tiercache_prefill_claimed_chunks",
-        "Chunks being computed under a single-flight prefill claim",
-        value=prefill.claimed_chunks,
-    )
-    yield CounterMetricFamily(
-        "tiercache_prefill_waits",
-        "Prefill waits that found another request computing a chunk they needed",
-        value=prefill.waits,
-    )
-    yield CounterMetricFamily(
-        "tiercache_prefill_takeovers",
-        "Chunks claimed after their previous leader gave them up or died",
-        value=prefill.takeovers,
-    )
-    yield CounterMetricFamily(
-        "tiercache_prefill_expired_claims",
-        "Prefill claims that lapsed at their TTL (their leader died)",
-        value=prefill.expired_claims,
-    )
+        for figure in _TIER_FIGURES:
+            family = figure.family(["tier"])
+            for tier in stats.tiers:
+                family.add_metric([tier.level.name], getattr(tier, figure.field))
+            yield family
+        for figures_of, values in ((_CACHE_FIGURES, stats), (_PREFILL_FIGURES, stats.prefill)):
+            for figure in figures_of:
+                family = figure.family()
+                family.add_metric([], getattr(values, figure.field))
+                yield family
 
 
 class DaemonMetrics:

@@ -16,6 +16,15 @@ from tiercache.policies.eviction import (
     LruPolicy,
     make_eviction_policy,
 )
+from tiercache.policies.load import (
+    BestEffort,
+    CostAware,
+    LoadPolicy,
+    LoadPolicyKind,
+    Timeout,
+    WaitComplete,
+    make_load_policy,
+)
 from tiercache.policies.write import (
     OnEvict,
     Selective,
@@ -26,16 +35,23 @@ from tiercache.policies.write import (
 )
 
 __all__ = [
+    "BestEffort",
     "Candidate",
+    "CostAware",
     "EvictionPolicy",
     "EvictionPolicyKind",
     "LfuPolicy",
+    "LoadPolicy",
+    "LoadPolicyKind",
     "LruPolicy",
     "OnEvict",
     "Selective",
+    "Timeout",
+    "WaitComplete",
     "WritePolicy",
     "WritePolicyKind",
     "WriteThrough",
     "make_eviction_policy",
+    "make_load_policy",
     "make_write_policy",
 ]

@@ -680,6 +680,22 @@ def test_purge_removes_a_namespace_but_waits_for_leases(make: Callable[..., Harn
     assert h.put(keys) == 3  # the namespace can be stored again
 
 
+def test_purge_announces_every_copy_at_once_even_a_held_one(make: Callable[..., Harness]) -> None:
+    # Listeners (the daemon's event stream) learn of the removal when the chunk becomes invisible, not when
+    # the last hold on a copy (a lease, or a copy out of it in flight) lets its bytes go.
+    h = make(l1=None, l3=None)
+    keys = h.keys(2)
+    h.put(keys)
+    ticket = h.cache.acquire(h.ns_id, keys[:1], level=L2)
+    h.events.clear()
+    assert h.cache.purge(h.ns_id) == 2
+    removed = [(e.key, e.level, e.evicted) for e in h.events if e.kind is EventKind.REMOVED]
+    assert sorted(removed) == sorted((k, L2, False) for k in keys)
+    h.events.clear()
+    h.cache.release(ticket.lease_id)
+    assert h.events == [] and h.cache.stats().tier(L2).chunks == 0
+
+
 def test_close_finishes_queued_write_downs(tmp_path: Path, namespace: Namespace) -> None:
     h = Harness(tmp_path, namespace, l1=None, l2=30, l3=30)
     keys = h.keys(24)

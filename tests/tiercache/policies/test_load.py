@@ -14,7 +14,20 @@ from tiercache.cache import CacheConfig, CacheManager
 from tiercache.errors import InvalidArgumentError
 from tiercache.keys import Namespace, chunk_keys
 from tiercache.policies import WritePolicyKind
-from tiercache.policies.load import DeadlineModel, LoadPolicyKind, LoadRequest, PrefillModel, plan_cost_aware
+from tiercache.policies.load import (
+    BestEffort,
+    CostAware,
+    CostPlan,
+    DeadlineModel,
+    LoadChoice,
+    LoadPolicy,
+    LoadPolicyKind,
+    PrefillModel,
+    Timeout,
+    WaitComplete,
+    make_load_policy,
+    plan_cost_aware,
+)
 from tiercache.rates import RateEstimator, TierRate
 from tiercache.tiers.base import TierLevel
 from tiercache.tiers.host import HostTier, HostTierConfig
@@ -35,18 +48,92 @@ def test_prefill_and_deadline_models() -> None:
     assert d.deadline_s(100_000) == pytest.approx(0.2)
 
 
-def test_load_requests_validate_and_resolve_their_wait() -> None:
-    assert LoadRequest().wait_s(4096) is None
-    assert LoadRequest(LoadPolicyKind.BEST_EFFORT).wait_s(4096) == 0.0
-    assert LoadRequest(LoadPolicyKind.TIMEOUT, timeout_s=0.3).wait_s(4096) == 0.3
-    derived = LoadRequest(LoadPolicyKind.TIMEOUT, deadline=DeadlineModel(0.1, 0.05, 1.0))
+def test_load_policies_validate_and_resolve_their_wait() -> None:
+    assert WaitComplete().wait_s(4096) is None
+    assert BestEffort().wait_s(4096) == 0.0
+    assert Timeout(timeout_s=0.3).wait_s(4096) == 0.3
+    derived = Timeout(deadline=DeadlineModel(0.1, 0.05, 1.0))
     assert derived.wait_s(4000) == pytest.approx(0.3)
+    # A timeout or cost-aware policy without a model of its own or a declared one names what it lacks.
     with pytest.raises(InvalidArgumentError, match="timeout_s"):
-        LoadRequest(LoadPolicyKind.TIMEOUT)
+        Timeout().resolve()
     with pytest.raises(InvalidArgumentError, match="prefill"):
-        LoadRequest(LoadPolicyKind.COST_AWARE)
+        CostAware().resolve()
     with pytest.raises(InvalidArgumentError, match="tokens_per_s"):
         PrefillModel(tokens_per_s=0)
+    with pytest.raises(InvalidArgumentError, match="timeout_s"):
+        Timeout(-1.0)
+    with pytest.raises(InvalidArgumentError, match="deadline"):
+        Timeout(deadline=0.5)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="prefill"):
+        CostAware(prefill=100.0)  # type: ignore[arg-type]
+
+
+def test_open_policies_take_the_declared_models() -> None:
+    declared_deadline = DeadlineModel(0.1, 0.05, 1.0)
+    declared_prefill = PrefillModel(tokens_per_s=500.0)
+    resolved = Timeout().resolve(declared_deadline, declared_prefill)
+    assert resolved == Timeout(deadline=declared_deadline)
+    assert resolved.wait_s(4000) == pytest.approx(0.3)
+    with pytest.raises(InvalidArgumentError, match="timeout_s"):
+        Timeout().wait_s(4000)  # open: only the declared model can say how long
+    # A policy's own parameters win over the declared ones.
+    own = Timeout(timeout_s=0.2)
+    assert own.resolve(declared_deadline).wait_s(4000) == 0.2
+    assert CostAware().resolve(prefill=declared_prefill) == CostAware(declared_prefill)
+    mine = CostAware(PrefillModel(tokens_per_s=1.0))
+    assert mine.resolve(prefill=declared_prefill) is mine
+    for policy in (WaitComplete(), BestEffort()):
+        assert policy.resolve(declared_deadline, declared_prefill) is policy
+
+
+def test_each_policy_chooses_its_prefix() -> None:
+    keys = [b"k0", b"k1", b"k2", b"k3"]
+    planned: list[tuple[list[bytes], PrefillModel]] = []
+
+    def plan(ks: Sequence[bytes], prefill: PrefillModel) -> CostPlan:
+        planned.append((list(ks), prefill))
+        return CostPlan(chunks=3, load_s=0.01, recompute_s=0.5)
+
+    for policy in (WaitComplete(), BestEffort(), Timeout(0.1)):
+        assert policy.choose(keys, plan) == LoadChoice(tuple(keys))
+    assert planned == []  # only cost_aware plans
+    model = PrefillModel(tokens_per_s=100.0)
+    choice = CostAware(model).choose(keys, plan)
+    assert choice == LoadChoice((b"k0", b"k1", b"k2"), CostPlan(3, 0.01, 0.5))
+    assert planned == [(keys, model)]
+    assert CostAware(model).wait_s(4096) is None  # the chosen prefix is worth waiting for
+    with pytest.raises(InvalidArgumentError, match="prefill"):
+        CostAware().choose(keys, plan)
+
+
+def test_the_registry_builds_each_policy_by_kind_or_name() -> None:
+    model = PrefillModel(tokens_per_s=100.0)
+    deadline = DeadlineModel(0.1)
+    built = {kind: make_load_policy(kind, timeout_s=0.25, prefill=model) for kind in LoadPolicyKind}
+    assert built == {
+        LoadPolicyKind.WAIT_COMPLETE: WaitComplete(),
+        LoadPolicyKind.BEST_EFFORT: BestEffort(),
+        LoadPolicyKind.TIMEOUT: Timeout(0.25),
+        LoadPolicyKind.COST_AWARE: CostAware(model),
+    }
+    assert all(policy.kind is kind for kind, policy in built.items())
+    assert make_load_policy("timeout", deadline=deadline) == Timeout(deadline=deadline)
+    assert make_load_policy("best_effort") == BestEffort()
+    assert make_load_policy(LoadPolicyKind.TIMEOUT) == Timeout()  # open: the declared deadline decides
+    assert isinstance(make_load_policy("cost_aware"), LoadPolicy)
+    with pytest.raises(InvalidArgumentError, match="load_policy") as info:
+        make_load_policy("fastest")
+    assert "wait_complete, best_effort, timeout, cost_aware" in str(info.value)
+
+
+def test_the_constructors_build_the_family() -> None:
+    model = PrefillModel(tokens_per_s=100.0)
+    assert LoadPolicy.wait_complete() == WaitComplete()
+    assert LoadPolicy.best_effort() == BestEffort()
+    assert LoadPolicy.timeout(0.5) == Timeout(0.5) != Timeout(0.6)
+    assert LoadPolicy.timeout() == Timeout() and Timeout().open and not Timeout(0.5).open
+    assert LoadPolicy.cost_aware(model) == CostAware(model)
 
 
 def test_cost_aware_picks_the_prefix_with_the_largest_saving() -> None:
