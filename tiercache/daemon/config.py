@@ -29,7 +29,8 @@ from tiercache.errors import InvalidArgumentError
 from tiercache.policies import EvictionPolicyKind, WritePolicyKind
 from tiercache.tiers.hbm import HbmTierConfig
 from tiercache.tiers.host import HostTierConfig
-from tiercache.tiers.lmdb import HEADER_BYTES, LmdbTierConfig
+from tiercache.tiers.lmdb import LmdbTierConfig
+from tiercache.tiers.values import HEADER_BYTES
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}

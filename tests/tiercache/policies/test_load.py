@@ -31,7 +31,8 @@ from tiercache.policies.load import (
 from tiercache.rates import RateEstimator, TierRate
 from tiercache.tiers.base import TierLevel
 from tiercache.tiers.host import HostTier, HostTierConfig
-from tiercache.tiers.lmdb import HEADER_BYTES, LmdbTier, LmdbTierConfig
+from tiercache.tiers.lmdb import LmdbTier, LmdbTierConfig
+from tiercache.tiers.values import HEADER_BYTES
 
 L2, L3 = TierLevel.L2, TierLevel.L3
 

@@ -15,7 +15,8 @@ from tiercache.keys import CHUNK_ID_BYTES
 from tiercache.tiers.base import SlotTier, StorageTier, TierLevel
 from tiercache.tiers.hbm import HbmTier, HbmTierConfig
 from tiercache.tiers.host import HostTier, HostTierConfig
-from tiercache.tiers.lmdb import HEADER_BYTES, LmdbTier, LmdbTierConfig
+from tiercache.tiers.lmdb import LmdbTier, LmdbTierConfig
+from tiercache.tiers.values import HEADER_BYTES
 
 SLOT = 4096
 CHUNKS = 8

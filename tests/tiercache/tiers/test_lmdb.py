@@ -25,14 +25,15 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import tiercache.tiers.lmdb as l3
+import tiercache.tiers.values as values
 from tiercache.codec import Codec
 from tiercache.errors import CapacityError, ConflictError, InvalidArgumentError
 from tiercache.keys import CHUNK_ID_BYTES
 from tiercache.tiers.base import TierLevel
-from tiercache.tiers.lmdb import HEADER_BYTES, MAGIC, LmdbTier, LmdbTierConfig
+from tiercache.tiers.lmdb import LmdbTier, LmdbTierConfig
+from tiercache.tiers.values import HEADER_BYTES, MAGIC
 
-REPO_ROOT = Path(l3.__file__).resolve().parents[2]
+REPO_ROOT = Path(values.__file__).resolve().parents[2]
 
 OpenTier = Callable[..., LmdbTier]
 
@@ -154,7 +155,7 @@ def open_tier(tmp_path: Path) -> Iterator[OpenTier]:
         ({"capacity_bytes": 1.5}, "capacity_bytes"),
         ({"codec": "zstd"}, "codec"),
         ({"zstd_level": 23}, "zstd_level"),
-        ({"zstd_level": l3.MIN_ZSTD_LEVEL - 1}, "zstd_level"),
+        ({"zstd_level": values.MIN_ZSTD_LEVEL - 1}, "zstd_level"),
         ({"zstd_level": True}, "zstd_level"),
         ({"zstd_level": "3"}, "zstd_level"),
         ({"durable": 1}, "durable"),
@@ -254,7 +255,7 @@ def test_stored_value_format(open_tier: OpenTier) -> None:
         magic, version, codec, flags, raw_len, stored_len, checksum, head_check = struct.unpack_from(
             "<4sBBHQQQQ", value
         )
-        assert (magic, version, codec, flags) == (MAGIC, l3.FORMAT_VERSION, codec_id, 0)
+        assert (magic, version, codec, flags) == (MAGIC, values.FORMAT_VERSION, codec_id, 0)
         assert raw_len == payload.numel() and stored_len == len(value) - HEADER_BYTES
         assert checksum == xxhash.xxh3_64_intdigest(payload.numpy().tobytes())
         assert head_check == xxhash.xxh3_64_intdigest(value[:32])
@@ -339,9 +340,9 @@ def test_reading_moves_a_chunk_to_the_end_and_the_order_survives_reopen(open_tie
 
 _CRASH = """
 import os, sys, torch
-import tiercache.tiers.lmdb as l3
+import tiercache.tiers.lmdb_order as order
 from tiercache.tiers.lmdb import LmdbTier, LmdbTierConfig
-l3.ORDER_FLUSH_READS = 2
+order.ORDER_FLUSH_READS = 2
 tier = LmdbTier(LmdbTierConfig(path=sys.argv[1], capacity_bytes=1 << 20))
 ids = [bytes([i]) * 48 for i in range(4)]
 for i, c in enumerate(ids):

@@ -1,0 +1,227 @@
+"""Opening the L3 tier's LMDB environment: create or reopen it, scan what it holds, recover from damage.
+
+One environment (a directory) holds two sub-databases: ``values`` (chunk id -> stored value, see
+:mod:`tiercache.tiers.values`) and ``order`` (chunk id -> access sequence number, see
+:mod:`tiercache.tiers.lmdb_order`). Opening it checks every value's header (not the payloads), drops
+malformed or truncated values and stale order records, and sorts the chunks by their last use, so that a
+restart finds the index and the order the last process left. It also allocates the disk blocks of the
+capacity up front (see :func:`open_environment`).
+
+An environment whose files are damaged (an OS crash without ``durable`` may do that) is moved aside to
+``<path>.damaged-<time>`` and started empty when recovery is allowed: it is a cache.
+
+Primitives:
+    DAMAGE: the LMDB errors that mean damaged files.
+    LmdbDatabases: the two databases of an open environment.
+    StoredChunk: one committed chunk found at open (id, stored bytes, payload bytes).
+    OpenedEnvironment: the open environment, its databases and what they hold.
+    open_environment: open (or create) and scan, failing on damage.
+    open_or_recover: the same, moving a damaged environment aside and starting empty when allowed.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import lmdb
+
+from tiercache.errors import InvalidArgumentError
+from tiercache.tiers.lmdb_order import unpack_seq
+from tiercache.tiers.values import parse_header
+
+logger = logging.getLogger(__name__)
+
+VALUES_DB = b"values"
+"""Sub-database of the stored values."""
+ORDER_DB = b"order"
+"""Sub-database of the access sequence numbers."""
+DAMAGE = (lmdb.CorruptedError, lmdb.InvalidError, lmdb.PageNotFoundError, lmdb.VersionMismatchError)
+"""LMDB errors that mean the environment's files are damaged (e.g. by an OS crash without ``durable``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LmdbDatabases:
+    """The databases of an open environment.
+
+    Attributes:
+        values: the ``values`` database.
+        order: the ``order`` database.
+    """
+
+    values: lmdb._Database
+    order: lmdb._Database
+
+
+@dataclass(frozen=True, slots=True)
+class StoredChunk:
+    """A committed chunk found when the environment was opened.
+
+    Attributes:
+        chunk_id: its id.
+        stored_bytes: bytes of its stored value (header + payload, possibly compressed).
+        nbytes: its payload bytes once decoded.
+    """
+
+    chunk_id: bytes
+    stored_bytes: int
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class OpenedEnvironment:
+    """An open environment and what it holds.
+
+    Attributes:
+        env: the environment (the caller closes it).
+        dbs: its databases.
+        max_key_bytes: LMDB's largest key.
+        chunks: the committed chunks, least recently used first (those without a stored sequence number
+            first, in key order).
+        last_seq: the highest stored sequence number (0 if none).
+        dropped: malformed values found and deleted.
+    """
+
+    env: lmdb.Environment
+    dbs: LmdbDatabases
+    max_key_bytes: int
+    chunks: tuple[StoredChunk, ...]
+    last_seq: int
+    dropped: int
+
+
+def open_environment(
+    path: str, *, map_size_bytes: int, durable: bool, preallocate_bytes: int
+) -> OpenedEnvironment:
+    """Open (or create) the environment at ``path``, scan it and reserve ``preallocate_bytes`` of disk.
+
+    Writes go through a shared writable map (``writemap``, which halves the copies of a store): on a sparse
+    file a full disk would surface as SIGBUS in the middle of a store. Reserving the blocks at start turns
+    a disk too small for the configured capacity into a clear error now.
+
+    Args:
+        path: directory of the environment (created if missing).
+        map_size_bytes: LMDB map size.
+        durable: fsync every commit (``sync`` and ``metasync``).
+        preallocate_bytes: disk bytes to allocate for the data file up front.
+
+    Raises:
+        lmdb.Error: one of :data:`DAMAGE`: the files are damaged.
+        InvalidArgumentError: the environment cannot be opened or read (field ``path``), or the filesystem
+            cannot hold ``preallocate_bytes`` (field ``capacity_bytes``).
+    """
+    try:
+        env = lmdb.open(
+            path,
+            map_size=map_size_bytes,
+            subdir=True,
+            max_dbs=2,
+            sync=durable,
+            metasync=durable,
+            readahead=False,
+            meminit=False,
+            writemap=True,
+            lock=True,
+            create=True,
+        )
+    except DAMAGE:
+        raise
+    except lmdb.Error as exc:
+        raise InvalidArgumentError("path", f"cannot open LMDB environment at {path!r}: {exc}") from exc
+    try:
+        max_key = int(env.max_key_size())
+        dbs = LmdbDatabases(env.open_db(VALUES_DB), env.open_db(ORDER_DB))
+        chunks, last_seq, dropped = _scan(env, dbs, path)
+        _preallocate(path, preallocate_bytes)
+    except DAMAGE:
+        env.close()
+        raise
+    except lmdb.Error as exc:
+        env.close()
+        raise InvalidArgumentError("path", f"cannot load the LMDB environment at {path!r}: {exc}") from exc
+    except BaseException:
+        env.close()
+        raise
+    return OpenedEnvironment(env, dbs, max_key, chunks, last_seq, dropped)
+
+
+def open_or_recover(
+    path: str, *, map_size_bytes: int, durable: bool, preallocate_bytes: int, recover_damaged: bool
+) -> OpenedEnvironment:
+    """:func:`open_environment`; on damage, move the environment aside and start empty if allowed.
+
+    Raises:
+        InvalidArgumentError: as :func:`open_environment`, and (field ``path``) damaged files when
+            ``recover_damaged`` is False.
+    """
+    try:
+        return open_environment(
+            path, map_size_bytes=map_size_bytes, durable=durable, preallocate_bytes=preallocate_bytes
+        )
+    except DAMAGE as exc:
+        if not recover_damaged:
+            raise InvalidArgumentError("path", f"LMDB environment at {path!r} is damaged: {exc}") from exc
+        aside = f"{path.rstrip(os.sep)}.damaged-{int(time.time())}"
+        logger.error("L3 at %s is damaged (%s): moved aside to %s, starting empty", path, exc, aside)
+        os.rename(path, aside)
+    return open_environment(
+        path, map_size_bytes=map_size_bytes, durable=durable, preallocate_bytes=preallocate_bytes
+    )
+
+
+def _scan(env: lmdb.Environment, dbs: LmdbDatabases, path: str) -> tuple[tuple[StoredChunk, ...], int, int]:
+    """The chunks in use order, the last sequence number and how many malformed values were dropped."""
+    found: dict[bytes, StoredChunk] = {}
+    bad: list[bytes] = []
+    seqs: dict[bytes, int] = {}
+    stale_order: list[bytes] = []
+    with env.begin(buffers=True) as txn:
+        for key, value in txn.cursor(db=dbs.values):
+            cid = bytes(key)
+            header = parse_header(value)
+            if isinstance(header, str):
+                logger.warning("L3 value %s is malformed (%s); dropping it", cid.hex(), header)
+                bad.append(cid)
+            else:
+                found[cid] = StoredChunk(cid, len(value), header.raw_len)
+        for key, value in txn.cursor(db=dbs.order):
+            cid = bytes(key)
+            seq = unpack_seq(value) if cid in found else None
+            if seq is None:
+                stale_order.append(cid)
+            else:
+                seqs[cid] = seq
+    if bad or stale_order:
+        try:
+            with env.begin(write=True) as txn:
+                for cid in bad:
+                    txn.delete(cid, db=dbs.values)
+                    txn.delete(cid, db=dbs.order)
+                for cid in stale_order:
+                    txn.delete(cid, db=dbs.order)
+        except lmdb.MapFullError:
+            logger.exception("L3 at %s: map full while dropping malformed values", path)
+    # Chunks without a recorded sequence number go first (key order among them).
+    ordered = sorted(found, key=lambda c: (c in seqs, seqs.get(c, 0), c))
+    return tuple(found[c] for c in ordered), max(seqs.values(), default=0), len(bad)
+
+
+def _preallocate(path: str, want: int) -> None:
+    """Allocate ``want`` bytes of disk blocks for the data file unless it has them already."""
+    data = os.path.join(path, "data.mdb")
+    fd = os.open(data, os.O_RDWR)
+    try:
+        if os.fstat(fd).st_blocks * 512 >= want:
+            return
+        os.posix_fallocate(fd, 0, want)
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise InvalidArgumentError(
+                "capacity_bytes", f"the filesystem of {path!r} cannot hold {want} bytes for L3: {exc}"
+            ) from None
+        logger.info("L3 at %s: no preallocation (%s); stores may run slower", path, exc)
+    finally:
+        os.close(fd)

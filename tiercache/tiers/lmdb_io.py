@@ -1,0 +1,188 @@
+"""The L3 tier's LMDB transactions: the bytes that move in and out, and nothing of the bookkeeping.
+
+The tier decides what to read, write or delete and keeps the books (index, usage, access order,
+reservations, corrupt counts) under its locks; this module checks the caller's buffers and runs one LMDB
+transaction per call. Reads: raw payloads are checksummed and copied straight out of the memory map; zstd
+payloads are decompressed, then checksummed, then copied; a non-CPU destination is staged through a CPU
+tensor. Writes land with their access sequence numbers in the same transaction.
+
+Primitives:
+    check_ids: every chunk id is ``bytes``.
+    check_dsts: destinations are strided 1-D ``uint8`` tensors, one per id.
+    ReadOutcome: per chunk whether it was copied, and which values were corrupt.
+    read_values: decode, verify and copy the values of a batch in one read transaction.
+    write_values: store values and their sequence numbers (and pending order updates) in one transaction.
+    write_order: store pending access-order updates.
+    delete_values: delete chunks (values and order records) in one transaction.
+    delete_corrupt: delete the chunks whose stored value is (still) corrupt; returns them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import lmdb
+import numpy as np
+import torch
+import zstandard
+
+from tiercache.errors import InvalidArgumentError
+from tiercache.tiers.lmdb_env import LmdbDatabases
+from tiercache.tiers.lmdb_order import pack_seq
+from tiercache.tiers.values import decode
+
+logger = logging.getLogger(__name__)
+
+
+def check_ids(chunk_ids: Sequence[bytes], field: str = "chunk_ids") -> None:
+    """Raise InvalidArgumentError (naming ``field`` and the index) unless every id is ``bytes``."""
+    for i, cid in enumerate(chunk_ids):
+        if not isinstance(cid, bytes):
+            raise InvalidArgumentError(field, f"[{i}] must be bytes, got {type(cid).__name__}")
+
+
+def check_dsts(chunk_ids: Sequence[bytes], dsts: Sequence[torch.Tensor]) -> None:
+    """Raise InvalidArgumentError unless ids are bytes and each has a strided 1-D ``uint8`` destination."""
+    if len(chunk_ids) != len(dsts):
+        raise InvalidArgumentError(
+            "dsts", f"got {len(dsts)} destinations for {len(chunk_ids)} chunk ids; they must match"
+        )
+    check_ids(chunk_ids)
+    for i, dst in enumerate(dsts):
+        if not isinstance(dst, torch.Tensor):
+            raise InvalidArgumentError("dsts", f"[{i}] must be a torch.Tensor, got {type(dst).__name__}")
+        if dst.dtype != torch.uint8 or dst.dim() != 1 or dst.layout != torch.strided:
+            raise InvalidArgumentError(
+                "dsts",
+                f"[{i}] must be a strided 1-D uint8 tensor, got {dst.dtype} with shape "
+                f"{tuple(dst.shape)} ({dst.layout})",
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOutcome:
+    """What :func:`read_values` did.
+
+    Attributes:
+        copied: per chunk, whether its verified bytes are in its destination.
+        corrupt: ids whose stored value failed a check (in read order; may repeat).
+    """
+
+    copied: list[bool]
+    corrupt: list[bytes]
+
+
+def read_values(
+    env: lmdb.Environment,
+    dbs: LmdbDatabases,
+    chunk_ids: Sequence[bytes],
+    dsts: Sequence[torch.Tensor],
+    wanted: Sequence[bool],
+) -> ReadOutcome:
+    """Copy the verified raw bytes of each ``wanted`` chunk into its destination, in one read transaction.
+
+    A chunk is not copied when its value is gone (deleted since the caller looked), corrupt (reported in
+    ``corrupt``) or longer than its destination (replaced by a larger chunk since the caller looked).
+    """
+    copied = [False] * len(chunk_ids)
+    corrupt: list[bytes] = []
+    dctx = zstandard.ZstdDecompressor()
+    with env.begin(db=dbs.values, buffers=True) as txn:
+        for i, (cid, dst) in enumerate(zip(chunk_ids, dsts, strict=True)):
+            if not wanted[i]:
+                continue
+            value = txn.get(cid)
+            if value is None:  # deleted since the index was consulted
+                continue
+            raw = decode(value, dctx)
+            if isinstance(raw, str):
+                logger.warning("L3 chunk %s is corrupt (%s); dropping it", cid.hex(), raw)
+                corrupt.append(cid)
+                continue
+            if len(raw) > dst.numel():  # replaced by a larger chunk since the index was consulted
+                continue
+            _copy_out(raw, dst)
+            copied[i] = True
+    return ReadOutcome(copied, corrupt)
+
+
+def write_values(
+    env: lmdb.Environment,
+    dbs: LmdbDatabases,
+    values: Sequence[tuple[bytes, memoryview | bytes]],
+    first_seq: int,
+    pending: Mapping[bytes, int],
+) -> None:
+    """Store ``(chunk_id, value)`` pairs with sequence numbers ``first_seq, first_seq + 1, ...``.
+
+    The pending access-order updates of earlier reads land in the same transaction, first.
+
+    Raises:
+        lmdb.MapFullError: the map is full; nothing is stored.
+    """
+    with env.begin(write=True) as txn:
+        _put_order(txn, dbs, pending)
+        for i, (cid, value) in enumerate(values):
+            txn.put(cid, value, db=dbs.values)
+            txn.put(cid, pack_seq(first_seq + i), db=dbs.order)
+
+
+def write_order(env: lmdb.Environment, dbs: LmdbDatabases, pending: Mapping[bytes, int]) -> None:
+    """Store access-order updates (chunk id -> sequence number) in one transaction."""
+    with env.begin(write=True) as txn:
+        _put_order(txn, dbs, pending)
+
+
+def _put_order(txn: lmdb.Transaction, dbs: LmdbDatabases, seqs: Mapping[bytes, int]) -> None:
+    for cid, seq in seqs.items():
+        txn.put(cid, pack_seq(seq), db=dbs.order)
+
+
+def delete_values(env: lmdb.Environment, dbs: LmdbDatabases, chunk_ids: Sequence[bytes]) -> None:
+    """Delete chunks (values and order records) in one transaction; absent ones are ignored.
+
+    Raises:
+        lmdb.MapFullError: the map is too full even for a delete; nothing is deleted.
+    """
+    with env.begin(write=True) as txn:
+        for cid in chunk_ids:
+            txn.delete(cid, db=dbs.values)
+            txn.delete(cid, db=dbs.order)
+
+
+def delete_corrupt(env: lmdb.Environment, dbs: LmdbDatabases, chunk_ids: Sequence[bytes]) -> list[bytes]:
+    """Delete the chunks whose value is corrupt or gone, checked again in the write transaction.
+
+    A chunk replaced by a good value since it was read corrupt is kept.
+
+    Returns:
+        The ids whose records were deleted (each once).
+
+    Raises:
+        lmdb.MapFullError: the map is too full even for a delete; nothing is deleted.
+    """
+    removed: list[bytes] = []
+    dctx = zstandard.ZstdDecompressor()
+    with env.begin(write=True, buffers=True) as txn:
+        for cid in dict.fromkeys(chunk_ids):
+            value = txn.get(cid, db=dbs.values)
+            if value is not None and not isinstance(decode(value, dctx), str):
+                continue  # replaced by a good value meanwhile
+            txn.delete(cid, db=dbs.values)
+            txn.delete(cid, db=dbs.order)
+            removed.append(cid)
+    return removed
+
+
+def _copy_out(raw: memoryview | bytes, dst: torch.Tensor) -> None:
+    """Copy verified raw bytes into ``dst`` (a non-CPU destination is staged through a CPU tensor)."""
+    n = len(raw)
+    src = np.frombuffer(raw, dtype=np.uint8)
+    if dst.device.type == "cpu":
+        np.copyto(dst[:n].numpy(), src)
+    else:
+        staging = torch.empty(n, dtype=torch.uint8)
+        np.copyto(staging.numpy(), src)
+        dst[:n].copy_(staging)

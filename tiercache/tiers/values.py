@@ -1,0 +1,158 @@
+"""The stored-value format of the persistent tiers: a checksummed header followed by a raw or zstd payload.
+
+Pure functions over byte buffers (no storage, no torch): the L3 LMDB tier stores exactly these values, and
+a shared cluster tier can store the same bytes. A value is a fixed :data:`HEADER_BYTES`-long header
+followed by the payload. The header is ``struct`` ``<4sBBHQQQQ``, little-endian:
+
+====== ====== ==========================================================================
+offset bytes  field
+====== ====== ==========================================================================
+0      4      magic ``b"TCL3"``
+4      1      format version (:data:`FORMAT_VERSION`)
+5      1      codec (0 raw, 1 zstd)
+6      2      flags (0; any other value is malformed)
+8      8      raw length: payload bytes once decoded (the chunk's ``nbytes``)
+16     8      stored length: payload bytes that follow the header
+24     8      xxh3_64 of the raw (decoded) bytes
+32     8      xxh3_64 of header bytes 0..31 (header checksum)
+====== ====== ==========================================================================
+
+A reader verifies the header checksum, the stored length against the value's real length (a truncated
+value fails) and the raw checksum; a value that fails any check is malformed, and the functions say why
+instead of raising: to a tier, a malformed value is a miss.
+
+Primitives:
+    HEADER_BYTES, FORMAT_VERSION, MAGIC: the format's constants.
+    MIN_ZSTD_LEVEL, MAX_ZSTD_LEVEL: the range of zstd levels.
+    ValueHeader: a parsed header.
+    checksum: the xxh3_64 checksum of raw bytes.
+    pack_header / parse_header: write a header / read and check one (with the value's length).
+    encode_staged: the value of raw bytes staged behind room for the header (compressed when smaller).
+    decode: the verified raw bytes of a value, or why it is malformed.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import xxhash
+import zstandard
+
+from tiercache.codec import Codec
+
+MAGIC = b"TCL3"
+"""First four bytes of every stored value."""
+FORMAT_VERSION = 1
+"""Version of the value format written by this module."""
+_HEADER = struct.Struct("<4sBBHQQQ")
+_HEADER_CHECK = struct.Struct("<Q")
+HEADER_BYTES = _HEADER.size + _HEADER_CHECK.size
+"""Bytes of the header that precedes every payload (40)."""
+
+MIN_ZSTD_LEVEL = -(1 << 17)
+"""Lowest (fastest) zstd level, ``ZSTD_minCLevel()``."""
+MAX_ZSTD_LEVEL = zstandard.MAX_COMPRESSION_LEVEL
+"""Highest zstd level."""
+
+ByteView = bytes | bytearray | memoryview
+"""What the functions read: any contiguous byte buffer."""
+
+_CODEC_IDS = {Codec.RAW: 0, Codec.ZSTD: 1}
+_ID_CODECS = {v: k for k, v in _CODEC_IDS.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class ValueHeader:
+    """A parsed, checked header.
+
+    Attributes:
+        codec: how the payload is encoded.
+        raw_len: payload bytes once decoded.
+        stored_len: payload bytes that follow the header.
+        checksum: xxh3_64 of the raw bytes.
+    """
+
+    codec: Codec
+    raw_len: int
+    stored_len: int
+    checksum: int
+
+
+def checksum(raw: ByteView) -> int:
+    """The xxh3_64 checksum of raw chunk bytes, as stored in the header."""
+    return xxhash.xxh3_64_intdigest(raw)
+
+
+def pack_header(codec: Codec, raw_len: int, stored_len: int, raw_checksum: int) -> bytes:
+    """The :data:`HEADER_BYTES` header of a value, its own checksum included."""
+    head = _HEADER.pack(MAGIC, FORMAT_VERSION, _CODEC_IDS[codec], 0, raw_len, stored_len, raw_checksum)
+    return head + _HEADER_CHECK.pack(xxhash.xxh3_64_intdigest(head))
+
+
+def parse_header(value: memoryview) -> ValueHeader | str:
+    """The header of a stored value, or why it is malformed (also checks the value's length)."""
+    if len(value) < HEADER_BYTES:
+        return f"value of {len(value)} bytes is shorter than the header"
+    (check,) = _HEADER_CHECK.unpack_from(value, _HEADER.size)
+    if xxhash.xxh3_64_intdigest(value[: _HEADER.size]) != check:
+        return "header checksum mismatch"
+    magic, version, codec_id, flags, raw_len, stored_len, raw_checksum = _HEADER.unpack_from(value, 0)
+    if magic != MAGIC:
+        return f"bad magic {magic!r}"
+    if version != FORMAT_VERSION:
+        return f"unsupported format version {version}"
+    codec = _ID_CODECS.get(codec_id)
+    if codec is None:
+        return f"unknown codec {codec_id}"
+    if flags != 0:
+        return f"unknown flags {flags:#x}"
+    if raw_len <= 0:
+        return f"raw length {raw_len} is not positive"
+    if stored_len != len(value) - HEADER_BYTES:
+        return f"truncated: header says {stored_len} payload bytes, value holds {len(value) - HEADER_BYTES}"
+    if codec is Codec.RAW and stored_len != raw_len:
+        return f"raw payload of {stored_len} bytes for a raw length of {raw_len}"
+    return ValueHeader(codec, raw_len, stored_len, raw_checksum)
+
+
+def encode_staged(staged: memoryview, cctx: zstandard.ZstdCompressor | None) -> memoryview | bytes:
+    """The value of the raw bytes ``staged[HEADER_BYTES:]``: header + payload, compressed when smaller.
+
+    ``staged`` is a writable byte view with :data:`HEADER_BYTES` of room in front of the raw bytes. With
+    ``cctx`` the payload is zstd-compressed and kept so only when that makes it smaller (a new ``bytes``);
+    otherwise the header is written into the room in front and the value is ``staged`` itself: no copy.
+    """
+    raw = staged[HEADER_BYTES:]
+    raw_checksum = checksum(raw)
+    if cctx is not None:
+        compressed = cctx.compress(raw)
+        if len(compressed) < len(raw):
+            header = pack_header(Codec.ZSTD, len(raw), len(compressed), raw_checksum)
+            return b"".join((header, compressed))
+    staged[:HEADER_BYTES] = pack_header(Codec.RAW, len(raw), len(raw), raw_checksum)
+    return staged
+
+
+def decode(value: memoryview, dctx: zstandard.ZstdDecompressor) -> memoryview | bytes | str:
+    """The verified raw bytes of a stored value (a view of ``value`` for raw payloads), or what is wrong."""
+    header = parse_header(value)
+    if isinstance(header, str):
+        return header
+    payload = value[HEADER_BYTES:]
+    raw: memoryview | bytes
+    if header.codec is Codec.RAW:
+        raw = payload
+    else:
+        try:
+            size = zstandard.frame_content_size(payload)
+            if size != header.raw_len:
+                return f"zstd frame declares {size} bytes, header {header.raw_len}"
+            raw = dctx.decompress(payload, max_output_size=header.raw_len)
+        except zstandard.ZstdError as exc:
+            return f"zstd: {exc}"
+        if len(raw) != header.raw_len:
+            return f"decompressed {len(raw)} bytes, header says {header.raw_len}"
+    if checksum(raw) != header.checksum:
+        return "payload checksum mismatch"
+    return raw
