@@ -28,7 +28,8 @@ Modules (one responsibility each):
     shm_plane: ``SharedMemoryPlane`` — copies straight between shared-memory slots and the engine's KV.
     stream_plane: ``ByteStreamPlane`` — whole chunks over gRPC byte streams.
     prefill: ``PrefillLease`` — single-flight prefill (wait, publish, release).
-    engine: ``KVConnector`` — chooses the data plane once; load / store that fall back to recompute.
+    choice: ``DataPlaneChoice`` — the one place the data plane is chosen (once per registration).
+    engine: ``KVConnector`` — load / store through the data plane; fall back to recompute.
 
 The connector never imports ``tiercache.daemon``.
 """

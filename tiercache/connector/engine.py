@@ -5,7 +5,7 @@ restarting, out of space, bad state): they log a warning and report 0 tokens loa
 engine recomputes. They do raise on the engine's own mistakes (KV tensors that do not match the layout) and
 let exceptions of the engine-side copy propagate — after releasing the lease or aborting the store.
 
-The data plane (:mod:`.dataplane`) is chosen once: the byte stream at construction with
+The data plane (:mod:`.dataplane`) is chosen once, in :mod:`.choice`: the byte stream at construction with
 ``ConnectorConfig.force_remote``; otherwise, at the first call that moves bytes, the daemon's shared-memory
 slots when its segment can be mapped in this process (:mod:`.shm_plane`), else the byte stream
 (:mod:`.stream_plane`). It is chosen again only when the namespace was registered again (a daemon restart).
@@ -27,7 +27,6 @@ Primitives:
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -37,6 +36,7 @@ from tiercache.errors import TierCacheError
 from tiercache.keys import Namespace, chunk_keys
 from tiercache.policies.load import LoadRequest
 
+from .choice import DataPlaneChoice
 from .client import TierCacheClient
 from .config import ConnectorConfig
 from .dataplane import DataPlane
@@ -45,9 +45,6 @@ from .layerwise import LayerwiseLoad, LayerwiseSave
 from .outcomes import LoadResult, StoreResult, usage_of
 from .policy import LoadPolicy, WirePolicy, to_wire
 from .prefill import PrefillLease
-from .results import Registration
-from .shm_plane import SharedMemoryPlane
-from .stream_plane import ByteStreamPlane
 
 logger = logging.getLogger(__name__)
 
@@ -77,46 +74,17 @@ class KVConnector:
         self.namespace = namespace
         self.config = config or ConnectorConfig()
         self._layout = namespace.layout
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._plane: DataPlane | None = None
-        self._plane_for: Registration | None = None
-        if self.config.force_remote:
-            self._plane = ByteStreamPlane(client, namespace, self.config)
+        self._choice = DataPlaneChoice(client, namespace, self.config, clock)
         if self.config.prefill is not None or self.config.deadline is not None:
             client.declare_models(namespace, self.config.prefill, self.config.deadline)
 
     def data_plane(self) -> DataPlane:
-        """The data plane this connector moves bytes with, choosing it at the first call.
-
-        The byte stream under ``force_remote`` (fixed at construction); else shared memory when the
-        current registration's segment can be mapped here, else the byte stream. Chosen again only when the
-        namespace's registration changed (the daemon restarted and the client registered again).
+        """The data plane this connector moves bytes with (see :class:`~.choice.DataPlaneChoice`).
 
         Raises:
             TierCacheError: the daemon could not be asked (down, refused the namespace).
         """
-        if self.config.force_remote:
-            assert self._plane is not None
-            return self._plane
-        reg = self.client.registration(self.namespace)
-        with self._lock:
-            if self._plane is not None and self._plane_for == reg:
-                return self._plane
-        plane: DataPlane
-        if self.client.slot_mapping(self.namespace) is not None:
-            plane = SharedMemoryPlane(self.client, self.namespace, self.config, self._clock)
-        else:
-            plane = ByteStreamPlane(self.client, self.namespace, self.config)
-        with self._lock:
-            self._plane, self._plane_for = plane, reg
-        logger.info(
-            "namespace %s: data plane %s (segment %s)",
-            self.namespace.model_id,
-            plane.kind.name,
-            reg.segment.shm_segment if reg.segment else None,
-        )
-        return plane
+        return self._choice.current()
 
     # ------------------------------------------------------------------ queries
 
@@ -233,10 +201,11 @@ class KVConnector:
             self.client.declare_models(self.namespace, wire.prefill, self.config.deadline)
         return wire
 
-    def _remote(self, plane: DataPlane | None) -> bool:
-        """What a failed call reports as ``remote``: its data plane's, or ``force_remote`` before one was
-        chosen."""
-        return plane.remote if plane is not None else self.config.force_remote
+    @staticmethod
+    def _remote(plane: DataPlane | None) -> bool:
+        """What a failed call reports as ``remote``: its data plane's (None: the choice itself failed, which
+        a forced byte stream never does)."""
+        return plane is not None and plane.remote
 
     # ------------------------------------------------------------------ store, layerwise save, single flight
 

@@ -140,4 +140,4 @@ ALL: tuple[AnyRpc, ...] = (
     STREAM_STORE,
     STREAM_LOAD,
 )
-"""Every RPC the client calls (the service's diagnostics — WatchEvents, Echo, EchoStream — are not)."""
+"""Every RPC of ``KVCacheService`` the client calls: all but WatchEvents (the operators' event feed)."""
