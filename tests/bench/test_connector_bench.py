@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-import tiercache.connector.engine as engine
+import tiercache.connector.shm_plane as engine
 from tiercache.bench.cli import main
 from tiercache.bench.connector_bench import LOOKUP_TARGET, STORE_LOAD_TARGET, STREAM_TARGET
 from tiercache.layout import KVLayout

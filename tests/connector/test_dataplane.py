@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from tiercache.connector.dataplane import SlotMapping
-from tiercache.connector.results import DataPlaneInfo, SlotRef
+from tiercache.connector.results import SegmentInfo, SlotRef
+from tiercache.connector.segments import SegmentMaps, SlotMapping
 from tiercache.errors import InvalidArgumentError, NotFoundError, TierCacheError, UnavailableError
 from tiercache.shm import SHM_DIR, SharedSegment
 
@@ -22,9 +22,9 @@ def segment() -> Iterator[SharedSegment]:
     seg.unlink()
 
 
-def _info(seg: SharedSegment, **kw: int) -> DataPlaneInfo:
+def _info(seg: SharedSegment, **kw: int) -> SegmentInfo:
     fields = {"slot_bytes": 4096, "num_slots": 4, "segment_bytes": 4 * 4096} | kw
-    return DataPlaneInfo(seg.name, **fields)
+    return SegmentInfo(seg.name, **fields)
 
 
 def test_slot_views_share_memory_with_the_owner(segment: SharedSegment) -> None:
@@ -56,9 +56,28 @@ def test_retire_waits_for_active_users(segment: SharedSegment) -> None:
 
 def test_attach_failures(segment: SharedSegment) -> None:
     with pytest.raises(NotFoundError):
-        SlotMapping.attach(DataPlaneInfo(f"tiercache-none-{secrets.token_hex(3)}", 4096, 1, 4096))
+        SlotMapping.attach(SegmentInfo(f"tiercache-none-{secrets.token_hex(3)}", 4096, 1, 4096))
     with pytest.raises(InvalidArgumentError, match="data_plane"):
         SlotMapping.attach(_info(segment, num_slots=5))
     with pytest.raises(InvalidArgumentError, match="data_plane"):
         SlotMapping.attach(_info(segment, num_slots=8, segment_bytes=8 * 4096))
     assert (SHM_DIR / segment.name).exists()  # attaching never unlinks the owner's segment
+
+
+def test_segment_maps_map_once_per_name_and_retire_what_is_no_longer_named(segment: SharedSegment) -> None:
+    maps = SegmentMaps()
+    first = maps.mapping(_info(segment))
+    assert first is not None and maps.mapping(_info(segment)) is first
+    missing = SegmentInfo(f"tiercache-none-{secrets.token_hex(3)}", 4096, 1, 4096)
+    assert maps.mapping(missing) is None  # not on this host: the byte stream is the data plane
+    maps.retain(frozenset({segment.name}))
+    with first.use():
+        pass  # still named: still mapped
+    maps.retain(frozenset())
+    with pytest.raises(UnavailableError, match="retired"), first.use():
+        pass
+    again = maps.mapping(_info(segment))
+    assert again is not None and again is not first
+    maps.close()
+    with pytest.raises(UnavailableError, match="retired"), again.use():
+        pass

@@ -82,7 +82,7 @@ def test_a_restarted_daemon_serves_l3_after_the_client_reconnects(
     conn = _connector(daemon.address, engine_mod)
     tokens = engine_mod.prompt(3, TOKENS)
     assert conn.store(tokens, engine_mod.source_kv(3, TOKENS, False)).tokens_stored == FULL
-    old_segment = conn.client.registration(conn.namespace).data_plane
+    old_segment = conn.client.registration(conn.namespace).segment
     assert daemon.stop(signal.SIGTERM) == 0
     if call_while_down:
         down = conn.load(tokens, engine_mod.empty_kv(3, TOKENS, False))
@@ -100,7 +100,7 @@ def test_a_restarted_daemon_serves_l3_after_the_client_reconnects(
     res, kv = results[-1]
     assert res.tokens_loaded == FULL
     assert engine_mod.exact(kv, 3, TOKENS, FULL)
-    assert conn.client.registration(conn.namespace).data_plane != old_segment  # re-mapped the new segment
+    assert conn.client.registration(conn.namespace).segment != old_segment  # re-mapped the new segment
     conn.client.close()
 
 
@@ -121,8 +121,8 @@ def test_a_killed_engine_loses_its_lease_at_the_ttl(
     # Every L2 slot is reclaimable: one store that needs all of them succeeds.
     conn = KVConnector(client, engine_mod.namespace(), ConnectorConfig())
     reg = client.registration(engine_mod.namespace())
-    assert reg.data_plane is not None
-    n_tokens = reg.data_plane.num_slots * 16
+    assert reg.segment is not None
+    n_tokens = reg.segment.num_slots * 16
     tokens = engine_mod.prompt(5, n_tokens)
     kv = ContiguousKV(engine_mod.token_major(5, n_tokens))
     assert conn.store(tokens, kv).tokens_stored == n_tokens
@@ -192,7 +192,7 @@ def test_engine_copy_errors_release_the_lease_and_abort_the_store(
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("engine-side copy failed")
 
-    import tiercache.connector.engine as engine_module
+    import tiercache.connector.shm_plane as engine_module
 
     with monkeypatch.context() as m:
         m.setattr(engine_module, "kv_to_chunk", broken)
@@ -252,7 +252,7 @@ def test_control_calls_through_the_client(shared_daemon: Daemon, engine_mod: Mod
     client, ns = conn.client, conn.namespace
     reg = client.register(ns)
     assert reg.layout == ns.layout and reg.chunk_bytes == ns.layout.chunk_bytes == 4096
-    assert reg.lease_ttl_s == 2.0 and reg.data_plane is not None and reg.data_plane.slot_bytes == 64 * 1024
+    assert reg.lease_ttl_s == 2.0 and reg.segment is not None and reg.segment.slot_bytes == 64 * 1024
     assert client.register(ns).handle == reg.handle  # deterministic
     tokens = engine_mod.prompt(11, TOKENS)
     keys = chunk_keys(ns, tokens)

@@ -9,7 +9,7 @@ with L1 (CPU or CUDA device) and L3 (LMDB in a temporary directory); L2 holds a 
 so old chunks are evicted as the run goes.
 
 The hot loop uses only the manager API that predates the cache split (``register_namespace``, ``put``,
-``get``) and tier constructors, so this module also runs against an older checkout for comparison.
+``get``), so the same loop can measure an older checkout for comparison.
 
 Primitives:
     ConcurrencyConfig, ConcurrencyResult: what to run, one (threads, chunk size) figure.
@@ -31,19 +31,14 @@ from typing import Any
 
 import torch
 
+from tiercache.cache import CacheBuildConfig, CacheManager, build_cache
 from tiercache.keys import Namespace, chunk_keys
 from tiercache.layout import KVDtype, KVLayout
-from tiercache.tiers.base import StorageTier, TierLevel
-from tiercache.tiers.hbm import HbmTier, HbmTierConfig
-from tiercache.tiers.host import HostTier, HostTierConfig
-from tiercache.tiers.lmdb import HEADER_BYTES, LmdbTier, LmdbTierConfig
-
-# The manager moved from tiercache.manager to tiercache.cache in the layout change; the fallback lets this
-# one module measure an older checkout (/work/baseline) with the same loop. Nothing else may do this.
-try:
-    from tiercache.cache import CacheConfig, CacheManager
-except ImportError:  # pragma: no cover - only on checkouts before the cache package existed
-    from tiercache.manager import CacheConfig, CacheManager  # type: ignore[no-redef]
+from tiercache.tiers.base import TierLevel
+from tiercache.tiers.hbm import HbmTierConfig
+from tiercache.tiers.host import HostTierConfig
+from tiercache.tiers.lmdb import LmdbTierConfig
+from tiercache.tiers.values import HEADER_BYTES
 
 from .args import parse_device, parse_ints, parse_levels, parse_size, parse_sizes
 from .ceilings import describe_machine, measure_memcpy
@@ -116,24 +111,19 @@ def _layout(chunk_bytes: int) -> KVLayout:
 
 def _open_cache(config: ConcurrencyConfig, chunk_bytes: int, threads: int, work: Path) -> CacheManager:
     slots = WINDOW_CHUNKS * threads
-    tiers: list[StorageTier] = []
-    try:
-        if TierLevel.L1 in config.levels:
-            tiers.append(HbmTier(HbmTierConfig(slots * chunk_bytes, chunk_bytes, config.l1_device)))
-        prefix = f"tiercache-bench-cc-{secrets.token_hex(4)}"
-        tiers.append(HostTier(HostTierConfig(slots * chunk_bytes, chunk_bytes, prefix, pin=False)))
-        if TierLevel.L3 in config.levels:
-            path = work / f"l3-{secrets.token_hex(4)}"
-            tiers.append(
-                LmdbTier(
-                    LmdbTierConfig(path=str(path), capacity_bytes=2 * slots * (chunk_bytes + HEADER_BYTES))
-                )
-            )
-        return CacheManager(tiers, CacheConfig())
-    except BaseException:
-        for tier in tiers:
-            tier.close()
-        raise
+    prefix = f"tiercache-bench-cc-{secrets.token_hex(4)}"
+    l3_bytes = 2 * slots * (chunk_bytes + HEADER_BYTES)
+    return build_cache(
+        CacheBuildConfig(
+            l1=HbmTierConfig(slots * chunk_bytes, chunk_bytes, config.l1_device)
+            if TierLevel.L1 in config.levels
+            else None,
+            l2=HostTierConfig(slots * chunk_bytes, chunk_bytes, prefix, pin=False),
+            l3=LmdbTierConfig(path=str(work / f"l3-{secrets.token_hex(4)}"), capacity_bytes=l3_bytes)
+            if TierLevel.L3 in config.levels
+            else None,
+        )
+    )
 
 
 def _measure(config: ConcurrencyConfig, chunk_bytes: int, threads: int, work: Path) -> ConcurrencyResult:

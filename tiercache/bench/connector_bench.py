@@ -332,13 +332,13 @@ def _chunks_for(
     case: LayoutCase, config: ConnectorBenchConfig, client: TierCacheClient, ns: Namespace
 ) -> int:
     reg = client.register(ns)
-    if reg.data_plane is None or client.slot_mapping(ns) is None:
+    if reg.segment is None or client.slot_mapping(ns) is None:
         raise BenchError(
             "the daemon's shared memory is not reachable from here (another host, or no L2): "
             "the same-host path cannot be measured"
         )
     wanted = max(1, config.bytes_per_case // reg.chunk_bytes)
-    room = max(1, reg.data_plane.num_slots - 1)
+    room = max(1, reg.segment.num_slots - 1)
     if wanted > room:
         logger.warning(
             "%s: %d chunks per round do not fit the daemon's L2; using %d", case.label, wanted, room

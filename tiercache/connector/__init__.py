@@ -13,17 +13,24 @@ Modules (one responsibility each):
     errors: gRPC status -> typed tiercache errors (the one place).
     backoff: reconnect backoff.
     wire: core values <-> proto messages.
+    rpcs: the daemon's RPCs as typed descriptors (request / response message types).
     results: typed results of the client's calls.
-    client: ``TierCacheClient`` (deadlines, reconnect and re-register).
-    dataplane: the daemon's shared-memory segment mapped into the engine.
+    connection: ``Connection`` — channel, deadlines, backoff, generations, re-registration (handle cache).
+    client: ``TierCacheClient`` — one typed method per RPC.
+    segments: the daemon's shared-memory segments mapped into the engine (``SlotMapping``, ``SegmentMaps``).
     stream: byte-stream framing (pieces, zstd).
     kv: copies between chunk buffers and engine KV tensors (contiguous and paged layouts).
     policy: the core's load policies (``LoadPolicy``: wait_complete, best_effort, timeout, cost_aware) on
         the wire.
     outcomes: ``LoadResult`` / ``StoreResult``, token-weighted.
     layerwise: ``LayerwiseLoad`` (wait_layer) and ``LayerwiseSave`` (save_layer, commit, abort).
-    prefill: ``PrefillClaim`` — single-flight prefill (wait, publish, release).
-    engine: ``KVConnector`` — load / store that fall back to recompute on daemon trouble.
+    config: ``ConnectorConfig``.
+    dataplane: the ``DataPlane`` interface (load, load_layerwise, store, begin_save, prefill_publisher).
+    shm_plane: ``SharedMemoryPlane`` — copies straight between shared-memory slots and the engine's KV.
+    stream_plane: ``ByteStreamPlane`` — whole chunks over gRPC byte streams.
+    prefill: ``PrefillLease`` — single-flight prefill (wait, publish, release).
+    choice: ``DataPlaneChoice`` — the one place the data plane is chosen (once per registration).
+    engine: ``KVConnector`` — load / store through the data plane; fall back to recompute.
 
 The connector never imports ``tiercache.daemon``.
 """
@@ -33,20 +40,24 @@ from tiercache.policies.load import LoadPolicy
 from tiercache.tiers.base import TierLevel
 
 from .channel import ChannelConfig, Endpoint, parse_address
-from .client import ClientConfig, TierCacheClient
-from .engine import ConnectorConfig, KVConnector, LoadResult, StoreResult
+from .client import TierCacheClient
+from .config import ConnectorConfig
+from .connection import ClientConfig
+from .dataplane import DataPlane, DataPlaneKind
+from .engine import KVConnector
 from .kv import ContiguousKV, EngineKV, PagedKV, check_kv, chunk_to_kv, kv_to_chunk
 from .layerwise import LayerwiseLoad, LayerwiseSave
-from .prefill import PrefillClaim
+from .outcomes import LoadResult, StoreResult
+from .prefill import PrefillLease
 from .results import (
-    DataPlaneInfo,
     LoadLease,
     LookupInfo,
     PrefetchInfo,
     PrefillClaimInfo,
     Registration,
+    SegmentInfo,
     SlotRef,
-    StoreTicket,
+    StoreGrant,
     StreamChunk,
     StreamStoreResult,
 )
@@ -57,7 +68,8 @@ __all__ = [
     "Codec",
     "ConnectorConfig",
     "ContiguousKV",
-    "DataPlaneInfo",
+    "DataPlane",
+    "DataPlaneKind",
     "Endpoint",
     "EngineKV",
     "KVConnector",
@@ -69,12 +81,13 @@ __all__ = [
     "LookupInfo",
     "PagedKV",
     "PrefetchInfo",
-    "PrefillClaim",
     "PrefillClaimInfo",
+    "PrefillLease",
     "Registration",
+    "SegmentInfo",
     "SlotRef",
+    "StoreGrant",
     "StoreResult",
-    "StoreTicket",
     "StreamChunk",
     "StreamStoreResult",
     "TierCacheClient",

@@ -1,131 +1,129 @@
-"""Same-host data plane: the daemon's shared-memory segment mapped into the engine process.
+"""The data-plane interface: how a connector's bytes move between the daemon and the engine's tensors.
 
-The segment is mapped once (per segment name) and wrapped in one ``uint8`` tensor; a slot is a slice of
-it, so copies go straight between the daemon's slot and the engine's tensors. Views are only handed out
-inside :meth:`SlotMapping.use`; the mapping is unmapped when it is retired and no ``use`` is active, so a
-view can never outlive the memory under it.
+Two implementations, chosen once per connector (and again only when the daemon is re-registered):
+
+* :class:`~.shm_plane.SharedMemoryPlane` — same host: the daemon's shared-memory slots are mapped into the
+  engine and copied straight into / out of its KV tensors, under load leases and store grants.
+* :class:`~.stream_plane.ByteStreamPlane` — any host: whole chunks travel as framed gRPC byte streams.
+
+A data plane raises :class:`~tiercache.errors.TierCacheError` on daemon trouble; the connector turns that
+into "0 tokens, recompute". Exceptions of the engine-side copies propagate after the lease is released or
+the store aborted.
 
 Primitives:
-    SlotMapping.attach: map a daemon's segment as described by its DataPlaneInfo.
-    SlotMapping.use: a context in which ``SlotAccess.view(ref)`` gives a slot's bytes as a tensor.
-    SlotMapping.retire / close: unmap when the last user is done (retire) or now (close).
+    DataPlaneKind: SHARED_MEMORY or BYTE_STREAM.
+    DataPlane: load, load_layerwise, store, begin_save, prefill_publisher.
+    PrefillPublisher: publish (store and make visible some chunks of a single-flight prefill), abort.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from enum import Enum, auto
+from typing import ClassVar
 
-import torch
+from tiercache.keys import Namespace
 
-from tiercache.errors import InvalidArgumentError, TierCacheError, UnavailableError
-from tiercache.shm import SharedSegment
-
-from .results import DataPlaneInfo, SlotRef
-
-logger = logging.getLogger(__name__)
-
-
-class SlotAccess:
-    """Typed access to the slots of a mapped segment (valid inside ``SlotMapping.use`` only)."""
-
-    def __init__(self, info: DataPlaneInfo, memory: torch.Tensor) -> None:
-        self._info = info
-        self._memory = memory
-
-    def view(self, ref: SlotRef) -> torch.Tensor:
-        """The bytes of a slot: a 1-D ``uint8`` tensor of ``ref.nbytes`` sharing memory with the segment.
-
-        Raises:
-            TierCacheError: the daemon named a slot outside its segment.
-        """
-        info = self._info
-        if not 0 <= ref.slot < info.num_slots or not 0 < ref.nbytes <= info.slot_bytes:
-            raise TierCacheError(
-                f"data plane: slot {ref.slot} ({ref.nbytes} bytes) outside the segment"
-                f" ({info.num_slots} slots of {info.slot_bytes} bytes)"
-            )
-        start = ref.slot * info.slot_bytes
-        return self._memory[start : start + ref.nbytes]
+from .client import TierCacheClient
+from .config import ConnectorConfig
+from .kv import EngineKV
+from .layerwise import LayerwiseLoad, LayerwiseSave
+from .outcomes import LoadResult, StoreResult
+from .policy import WirePolicy
 
 
-class SlotMapping:
-    """One mapped daemon segment, shared by every registration that names it. Thread-safe."""
+class DataPlaneKind(Enum):
+    """Which data plane a connector uses."""
 
-    def __init__(self, segment: SharedSegment, info: DataPlaneInfo) -> None:
-        self.info = info
-        self._segment: SharedSegment | None = segment
-        self._memory: torch.Tensor | None = torch.frombuffer(segment.buffer, dtype=torch.uint8)
-        self._lock = threading.Lock()
-        self._users = 0
-        self._retired = False
+    SHARED_MEMORY = auto()
+    BYTE_STREAM = auto()
 
-    @classmethod
-    def attach(cls, info: DataPlaneInfo) -> SlotMapping:
-        """Map the segment ``info`` names.
 
-        Raises:
-            NotFoundError: no such segment on this host (the daemon runs elsewhere).
-            InvalidArgumentError: the segment is smaller than the daemon says, or the description is
-                inconsistent.
-        """
-        if info.slot_bytes <= 0 or info.num_slots * info.slot_bytes > info.segment_bytes:
-            raise InvalidArgumentError(
-                "data_plane",
-                f"{info.num_slots} slots of {info.slot_bytes} bytes do not fit {info.segment_bytes} bytes",
-            )
-        segment = SharedSegment.attach(info.shm_segment)
-        if segment.size < info.segment_bytes:
-            segment.close()
-            raise InvalidArgumentError(
-                "data_plane",
-                f"segment {info.shm_segment} has {segment.size} bytes, expected {info.segment_bytes}",
-            )
-        logger.debug("attached shared-memory segment %s (%d bytes)", info.shm_segment, segment.size)
-        return cls(segment, info)
+class PrefillPublisher(ABC):
+    """Publishes a single-flight prefill's led chunks as the engine computes them (one per claim)."""
 
     @property
-    def name(self) -> str:
-        """The segment's name."""
-        return self.info.shm_segment
+    @abstractmethod
+    def reserved(self) -> bool:
+        """Whether room was reserved for the led chunks (a take-over would no longer fit it)."""
 
-    @contextmanager
-    def use(self) -> Iterator[SlotAccess]:
-        """Hold the mapping while slot views are in use.
+    @abstractmethod
+    def publish(self, kv: EngineKV, positions: Sequence[int]) -> int:
+        """Store the chunks at ``positions`` (of the prompt's keys) from ``kv`` and make them visible.
+
+        Returns:
+            How many of them this request added (the others were cached or stored by someone else).
 
         Raises:
-            UnavailableError: the mapping was retired (the daemon moved to another segment).
+            TierCacheError: daemon trouble (nothing more is published).
         """
-        with self._lock:
-            if self._retired or self._memory is None:
-                raise UnavailableError(f"data plane: segment {self.info.shm_segment} was retired")
-            self._users += 1
-            memory = self._memory
-        try:
-            yield SlotAccess(self.info, memory)
-        finally:
-            with self._lock:
-                self._users -= 1
-                done = self._retired and self._users == 0
-            if done:
-                self._unmap()
 
-    def retire(self) -> None:
-        """Stop handing out views; unmap once the last active ``use`` ends (idempotent)."""
-        with self._lock:
-            self._retired = True
-            done = self._users == 0
-        if done:
-            self._unmap()
+    @abstractmethod
+    def abort(self) -> None:
+        """Drop what was reserved and not published (best effort; never raises)."""
 
-    close = retire
 
-    def _unmap(self) -> None:
-        with self._lock:
-            segment, self._segment = self._segment, None
-            self._memory = None
-        if segment is not None:
-            segment.close()
-            logger.debug("unmapped shared-memory segment %s", self.info.shm_segment)
+class DataPlane(ABC):
+    """Moves one namespace's chunks between the daemon and the engine's KV tensors.
+
+    Attributes:
+        client: the daemon client.
+        namespace: the namespace.
+        config: the connector's options (codec, TTLs).
+    """
+
+    kind: ClassVar[DataPlaneKind]
+
+    def __init__(self, client: TierCacheClient, namespace: Namespace, config: ConnectorConfig) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.config = config
+
+    @property
+    def remote(self) -> bool:
+        """True for the byte stream (what results report as ``remote``)."""
+        return self.kind is DataPlaneKind.BYTE_STREAM
+
+    @abstractmethod
+    def load(self, keys: Sequence[bytes], kv: EngineKV, policy: WirePolicy, prompt_tokens: int) -> LoadResult:
+        """Copy the cached prefix of ``keys`` that ``policy`` chooses into ``kv`` (already checked).
+
+        Raises:
+            TierCacheError: daemon trouble.
+        """
+
+    @abstractmethod
+    def load_layerwise(
+        self,
+        keys: Sequence[bytes],
+        kv: EngineKV,
+        policy: WirePolicy,
+        prompt_tokens: int,
+        on_result: Callable[[LoadResult], None],
+    ) -> LayerwiseLoad:
+        """Start a layer-by-layer load of the cached prefix of ``keys`` into ``kv``.
+
+        Raises:
+            TierCacheError: daemon trouble before any copy started.
+        """
+
+    @abstractmethod
+    def store(self, keys: Sequence[bytes], kv: EngineKV) -> StoreResult:
+        """Store the chunks of ``keys`` the daemon does not hold yet from ``kv`` (already checked).
+
+        Raises:
+            TierCacheError: daemon trouble (nothing of this store becomes visible).
+        """
+
+    @abstractmethod
+    def begin_save(self, keys: Sequence[bytes]) -> LayerwiseSave:
+        """Reserve room for the new chunks of ``keys``, to be filled layer by layer and committed.
+
+        Raises:
+            TierCacheError: daemon trouble.
+        """
+
+    @abstractmethod
+    def prefill_publisher(self, keys: Sequence[bytes], start: int) -> PrefillPublisher:
+        """A publisher of the led chunks ``keys[start:]`` of a single-flight prefill."""

@@ -33,8 +33,9 @@ import torch
 
 from tiercache.errors import TierCacheError
 
-from .client import ClientConfig, TierCacheClient
-from .engine import ConnectorConfig
+from .client import TierCacheClient
+from .config import ConnectorConfig
+from .connection import ClientConfig
 from .hf import HFAdapter, RequestReport
 from .hf_model import build_reference_model, kv_layout
 from .local_daemon import default_socket, ensure_daemon

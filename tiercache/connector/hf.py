@@ -37,9 +37,11 @@ from tiercache.keys import chunk_keys
 from tiercache.tiers.base import TierLevel
 
 from .client import TierCacheClient
-from .engine import ConnectorConfig, KVConnector, LoadResult, StoreResult
+from .config import ConnectorConfig
+from .engine import KVConnector
 from .hf_cache import ModelRunner, PrefixBuffers, cache_from_prefix, new_cache, prompt_kv
 from .hf_model import build_reference_model, kv_layout, model_namespace
+from .outcomes import LoadResult, StoreResult
 from .results import LookupInfo
 
 logger = logging.getLogger(__name__)

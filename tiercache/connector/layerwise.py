@@ -22,8 +22,9 @@ a layer runs on the engine's current stream (ordered after the compute that prod
 
 Primitives:
     ChunkBuffers: the chunk buffers of a load or save, held open while copies run.
-    LayerwiseLoad: wait_layer, tokens_loaded, layers_done, timeline, result, close; a context manager.
-    LayerwiseSave: save_layer, commit, abort; a context manager.
+    LayerwiseLoad: wait_layer, tokens_loaded, layers_done, timeline, result, close; a context manager;
+        ``unleased`` for loads that hold no lease.
+    LayerwiseSave: save_layer, commit, abort; a context manager; ``empty`` for saves that store nothing.
 """
 
 from __future__ import annotations
@@ -117,6 +118,21 @@ class LayerwiseLoad:
             target=self._run, args=(buffers,), name="tiercache-layerwise-load", daemon=True
         )
         self._thread.start()
+
+    @classmethod
+    def unleased(
+        cls,
+        layout: KVLayout,
+        kv: EngineKV,
+        planned: LoadResult,
+        on_result: Callable[[LoadResult], None],
+        buffers: ChunkBuffers | None = None,
+    ) -> LayerwiseLoad:
+        """A load under no lease: nothing to copy (``buffers`` None: ``planned`` is final at once), or
+        chunks already received into buffers of this process."""
+        return cls(
+            layout, kv, buffers, planned, valid=lambda: True, release=lambda: None, on_result=on_result
+        )
 
     # ------------------------------------------------------------------ engine side
 
@@ -309,6 +325,11 @@ class LayerwiseSave:
                 logger.warning("layerwise save: the reserved slots are unreachable (%s); not caching", exc)
                 self._holder = None
                 self._fail()
+
+    @classmethod
+    def empty(cls, layout: KVLayout, num_chunks: int, skipped_chunks: int, remote: bool) -> LayerwiseSave:
+        """A save that stores nothing (all cached, or the daemon failed): its calls are no-ops."""
+        return cls(layout, num_chunks, None, lambda: 0, lambda: None, skipped_chunks, remote)
 
     @property
     def open(self) -> bool:

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from tiercache.errors import TierCacheError, UnavailableError
 
-from .client import ClientConfig, TierCacheClient
+from .client import TierCacheClient
+from .connection import ClientConfig
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ computing already (wait for those) and which this request now leads (compute the
 it is done, so that waiting requests can go on). Requests whose prompts share only part of a prefix wait only
 for the shared part. A typical engine step::
 
-    with connector.prefill_claim(tokens) as claim:
+    with connector.prefill_claim(tokens) as claim:      # a PrefillLease
         if claim.wait_tokens:
             claim.wait(timeout_s=2.0)        # returns when the others' chunks are published, their leader is
                                              # gone (then this request takes them over), or at the timeout
@@ -16,34 +16,34 @@ for the shared part. A typical engine step::
 
 Every call is best effort: daemon trouble is logged, waits return what is cached, publications are dropped
 (and the claim released so that nobody waits for it), and the engine simply computes everything itself.
+Publications go through the connector's data plane (:class:`~.dataplane.PrefillPublisher`).
 
 Primitives:
-    PrefillClaim: wait, publish, release; cached / wait / lead / takeover / published tokens; a context
+    PrefillLease: wait, publish, release; cached / wait / lead / takeover / published tokens; a context
         manager.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import TracebackType
-
-import torch
 
 from tiercache.errors import TierCacheError
 from tiercache.keys import Namespace
 from tiercache.layout import KVLayout
 
 from .client import TierCacheClient
-from .dataplane import SlotMapping
-from .kv import EngineKV, check_kv, kv_to_chunk
-from .results import PrefillClaimInfo, SlotRef, StoreTicket
+from .dataplane import DataPlane, PrefillPublisher
+from .kv import EngineKV, check_kv
+from .results import PrefillClaimInfo
 
 logger = logging.getLogger(__name__)
 
 
-class PrefillClaim:
-    """One request's share of a single-flight prefill (positions below count chunks of the prompt).
+class PrefillLease:
+    """One request's share of a single-flight prefill (positions below count chunks of the prompt): the
+    chunks it waits for, and its lease on the chunks it leads (from :meth:`KVConnector.prefill_claim`).
 
     Attributes:
         keys: the prompt's chunk keys.
@@ -56,9 +56,8 @@ class PrefillClaim:
         namespace: Namespace,
         keys: list[bytes],
         info: PrefillClaimInfo | None,
-        mapping: Callable[[], SlotMapping | None],
+        data_plane: Callable[[], DataPlane],
         ttl_s: float = 0.0,
-        store_ttl_s: float = 0.0,
     ) -> None:
         """Wrap the daemon's answer to ClaimPrefill (internal: made by the connector).
 
@@ -67,24 +66,22 @@ class PrefillClaim:
             namespace: the namespace.
             keys: the prompt's chunk keys.
             info: the daemon's answer; None when it could not be asked.
-            mapping: the daemon's shared-memory segment, None for the byte stream.
+            data_plane: the connector's data plane (asked at the first publication; raises TierCacheError
+                on daemon trouble).
             ttl_s: claim lifetime for take-overs (0: the daemon's default).
-            store_ttl_s: lifetime of the publication's store ticket (0: the daemon's default).
         """
         self.keys = keys
         self.coordinated = info is not None
         self._client = client
         self._namespace = namespace
         self._layout: KVLayout = namespace.layout
-        self._mapping = mapping
+        self._data_plane = data_plane
         self._ttl_s = ttl_s
-        self._store_ttl_s = store_ttl_s
         self._cached = info.cached if info is not None else 0
         self._wait_end = info.cached + info.wait if info is not None else 0
         self._takeovers = info.takeovers if info is not None else 0
         self._claim_ids = [info.claim_id] if info is not None and info.claim_id else []
-        self._ticket: StoreTicket | None = None
-        self._slots: dict[int, SlotRef] = {}
+        self._publisher: PrefillPublisher | None = None
         self._published: set[int] = set()
         self._ours = 0
         self._broken = False
@@ -149,7 +146,7 @@ class PrefillClaim:
             logger.warning("tiercache prefill wait failed (%s); computing the rest", exc)
             return self.cached_tokens
         self._cached = max(self._cached, n)
-        if n < self._wait_end and self._ticket is None:
+        if n < self._wait_end and (self._publisher is None or not self._publisher.reserved):
             self._take_over(shared)
         return self.cached_tokens
 
@@ -176,11 +173,10 @@ class PrefillClaim:
             return self.published_tokens
         check_kv(self._layout, kv, upto)
         try:
-            mapping = self._mapping()
-            if mapping is None:
-                self._publish_stream(kv, todo)
-            else:
-                self._publish_shm(kv, todo, mapping, start)
+            if self._publisher is None:
+                self._publisher = self._data_plane().prefill_publisher(self.keys, start)
+            self._ours += self._publisher.publish(kv, todo)
+            self._published.update(todo)
         except TierCacheError as exc:
             logger.warning("tiercache prefill publication failed (%s); releasing the claim", exc)
             self._broken = True
@@ -189,12 +185,9 @@ class PrefillClaim:
 
     def release(self) -> None:
         """Give up what is not published yet: waiting requests may take it over at once (idempotent)."""
-        ticket, self._ticket = self._ticket, None
-        if ticket is not None and any(p not in self._published for p in self._slots):
-            try:
-                self._client.abort_store(self._namespace, ticket.ticket_id)
-            except TierCacheError as exc:
-                logger.warning("aborting prefill store ticket failed (%s); it expires at its TTL", exc)
+        publisher, self._publisher = self._publisher, None
+        if publisher is not None:
+            publisher.abort()
         claims, self._claim_ids = self._claim_ids, []
         for claim_id in claims:
             try:
@@ -204,7 +197,7 @@ class PrefillClaim:
 
     close = release
 
-    def __enter__(self) -> PrefillClaim:
+    def __enter__(self) -> PrefillLease:
         return self
 
     def __exit__(
@@ -226,35 +219,3 @@ class PrefillClaim:
             self._takeovers += info.takeovers
         self._cached = max(self._cached, info.cached)
         self._wait_end = info.cached + info.wait
-
-    def _publish_shm(self, kv: EngineKV, todo: list[int], mapping: SlotMapping, start: int) -> None:
-        if self._ticket is None:
-            self._ticket = self._client.begin_store(
-                self._namespace, self.keys[start:], start_depth=start, ttl_s=self._store_ttl_s
-            )
-            self._slots = {start + ref.index: ref for ref in self._ticket.slots}
-        refs = [self._slots[p] for p in todo if p in self._slots]
-        if refs:
-            with mapping.use() as slots:
-                for p in todo:
-                    if p in self._slots:
-                        kv_to_chunk(self._layout, kv, p, slots.view(self._slots[p]))
-            self._client.commit_store(
-                self._namespace, self._ticket.ticket_id, indices=[ref.index for ref in refs]
-            )
-        self._ours += len(refs)
-        self._published.update(todo)  # positions without a slot were cached or stored by someone else
-
-    def _publish_stream(self, kv: EngineKV, todo: list[int]) -> None:
-        staging = torch.empty(self._layout.chunk_bytes, dtype=torch.uint8)
-
-        def payloads() -> Iterator[torch.Tensor]:
-            for p in todo:
-                kv_to_chunk(self._layout, kv, p, staging)
-                yield staging
-
-        result = self._client.stream_store(
-            self._namespace, [self.keys[p] for p in todo], payloads(), start_depth=todo[0]
-        )
-        self._ours += result.stored
-        self._published.update(todo)

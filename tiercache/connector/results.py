@@ -1,9 +1,9 @@
 """What the client's calls return: frozen, typed mirrors of the daemon's responses.
 
 Primitives:
-    DataPlaneInfo: the daemon's shared-memory segment (same-host data plane).
+    SegmentInfo: the daemon's shared-memory segment (what the same-host data plane maps).
     Registration: handle, accepted layout and limits of a registered namespace.
-    LookupInfo, PrefetchInfo, SlotRef, StoreTicket, LoadLease, StreamStoreResult, StreamChunk: per-call
+    LookupInfo, PrefetchInfo, SlotRef, StoreGrant, LoadLease, StreamStoreResult, StreamChunk: per-call
         results.
     PrefillClaimInfo: what a single-flight prefill claim granted.
 
@@ -31,7 +31,7 @@ def _tier(value: int) -> TierLevel | None:
 
 
 @dataclass(frozen=True, slots=True)
-class DataPlaneInfo:
+class SegmentInfo:
     """The daemon's shared-memory tier: slot ``i`` is bytes ``[i * slot_bytes, i * slot_bytes + nbytes)``.
 
     Attributes:
@@ -55,7 +55,7 @@ class Registration:
         handle: opaque handle every other call takes (deterministic: the same after a daemon restart).
         layout: the layout the daemon accepted.
         chunk_bytes: bytes of one chunk.
-        data_plane: the shared-memory segment, or None when the daemon has no shared-memory tier.
+        segment: the shared-memory segment, or None when the daemon has no shared-memory tier.
         lease_ttl_s: default lifetime of a load lease or store ticket.
         max_stream_message_bytes: largest byte-stream message the daemon accepts or sends.
     """
@@ -63,7 +63,7 @@ class Registration:
     handle: bytes
     layout: KVLayout
     chunk_bytes: int
-    data_plane: DataPlaneInfo | None
+    segment: SegmentInfo | None
     lease_ttl_s: float
     max_stream_message_bytes: int
 
@@ -74,15 +74,15 @@ class Registration:
         Raises:
             InvalidArgumentError: the daemon answered with an invalid layout.
         """
-        plane = None
+        segment = None
         if msg.HasField("data_plane") and msg.data_plane.shm_segment:
             dp = msg.data_plane
-            plane = DataPlaneInfo(dp.shm_segment, dp.slot_bytes, dp.num_slots, dp.segment_bytes)
+            segment = SegmentInfo(dp.shm_segment, dp.slot_bytes, dp.num_slots, dp.segment_bytes)
         return cls(
             handle=bytes(msg.handle),
             layout=layout_from_proto(msg.layout),
             chunk_bytes=msg.chunk_bytes,
-            data_plane=plane,
+            segment=segment,
             lease_ttl_s=msg.lease_ttl_s,
             max_stream_message_bytes=msg.max_stream_message_bytes,
         )
@@ -144,7 +144,7 @@ def _slots(refs: Iterable[pb.SlotRef]) -> tuple[SlotRef, ...]:
 
 
 @dataclass(frozen=True, slots=True)
-class StoreTicket:
+class StoreGrant:
     """Reserved shared-memory slots for a store, to be filled then committed or aborted.
 
     Attributes:
@@ -160,7 +160,7 @@ class StoreTicket:
     expires_in_s: float
 
     @classmethod
-    def from_proto(cls, msg: pb.BeginStoreResponse) -> StoreTicket:
+    def from_proto(cls, msg: pb.BeginStoreResponse) -> StoreGrant:
         """Convert a ``BeginStoreResponse``."""
         return cls(msg.ticket_id, _slots(msg.slots), tuple(msg.skipped), msg.expires_in_s)
 

@@ -5,6 +5,8 @@ level 1) when the codec asks for it and compression pays, so every message stays
 ``max_stream_message_bytes`` and ``offset`` always counts raw bytes.
 
 Primitives:
+    Payload, payload_view: one raw chunk to send (a 1-D CPU uint8 tensor or bytes-like) as a memoryview.
+    message_limit: the message size limit of a stream (the daemon's and the channel's).
     piece_bytes: raw bytes per piece for a message size limit.
     store_messages: the ``StreamStoreMessage`` sequence of a store.
     StreamAssembler: rebuilds whole chunks from ``StreamLoadMessage`` pieces, checking every field.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 
+import torch
 import zstandard
 
 from tiercache.codec import Codec
@@ -28,6 +31,28 @@ DEFAULT_MESSAGE_BYTES = 4 * 1024 * 1024
 _OVERHEAD_BYTES = 512
 """Room left in a message for everything but the data (key, offsets, flags, framing)."""
 ZSTD_LEVEL = 1
+
+
+Payload = torch.Tensor | bytes | bytearray | memoryview
+"""One raw chunk for a stream store: a 1-D CPU uint8 tensor or any bytes-like object."""
+
+
+def payload_view(payload: Payload, index: int) -> memoryview:
+    """The bytes of one payload, without a copy.
+
+    Raises:
+        InvalidArgumentError: naming ``payloads[index]``, for a tensor that is not 1-D uint8 on the CPU.
+    """
+    if isinstance(payload, torch.Tensor):
+        if payload.device.type != "cpu" or payload.dtype != torch.uint8 or payload.dim() != 1:
+            raise InvalidArgumentError(f"payloads[{index}]", "must be a 1-D uint8 CPU tensor")
+        return payload.contiguous().numpy().data
+    return memoryview(payload)
+
+
+def message_limit(daemon_max_bytes: int, channel_max_bytes: int) -> int:
+    """The largest stream message both ends accept: the daemon's limit (0: the default) and the channel's."""
+    return min(daemon_max_bytes or DEFAULT_MESSAGE_BYTES, channel_max_bytes)
 
 
 def piece_bytes(max_message_bytes: int) -> int:

@@ -1,0 +1,399 @@
+"""The connection to one daemon: channel, deadlines, typed errors, backoff and re-registration.
+
+Every call carries a deadline and fails with a typed :mod:`tiercache.errors` exception (mapped in
+:mod:`.errors`). The connection heals itself: when a call fails with UNAVAILABLE (daemon down or
+restarting) it drops the channel and backs off (:mod:`.backoff`: calls fail at once, without touching the
+network, until the next attempt is due); the next attempt opens a fresh channel — a new *generation* — and
+registers every namespace again before using it. A NOT_FOUND for the handle (a restarted daemon that has
+not seen this engine yet) also triggers re-registration, and idempotent calls are retried once. Handles are
+deterministic, so the same bytes come back; the shared-memory segment may change (the ``on_registered``
+callback hears which segments are in use after each registration).
+
+Namespaces are registered on first use; the handle cache maps each :class:`~tiercache.keys.Namespace` to
+its current :class:`~.results.Registration`. The engine's cost models are declared per namespace and sent
+with every (re-)registration.
+
+Primitives:
+    ClientConfig: deadlines, backoff and channel options.
+    EngineModels: the cost models declared for a namespace.
+    Connection: unary / unary_nowait / client_stream / server_stream (one RPC, mapped errors, one retry
+        after a lost handle), register / registration, declare_models / models, wait_ready, close.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import grpc
+
+from tiercache.errors import (
+    DeadlineExceededError,
+    InvalidArgumentError,
+    TierCacheError,
+    UnavailableError,
+)
+from tiercache.keys import Namespace
+from tiercache.policies.load import DeadlineModel, PrefillModel
+from tiercache.proto import tiercache_pb2 as pb
+from tiercache.proto.tiercache_pb2_grpc import KVCacheServiceStub
+
+from .backoff import Backoff, BackoffConfig
+from .channel import ChannelConfig, Endpoint, auth_metadata, open_channel
+from .errors import error_from_rpc, is_lost_handle
+from .results import Registration
+from .rpcs import REGISTER, Metadata, Req, Resp, StreamUnaryRpc, UnaryRpc, UnaryStreamRpc
+from .wire import deadline_to_proto, namespace_to_proto, prefill_to_proto
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConfig:
+    """Deadlines, reconnect backoff and channel options of a client.
+
+    Attributes:
+        timeout_s: deadline of a unary call.
+        stream_timeout_s: deadline of a whole byte-stream call.
+        engine_id: sent with every registration (for the daemon's logs).
+        backoff: delay between connection attempts after a failure.
+        channel: gRPC channel options.
+    """
+
+    timeout_s: float = 5.0
+    stream_timeout_s: float = 60.0
+    engine_id: str = ""
+    backoff: BackoffConfig = field(default_factory=BackoffConfig)
+    channel: ChannelConfig = field(default_factory=ChannelConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("timeout_s", "stream_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise InvalidArgumentError(name, f"must be > 0, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineModels:
+    """The engine's cost models for one namespace, sent with its registration.
+
+    Attributes:
+        prefill: the prefill model (needed for cost-aware loads).
+        deadline: the load-deadline model (timeout loads without an explicit timeout).
+    """
+
+    prefill: PrefillModel | None
+    deadline: DeadlineModel | None
+
+
+class Connection:
+    """One daemon's channel, stub, backoff state and handle cache. Thread-safe.
+
+    Attributes:
+        endpoint: the daemon's address.
+        config: deadlines, backoff and channel options.
+    """
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        token: str | None,
+        config: ClientConfig,
+        on_registered: Callable[[frozenset[str]], None] | None = None,
+    ) -> None:
+        """Prepare a connection; nothing is dialled until the first call.
+
+        Args:
+            endpoint: the daemon's address.
+            token: bearer token when the daemon has a tokens file.
+            config: deadlines, backoff and channel options.
+            on_registered: told, after every registration, the shared-memory segments the current
+                registrations name (so that mappings of segments no longer named can be dropped).
+
+        Raises:
+            InvalidArgumentError: a malformed token.
+        """
+        self.endpoint = endpoint
+        self.config = config
+        self._metadata: Metadata = auth_metadata(token)
+        self._on_registered = on_registered
+        self._lock = threading.Lock()
+        self._channel: grpc.Channel | None = None
+        self._stub: KVCacheServiceStub | None = None
+        self._generation = 0
+        self._backoff = Backoff(config.backoff)
+        self._registrations: dict[Namespace, Registration] = {}
+        self._models: dict[Namespace, EngineModels] = {}
+        self._stale: set[Namespace] = set()
+        self._closed = False
+
+    def close(self) -> None:
+        """Close the channel (idempotent); later calls fail with UnavailableError."""
+        with self._lock:
+            self._closed = True
+            channel, self._channel, self._stub = self._channel, None, None
+        if channel is not None:
+            channel.close()
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Wait (without polling) until the channel is connected; False after ``timeout_s``."""
+        self._stub_or_fail("wait_ready", ignore_backoff=True)
+        with self._lock:
+            channel = self._channel
+        if channel is None:
+            return False
+        try:
+            grpc.channel_ready_future(channel).result(timeout=timeout_s)
+        except grpc.FutureTimeoutError:
+            return False
+        return True
+
+    # ------------------------------------------------------------------ handle cache
+
+    def declare_models(self, namespace: Namespace, models: EngineModels) -> None:
+        """Declare the engine's cost models for ``namespace`` (sent with the next registration)."""
+        with self._lock:
+            if self._models.get(namespace) == models:
+                return
+            self._models[namespace] = models
+            if namespace in self._registrations:
+                self._stale.add(namespace)  # register again with the new models
+
+    def models(self, namespace: Namespace) -> EngineModels | None:
+        """The cost models declared for ``namespace``, if any."""
+        with self._lock:
+            return self._models.get(namespace)
+
+    def register(self, namespace: Namespace) -> Registration:
+        """Register ``namespace`` (again) now and return what the daemon accepted."""
+        stub, generation = self._stub_or_fail(REGISTER.name)
+        return self._register(namespace, stub, generation)
+
+    def registration(self, namespace: Namespace) -> Registration:
+        """The current registration of ``namespace``, registering it first when needed."""
+        stub, generation = self._stub_or_fail(REGISTER.name)
+        self._handle(namespace, stub, generation)
+        with self._lock:
+            return self._registrations[namespace]
+
+    # ------------------------------------------------------------------ calls
+
+    def unary(
+        self,
+        rpc: UnaryRpc[Req, Resp],
+        namespace: Namespace | None,
+        build: Callable[[bytes], Req],
+        timeout_s: float | None = None,
+        retry: bool = True,
+    ) -> Resp:
+        """Call a unary RPC with the request ``build(handle)`` (the handle is b"" without a namespace).
+
+        Args:
+            rpc: the RPC.
+            namespace: the namespace whose handle the request carries (None: no handle).
+            build: the request for a handle.
+            timeout_s: the call's deadline (None: ``config.timeout_s``).
+            retry: retry once after a lost handle (only for calls that are safe to repeat).
+        """
+        deadline = timeout_s if timeout_s is not None else self.config.timeout_s
+
+        def run(stub: KVCacheServiceStub, handle: bytes) -> Resp:
+            return rpc.invoke(stub, build(handle), deadline, self._metadata)
+
+        return self._call(rpc.name, namespace, run, retry)
+
+    def unary_nowait(
+        self, rpc: UnaryRpc[Req, Resp], namespace: Namespace, build: Callable[[bytes], Req]
+    ) -> None:
+        """Send one unary call and return at once; its failure is only logged.
+
+        The connection state is left to the next waited call: the callback runs on a gRPC thread, which
+        must not close the channel it belongs to.
+        """
+        try:
+            stub, generation = self._stub_or_fail(rpc.name)
+            handle = self._handle(namespace, stub, generation)
+        except TierCacheError as exc:
+            logger.info("%s not sent (%s)", rpc.name, exc)
+            return
+        call = rpc.future(stub, build(handle), self.config.timeout_s, self._metadata)
+
+        def done(fut: grpc.Future) -> None:
+            if fut.cancelled():
+                return
+            exc = fut.exception()
+            if isinstance(exc, grpc.RpcError):
+                logger.info("%s failed (%s)", rpc.name, error_from_rpc(exc, rpc.name))
+
+        call.add_done_callback(done)
+
+    def client_stream(
+        self,
+        rpc: StreamUnaryRpc[Req, Resp],
+        namespace: Namespace,
+        requests: Callable[[bytes], Iterator[Req]],
+    ) -> Resp:
+        """Send the request stream ``requests(handle)`` under ``config.stream_timeout_s``; never retried.
+
+        An exception raised by the request iterator itself (the engine's payloads) is re-raised as is, not
+        as the CANCELLED status gRPC turns it into.
+        """
+        failures: list[BaseException] = []
+
+        def watched(handle: bytes) -> Iterator[Req]:
+            try:
+                yield from requests(handle)
+            except BaseException as exc:
+                failures.append(exc)
+                raise
+
+        def run(stub: KVCacheServiceStub, handle: bytes) -> Resp:
+            try:
+                return rpc.invoke(stub, watched(handle), self.config.stream_timeout_s, self._metadata)
+            except grpc.RpcError:
+                if failures:
+                    raise failures[0] from None
+                raise
+
+        return self._call(rpc.name, namespace, run, retry=False)
+
+    def server_stream(
+        self,
+        rpc: UnaryStreamRpc[Req, Resp],
+        namespace: Namespace,
+        build: Callable[[bytes], Req],
+        read: Callable[[Iterator[Resp]], T],
+    ) -> T:
+        """Call a server-streaming RPC and hand its messages to ``read`` under ``config.stream_timeout_s``.
+
+        When ``read`` raises (a malformed stream, or the consumer failed) the call is cancelled at once, so
+        that the daemon releases what it holds for it. A lost handle is retried once, with a fresh ``read``
+        over the new stream.
+        """
+
+        def run(stub: KVCacheServiceStub, handle: bytes) -> T:
+            call = rpc.invoke(stub, build(handle), self.config.stream_timeout_s, self._metadata)
+            try:
+                return read(iter(call))
+            except BaseException:
+                call.cancel()
+                raise
+
+        return self._call(rpc.name, namespace, run)
+
+    # ------------------------------------------------------------------ internals
+
+    def _call(
+        self,
+        method: str,
+        namespace: Namespace | None,
+        run: Callable[[KVCacheServiceStub, bytes], T],
+        retry: bool = True,
+    ) -> T:
+        """Run one RPC with the current stub and handle; map failures; retry once after a lost handle."""
+        attempts = 2 if retry and namespace is not None else 1
+        for attempt in range(attempts):
+            stub, generation = self._stub_or_fail(method)
+            handle = self._handle(namespace, stub, generation) if namespace is not None else b""
+            try:
+                result = run(stub, handle)
+            except grpc.RpcError as exc:
+                error = self._failed(exc, method, generation, namespace)
+                if attempt + 1 < attempts and is_lost_handle(error):
+                    logger.info("%s: daemon lost the handle (restarted?); registering again", method)
+                    continue
+                raise error from None
+            self._succeeded()
+            return result
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _stub_or_fail(self, method: str, ignore_backoff: bool = False) -> tuple[KVCacheServiceStub, int]:
+        with self._lock:
+            if self._closed:
+                raise UnavailableError(f"{method}: the client is closed")
+            wait = self._backoff.remaining_s()
+            if wait > 0 and not ignore_backoff:
+                raise UnavailableError(
+                    f"{method}: daemon at {self.endpoint.target} unavailable; next attempt in {wait:.2f}s"
+                )
+            if self._stub is None:
+                self._channel = open_channel(self.endpoint, self.config.channel)
+                self._stub = KVCacheServiceStub(self._channel)
+                self._generation += 1
+                self._stale.update(self._registrations)
+            return self._stub, self._generation
+
+    def _handle(self, namespace: Namespace, stub: KVCacheServiceStub, generation: int) -> bytes:
+        with self._lock:
+            reg = self._registrations.get(namespace)
+            if reg is not None and namespace not in self._stale:
+                return reg.handle
+        return self._register(namespace, stub, generation).handle
+
+    def _register(self, namespace: Namespace, stub: KVCacheServiceStub, generation: int) -> Registration:
+        with self._lock:
+            models = self._models.get(namespace)
+        request = pb.RegisterRequest(namespace=namespace_to_proto(namespace), engine_id=self.config.engine_id)
+        if models is not None and models.prefill is not None:
+            request.prefill.CopyFrom(prefill_to_proto(models.prefill))
+        if models is not None and models.deadline is not None:
+            request.deadline.CopyFrom(deadline_to_proto(models.deadline))
+        try:
+            resp = REGISTER.invoke(stub, request, self.config.timeout_s, self._metadata)
+        except grpc.RpcError as exc:
+            raise self._failed(exc, REGISTER.name, generation, None) from None
+        reg = Registration.from_proto(resp)
+        if reg.layout != namespace.layout or reg.chunk_bytes != namespace.layout.chunk_bytes:
+            raise InvalidArgumentError(
+                "layout",
+                f"the daemon accepted {reg.layout} ({reg.chunk_bytes} bytes per chunk), the namespace has"
+                f" {namespace.layout} ({namespace.layout.chunk_bytes})",
+            )
+        with self._lock:
+            again = namespace in self._registrations
+            self._registrations[namespace] = reg
+            self._stale.discard(namespace)
+            in_use = frozenset(r.segment.shm_segment for r in self._registrations.values() if r.segment)
+        if self._on_registered is not None:
+            self._on_registered(in_use)
+        logger.info(
+            "%s namespace %s (handle %s, segment %s)",
+            "re-registered" if again else "registered",
+            namespace.model_id,
+            reg.handle.hex()[:16],
+            reg.segment.shm_segment if reg.segment else None,
+        )
+        self._succeeded()
+        return reg
+
+    def _failed(
+        self, exc: grpc.RpcError, method: str, generation: int, namespace: Namespace | None
+    ) -> TierCacheError:
+        """Map a failed call to its typed error and update the connection state."""
+        error = error_from_rpc(exc, method)
+        dropped: grpc.Channel | None = None
+        with self._lock:
+            if (
+                isinstance(error, (UnavailableError, DeadlineExceededError))
+                and generation == self._generation
+            ):
+                delay = self._backoff.failed()
+                if isinstance(error, UnavailableError):
+                    # Drop the channel: the next attempt dials afresh (the daemon may be a new process).
+                    dropped, self._channel, self._stub = self._channel, None, None
+                    self._stale.update(self._registrations)
+                logger.warning("%s failed (%s); next attempt in %.2fs", method, error, delay)
+            elif namespace is not None and is_lost_handle(error):
+                self._stale.add(namespace)
+        if dropped is not None:
+            dropped.close()
+        return error
+
+    def _succeeded(self) -> None:
+        with self._lock:
+            self._backoff.succeeded()

@@ -1,0 +1,175 @@
+"""The daemon's shared-memory segments mapped into the engine process (what the same-host data plane uses).
+
+A segment is mapped once (per segment name) and wrapped in one ``uint8`` tensor; a slot is a slice of it, so
+copies go straight between the daemon's slot and the engine's tensors. Views are only handed out inside
+:meth:`SlotMapping.use`; the mapping is unmapped when it is retired and no ``use`` is active, so a view can
+never outlive the memory under it. :class:`SegmentMaps` is a client's cache of mappings by segment name.
+
+Primitives:
+    SlotMapping.attach: map a daemon's segment as described by its SegmentInfo.
+    SlotMapping.use: a context in which ``SlotAccess.view(ref)`` gives a slot's bytes as a tensor.
+    SlotMapping.retire / close: unmap when the last user is done (retire) or now (close).
+    SegmentMaps: mapping (get), retain (retire the mappings of segments no longer named), close.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from tiercache.errors import InvalidArgumentError, NotFoundError, TierCacheError, UnavailableError
+from tiercache.shm import SharedSegment
+
+from .results import SegmentInfo, SlotRef
+
+logger = logging.getLogger(__name__)
+
+
+class SlotAccess:
+    """Typed access to the slots of a mapped segment (valid inside ``SlotMapping.use`` only)."""
+
+    def __init__(self, info: SegmentInfo, memory: torch.Tensor) -> None:
+        self._info = info
+        self._memory = memory
+
+    def view(self, ref: SlotRef) -> torch.Tensor:
+        """The bytes of a slot: a 1-D ``uint8`` tensor of ``ref.nbytes`` sharing memory with the segment.
+
+        Raises:
+            TierCacheError: the daemon named a slot outside its segment.
+        """
+        info = self._info
+        if not 0 <= ref.slot < info.num_slots or not 0 < ref.nbytes <= info.slot_bytes:
+            raise TierCacheError(
+                f"data plane: slot {ref.slot} ({ref.nbytes} bytes) outside the segment"
+                f" ({info.num_slots} slots of {info.slot_bytes} bytes)"
+            )
+        start = ref.slot * info.slot_bytes
+        return self._memory[start : start + ref.nbytes]
+
+
+class SlotMapping:
+    """One mapped daemon segment, shared by every registration that names it. Thread-safe."""
+
+    def __init__(self, segment: SharedSegment, info: SegmentInfo) -> None:
+        self.info = info
+        self._segment: SharedSegment | None = segment
+        self._memory: torch.Tensor | None = torch.frombuffer(segment.buffer, dtype=torch.uint8)
+        self._lock = threading.Lock()
+        self._users = 0
+        self._retired = False
+
+    @classmethod
+    def attach(cls, info: SegmentInfo) -> SlotMapping:
+        """Map the segment ``info`` names.
+
+        Raises:
+            NotFoundError: no such segment on this host (the daemon runs elsewhere).
+            InvalidArgumentError: the segment is smaller than the daemon says, or the description is
+                inconsistent.
+        """
+        if info.slot_bytes <= 0 or info.num_slots * info.slot_bytes > info.segment_bytes:
+            raise InvalidArgumentError(
+                "data_plane",
+                f"{info.num_slots} slots of {info.slot_bytes} bytes do not fit {info.segment_bytes} bytes",
+            )
+        segment = SharedSegment.attach(info.shm_segment)
+        if segment.size < info.segment_bytes:
+            segment.close()
+            raise InvalidArgumentError(
+                "data_plane",
+                f"segment {info.shm_segment} has {segment.size} bytes, expected {info.segment_bytes}",
+            )
+        logger.debug("attached shared-memory segment %s (%d bytes)", info.shm_segment, segment.size)
+        return cls(segment, info)
+
+    @property
+    def name(self) -> str:
+        """The segment's name."""
+        return self.info.shm_segment
+
+    @contextmanager
+    def use(self) -> Iterator[SlotAccess]:
+        """Hold the mapping while slot views are in use.
+
+        Raises:
+            UnavailableError: the mapping was retired (the daemon moved to another segment).
+        """
+        with self._lock:
+            if self._retired or self._memory is None:
+                raise UnavailableError(f"data plane: segment {self.info.shm_segment} was retired")
+            self._users += 1
+            memory = self._memory
+        try:
+            yield SlotAccess(self.info, memory)
+        finally:
+            with self._lock:
+                self._users -= 1
+                done = self._retired and self._users == 0
+            if done:
+                self._unmap()
+
+    def retire(self) -> None:
+        """Stop handing out views; unmap once the last active ``use`` ends (idempotent)."""
+        with self._lock:
+            self._retired = True
+            done = self._users == 0
+        if done:
+            self._unmap()
+
+    close = retire
+
+    def _unmap(self) -> None:
+        with self._lock:
+            segment, self._segment = self._segment, None
+            self._memory = None
+        if segment is not None:
+            segment.close()
+            logger.debug("unmapped shared-memory segment %s", self.info.shm_segment)
+
+
+class SegmentMaps:
+    """A client's mapped segments by name (a segment that cannot be mapped here is remembered as None).
+
+    Thread-safe. Registrations of several namespaces name the same segment: it is mapped once.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._maps: dict[str, SlotMapping | None] = {}
+
+    def mapping(self, info: SegmentInfo) -> SlotMapping | None:
+        """The mapping of the segment ``info`` names, mapping it on first use; None when it cannot be mapped
+        in this process (the daemon runs on another host, or the segment is not what it says)."""
+        with self._lock:
+            if info.shm_segment in self._maps:
+                return self._maps[info.shm_segment]
+        mapping: SlotMapping | None
+        try:
+            mapping = SlotMapping.attach(info)
+        except (NotFoundError, InvalidArgumentError, OSError) as exc:
+            logger.info(
+                "shared-memory segment %s not usable here (%s); using the byte stream", info.shm_segment, exc
+            )
+            mapping = None
+        with self._lock:
+            existing = self._maps.setdefault(info.shm_segment, mapping)
+        if existing is not mapping and mapping is not None:
+            mapping.retire()
+        return existing
+
+    def retain(self, names: frozenset[str]) -> None:
+        """Retire the mappings of segments not in ``names`` (the daemon moved on: a restart)."""
+        with self._lock:
+            retired = [self._maps.pop(n) for n in list(self._maps) if n not in names]
+        for mapping in retired:
+            if mapping is not None:
+                mapping.retire()
+
+    def close(self) -> None:
+        """Retire every mapping (each unmaps once its last user is done)."""
+        self.retain(frozenset())

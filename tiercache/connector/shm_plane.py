@@ -1,0 +1,297 @@
+"""The same-host data plane: copies straight between the daemon's shared-memory slots and the engine's KV.
+
+A load leases the slots of the cached prefix (AcquireLoad), copies each chunk from its slot into the
+engine's tensors (one copy per chunk and layer) and releases the lease. Its bytes count as loaded only if
+the lease provably covered the copy: the daemon confirmed the release, or the copy finished before the
+lease's expiry by the local clock. Otherwise the slots may have been reused and the load reports 0 tokens.
+A store reserves slots (BeginStore), fills them and commits, or aborts on any failure so that no partial
+chunk is ever visible.
+
+Slots are always viewed through the mapping of the *current* registration's segment: a control call may
+just have re-registered after a daemon restart, and the slots it names are in the new segment.
+
+Primitives:
+    SharedMemoryPlane: the :class:`~.dataplane.DataPlane` over shared-memory slots.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from types import MappingProxyType
+
+import torch
+
+from tiercache.errors import TierCacheError, UnavailableError
+from tiercache.keys import Namespace
+from tiercache.tiers.base import TierLevel
+
+from .client import TierCacheClient
+from .config import ConnectorConfig
+from .dataplane import DataPlane, DataPlaneKind, PrefillPublisher
+from .kv import EngineKV, chunk_to_kv, kv_to_chunk
+from .layerwise import LayerwiseLoad, LayerwiseSave
+from .outcomes import LoadResult, StoreResult
+from .policy import WirePolicy
+from .results import LoadLease, SlotRef, StoreGrant
+from .segments import SlotMapping
+
+logger = logging.getLogger(__name__)
+
+
+def _prefix(refs: Sequence[SlotRef]) -> list[SlotRef]:
+    """The slots of positions 0, 1, 2, ... in order, up to the first gap."""
+    by_index = {r.index: r for r in refs}
+    out: list[SlotRef] = []
+    while len(out) in by_index:
+        out.append(by_index[len(out)])
+    return out
+
+
+class SharedMemoryPlane(DataPlane):
+    """Loads and stores through the daemon's shared-memory slots (the daemon runs on this host)."""
+
+    kind = DataPlaneKind.SHARED_MEMORY
+
+    def __init__(
+        self,
+        client: TierCacheClient,
+        namespace: Namespace,
+        config: ConnectorConfig,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(client, namespace, config)
+        self._layout = namespace.layout
+        self._clock = clock
+
+    # ------------------------------------------------------------------ load
+
+    def load(self, keys: Sequence[bytes], kv: EngineKV, policy: WirePolicy, prompt_tokens: int) -> LoadResult:
+        looked_up = len(keys) * self._layout.chunk_tokens
+        started = self._clock()
+        lease = self._acquire(keys, policy, prompt_tokens)
+        refs = self._checked(_prefix(lease.slots))
+        planned = self._planned(lease, refs, looked_up)
+        if lease.lease_id == 0:
+            return planned
+        copied = 0
+        in_time = False
+        try:
+            with self.mapping().use() as slots:
+                for ref in refs:
+                    chunk_to_kv(self._layout, slots.view(ref), kv, ref.index)
+                    copied += 1
+            # The lease's TTL started at the daemon after ``started``: by the local clock it held throughout.
+            in_time = self._clock() < started + lease.expires_in_s
+        finally:
+            released = self._release(lease, wait=not in_time)
+        if released is False or (released is None and not in_time):
+            logger.warning("load lease %d lapsed during the copy; recomputing", lease.lease_id)
+            copied = 0
+        if copied < len(refs):
+            return LoadResult(looked_up, planned.tokens_hit, 0, tokens_cached=planned.tokens_cached)
+        return planned
+
+    def load_layerwise(
+        self,
+        keys: Sequence[bytes],
+        kv: EngineKV,
+        policy: WirePolicy,
+        prompt_tokens: int,
+        on_result: Callable[[LoadResult], None],
+    ) -> LayerwiseLoad:
+        looked_up = len(keys) * self._layout.chunk_tokens
+        started = self._clock()
+        lease = self._acquire(keys, policy, prompt_tokens)
+        refs = self._checked(_prefix(lease.slots))
+        planned = self._planned(lease, refs, looked_up)
+        if lease.lease_id == 0 or not refs:
+            if lease.lease_id:
+                self._release(lease)
+            return LayerwiseLoad.unleased(self._layout, kv, planned, on_result)
+        deadline = started + lease.expires_in_s
+
+        @contextmanager
+        def buffers() -> Iterator[list[tuple[int, torch.Tensor]]]:
+            with self.mapping().use() as slots:
+                yield [(ref.index, slots.view(ref)) for ref in refs]
+
+        return LayerwiseLoad(
+            self._layout,
+            kv,
+            buffers(),
+            planned,
+            valid=lambda: self._clock() < deadline,
+            release=lambda: self._release(lease),
+            on_result=on_result,
+        )
+
+    # ------------------------------------------------------------------ store
+
+    def store(self, keys: Sequence[bytes], kv: EngineKV) -> StoreResult:
+        c_tokens = self._layout.chunk_tokens
+        offered = len(keys) * c_tokens
+        grant = self.client.begin_store(self.namespace, keys, ttl_s=self.config.store_ttl_s)
+        committed = False
+        try:
+            with self.mapping().use() as slots:
+                for ref in grant.slots:
+                    if ref.nbytes != self._layout.chunk_bytes or not 0 <= ref.index < len(keys):
+                        raise TierCacheError(
+                            f"store slot for chunk {ref.index} holds {ref.nbytes} bytes,"
+                            f" expected {self._layout.chunk_bytes}"
+                        )
+                    kv_to_chunk(self._layout, kv, ref.index, slots.view(ref))
+            stored = self.client.commit_store(self.namespace, grant.ticket_id)
+            committed = True
+        finally:
+            if not committed:
+                self._abort(grant)
+        return StoreResult(offered, stored * c_tokens, len(grant.skipped) * c_tokens)
+
+    def begin_save(self, keys: Sequence[bytes]) -> LayerwiseSave:
+        layout = self._layout
+        grant = self.client.begin_store(self.namespace, keys, ttl_s=self.config.store_ttl_s)
+        bad = [r for r in grant.slots if r.nbytes != layout.chunk_bytes or not 0 <= r.index < len(keys)]
+        if bad or not grant.slots:
+            if bad:
+                logger.warning(
+                    "store slot for chunk %d holds %d bytes; not caching", bad[0].index, bad[0].nbytes
+                )
+            self._abort(grant)
+            return LayerwiseSave.empty(layout, len(keys), len(grant.skipped), remote=False)
+
+        @contextmanager
+        def buffers() -> Iterator[list[tuple[int, torch.Tensor]]]:
+            with self.mapping().use() as slots:
+                yield [(ref.index, slots.view(ref)) for ref in grant.slots]
+
+        return LayerwiseSave(
+            layout,
+            len(keys),
+            buffers(),
+            commit=lambda: self.client.commit_store(self.namespace, grant.ticket_id),
+            abort=lambda: self._abort(grant),
+            skipped_chunks=len(grant.skipped),
+            remote=False,
+        )
+
+    def prefill_publisher(self, keys: Sequence[bytes], start: int) -> PrefillPublisher:
+        return _SlotPublisher(self, keys, start)
+
+    # ------------------------------------------------------------------ internals
+
+    def mapping(self) -> SlotMapping:
+        """The segment of the current registration (a call may just have re-registered after a restart)."""
+        mapping = self.client.slot_mapping(self.namespace)
+        if mapping is None:
+            raise UnavailableError("data plane: the daemon's shared memory is no longer reachable")
+        return mapping
+
+    def _acquire(self, keys: Sequence[bytes], policy: WirePolicy, prompt_tokens: int) -> LoadLease:
+        return self.client.acquire_load(
+            self.namespace,
+            keys,
+            ttl_s=self.config.load_ttl_s,
+            policy=policy.kind,
+            timeout_s=policy.timeout_s,
+            prompt_tokens=prompt_tokens,
+        )
+
+    def _checked(self, refs: list[SlotRef]) -> list[SlotRef]:
+        """The prefix of ``refs`` whose slots hold a whole chunk."""
+        for i, ref in enumerate(refs):
+            if ref.nbytes != self._layout.chunk_bytes:
+                logger.warning(
+                    "slot of chunk %d holds %d bytes, expected %d",
+                    ref.index,
+                    ref.nbytes,
+                    self._layout.chunk_bytes,
+                )
+                return refs[:i]
+        return refs
+
+    def _planned(self, lease: LoadLease, refs: list[SlotRef], looked_up: int) -> LoadResult:
+        """The result of a load once every chunk of ``refs`` has arrived."""
+        c_tokens = self._layout.chunk_tokens
+        sources: dict[TierLevel, int] = {}
+        for ref in refs:
+            if ref.source is not None:
+                sources[ref.source] = sources.get(ref.source, 0) + c_tokens
+        return LoadResult(
+            looked_up,
+            len(_prefix(lease.slots)) * c_tokens,
+            len(refs) * c_tokens,
+            tokens_cached=lease.cached * c_tokens,
+            sources=MappingProxyType(sources),
+            estimated_load_s=lease.estimated_load_s,
+            estimated_recompute_s=lease.estimated_recompute_s,
+        )
+
+    def _release(self, lease: LoadLease, wait: bool = True) -> bool | None:
+        """Release a lease; None when not waited for, or when the daemon could not answer (it then expires
+        at its TTL)."""
+        try:
+            if not wait:
+                self.client.release_load_nowait(self.namespace, lease.lease_id)
+                return None
+            return self.client.release_load(self.namespace, lease.lease_id)
+        except TierCacheError as exc:
+            logger.warning("releasing load lease %d failed (%s); it expires at its TTL", lease.lease_id, exc)
+            return None
+
+    def _abort(self, grant: StoreGrant) -> None:
+        try:
+            self.client.abort_store(self.namespace, grant.ticket_id)
+        except TierCacheError as exc:
+            logger.warning(
+                "aborting store ticket %d failed (%s); it expires at its TTL", grant.ticket_id, exc
+            )
+
+
+class _SlotPublisher(PrefillPublisher):
+    """Publishes led chunks through one store grant for ``keys[start:]``, committed position by position."""
+
+    def __init__(self, plane: SharedMemoryPlane, keys: Sequence[bytes], start: int) -> None:
+        self._plane = plane
+        self._keys = keys
+        self._start = start
+        self._grant: StoreGrant | None = None
+        self._slots: dict[int, SlotRef] = {}
+        self._published: set[int] = set()
+
+    @property
+    def reserved(self) -> bool:
+        return self._grant is not None
+
+    def publish(self, kv: EngineKV, positions: Sequence[int]) -> int:
+        plane, layout = self._plane, self._plane.namespace.layout
+        if self._grant is None:
+            self._grant = plane.client.begin_store(
+                plane.namespace,
+                self._keys[self._start :],
+                start_depth=self._start,
+                ttl_s=plane.config.store_ttl_s,
+            )
+            self._slots = {self._start + ref.index: ref for ref in self._grant.slots}
+        refs = [self._slots[p] for p in positions if p in self._slots]
+        if refs:
+            with plane.mapping().use() as slots:
+                for p in positions:
+                    if p in self._slots:
+                        kv_to_chunk(layout, kv, p, slots.view(self._slots[p]))
+            plane.client.commit_store(
+                plane.namespace, self._grant.ticket_id, indices=[ref.index for ref in refs]
+            )
+        self._published.update(positions)  # positions without a slot were cached or stored by someone else
+        return len(refs)
+
+    def abort(self) -> None:
+        grant, self._grant = self._grant, None
+        if grant is not None and any(p not in self._published for p in self._slots):
+            try:
+                self._plane.client.abort_store(self._plane.namespace, grant.ticket_id)
+            except TierCacheError as exc:
+                logger.warning("aborting prefill store ticket failed (%s); it expires at its TTL", exc)

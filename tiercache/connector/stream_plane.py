@@ -1,0 +1,199 @@
+"""The byte-stream data plane (engines on another host, or ``ConnectorConfig(force_remote=True)``).
+
+Whole chunks travel over gRPC streams, framed by :mod:`.stream` into messages within both ends' size limit
+(per-piece zstd when the codec asks for it). A store first looks up the cached prefix and sends only what
+follows it, staging one chunk at a time; a load receives the contiguous cached prefix and copies each chunk
+into the engine's tensors as soon as it is complete (all chunks are assembled in one reused buffer). The
+daemon commits a stream store when the stream ends, so a failed stream leaves nothing visible.
+
+Primitives:
+    ByteStreamPlane: the :class:`~.dataplane.DataPlane` over StreamStore / StreamLoad.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import nullcontext
+
+import torch
+
+from tiercache.codec import Codec
+from tiercache.proto import tiercache_pb2 as pb
+
+from .dataplane import DataPlane, DataPlaneKind, PrefillPublisher
+from .kv import EngineKV, chunk_to_kv, kv_to_chunk
+from .layerwise import LayerwiseLoad, LayerwiseSave
+from .outcomes import LoadResult, StoreResult
+from .policy import WirePolicy
+from .results import StreamChunk, StreamStoreResult
+from .stream import Payload, StreamAssembler, message_limit, payload_view, piece_bytes, store_messages
+
+logger = logging.getLogger(__name__)
+
+
+class ByteStreamPlane(DataPlane):
+    """Loads and stores whole chunks over the daemon's byte-stream RPCs."""
+
+    kind = DataPlaneKind.BYTE_STREAM
+
+    # ------------------------------------------------------------------ load
+
+    def load(self, keys: Sequence[bytes], kv: EngineKV, policy: WirePolicy, prompt_tokens: int) -> LoadResult:
+        layout = self.namespace.layout
+
+        def consume(chunk: StreamChunk) -> None:
+            chunk_to_kv(layout, torch.frombuffer(chunk.data, dtype=torch.uint8), kv, chunk.index)
+
+        loaded = self.receive(keys, consume, reuse_buffer=True)
+        hit = loaded * layout.chunk_tokens
+        return LoadResult(len(keys) * layout.chunk_tokens, hit, hit, remote=True, tokens_cached=hit)
+
+    def load_layerwise(
+        self,
+        keys: Sequence[bytes],
+        kv: EngineKV,
+        policy: WirePolicy,
+        prompt_tokens: int,
+        on_result: Callable[[LoadResult], None],
+    ) -> LayerwiseLoad:
+        layout = self.namespace.layout
+        chunks: list[StreamChunk] = []
+        self.receive(keys, chunks.append, reuse_buffer=False)
+        hit = len(chunks) * layout.chunk_tokens
+        planned = LoadResult(len(keys) * layout.chunk_tokens, hit, hit, remote=True, tokens_cached=hit)
+        views = [(c.index, torch.frombuffer(c.data, dtype=torch.uint8)) for c in chunks]
+        return LayerwiseLoad.unleased(layout, kv, planned, on_result, nullcontext(views) if views else None)
+
+    # ------------------------------------------------------------------ store
+
+    def store(self, keys: Sequence[bytes], kv: EngineKV) -> StoreResult:
+        layout = self.namespace.layout
+        c_tokens = layout.chunk_tokens
+        offered = len(keys) * c_tokens
+        cached = self.client.lookup(self.namespace, keys).chunks
+        if cached >= len(keys):
+            return StoreResult(offered, 0, offered, remote=True)
+        staging = torch.empty(layout.chunk_bytes, dtype=torch.uint8)
+
+        def payloads() -> Iterator[torch.Tensor]:
+            # One staging buffer: each chunk is cut into (copied) messages before the next is staged.
+            for index in range(cached, len(keys)):
+                kv_to_chunk(layout, kv, index, staging)
+                yield staging
+
+        result = self.send(keys[cached:], payloads(), start_depth=cached, codec=self.config.codec)
+        skipped = cached + len(result.skipped)
+        return StoreResult(offered, result.stored * c_tokens, skipped * c_tokens, remote=True)
+
+    def begin_save(self, keys: Sequence[bytes]) -> LayerwiseSave:
+        """Layers are staged in local buffers; the chunks are sent at commit."""
+        layout = self.namespace.layout
+        cached = self.client.lookup(self.namespace, keys).chunks
+        staged = [(i, torch.empty(layout.chunk_bytes, dtype=torch.uint8)) for i in range(cached, len(keys))]
+
+        def commit() -> int:
+            payloads = (buf for _, buf in staged)
+            return self.send(keys[cached:], payloads, start_depth=cached, codec=self.config.codec).stored
+
+        return LayerwiseSave(
+            layout, len(keys), nullcontext(staged) if staged else None, commit, lambda: None, cached, True
+        )
+
+    def prefill_publisher(self, keys: Sequence[bytes], start: int) -> PrefillPublisher:
+        return _StreamPublisher(self, keys)
+
+    # ------------------------------------------------------------------ the two streams
+
+    def send(
+        self,
+        keys: Sequence[bytes],
+        payloads: Iterable[Payload],
+        start_depth: int = 0,
+        codec: Codec = Codec.RAW,
+    ) -> StreamStoreResult:
+        """Store whole chunks over the byte stream; committed when the stream ends.
+
+        Args:
+            keys: chunk keys; ``keys[0]`` is at chain depth ``start_depth``.
+            payloads: one raw chunk per key, consumed lazily while the stream is sent.
+            start_depth: chain depth of ``keys[0]``.
+            codec: RAW, or ZSTD to compress pieces (level 1) where it pays.
+
+        Raises:
+            InvalidArgumentError: a payload of the wrong size (also raised when the engine's payload
+                iterator raised: its exception is re-raised as is).
+            UnavailableError, DeadlineExceededError, ...: daemon failures.
+        """
+        if not keys:
+            return StreamStoreResult(0, ())
+        reg = self.client.registration(self.namespace)
+        piece = piece_bytes(
+            message_limit(reg.max_stream_message_bytes, self.client.config.channel.max_message_bytes)
+        )
+
+        def messages(handle: bytes) -> Iterator[pb.StreamStoreMessage]:
+            views = (payload_view(p, i) for i, p in enumerate(payloads))
+            return store_messages(handle, keys, views, reg.chunk_bytes, piece, codec, start_depth)
+
+        return self.client.stream_store(self.namespace, messages)
+
+    def receive(
+        self, keys: Sequence[bytes], consume: Callable[[StreamChunk], None], reuse_buffer: bool
+    ) -> int:
+        """Receive the contiguous cached prefix of ``keys``, handing each whole chunk to ``consume``.
+
+        With ``reuse_buffer`` every chunk is assembled in the same buffer: ``consume`` must be done with
+        ``chunk.data`` when it returns. Returns the number of chunks consumed.
+
+        Raises:
+            TierCacheError: the stream was malformed (out-of-order pieces, bad sizes or zstd data).
+            UnavailableError, DeadlineExceededError, ...: daemon failures.
+        """
+        if not keys:
+            return 0
+        reg = self.client.registration(self.namespace)
+        limit = message_limit(reg.max_stream_message_bytes, self.client.config.channel.max_message_bytes)
+
+        def read(messages: Iterator[pb.StreamLoadMessage]) -> int:
+            assembler = StreamAssembler(keys, reg.chunk_bytes, reuse_buffer)
+            count = 0
+            for msg in messages:
+                chunk = assembler.feed(msg)
+                if chunk is not None:
+                    consume(chunk)
+                    count += 1
+            assembler.finish()
+            return count
+
+        return self.client.stream_load(
+            self.namespace, keys, read, codec=self.config.codec, max_message_bytes=limit
+        )
+
+
+class _StreamPublisher(PrefillPublisher):
+    """Publishes led chunks as one stream store per publication (nothing is reserved in between)."""
+
+    def __init__(self, plane: ByteStreamPlane, keys: Sequence[bytes]) -> None:
+        self._plane = plane
+        self._keys = keys
+
+    @property
+    def reserved(self) -> bool:
+        return False
+
+    def publish(self, kv: EngineKV, positions: Sequence[int]) -> int:
+        layout = self._plane.namespace.layout
+        staging = torch.empty(layout.chunk_bytes, dtype=torch.uint8)
+
+        def payloads() -> Iterator[torch.Tensor]:
+            for p in positions:
+                kv_to_chunk(layout, kv, p, staging)
+                yield staging
+
+        keys = [self._keys[p] for p in positions]
+        # Publications travel raw, whatever the connector's codec (as they always have).
+        return self._plane.send(keys, payloads(), start_depth=positions[0]).stored
+
+    def abort(self) -> None:
+        return None
