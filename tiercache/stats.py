@@ -3,7 +3,7 @@ exports metrics).
 
 Every figure is a field of one of the dataclasses here, with its meaning next to it in the field's metadata
 (:class:`StatInfo`: help text, gauge or counter, the metric name where it departs from the field's). The wire
-conversion (:mod:`tiercache.stats_wire`), the daemon's Prometheus families and the connector's
+conversion (:mod:`tiercache.wire.stats`), the daemon's Prometheus families and the connector's
 ``TierCacheClient.stats()`` are all derived from these fields: adding a figure is adding a field here (and
 to the ``.proto``).
 

@@ -21,8 +21,9 @@ from tiercache.stats import (
     stat_info,
     wire_name,
 )
-from tiercache.stats_wire import MESSAGES, SchemaError, pair_fields, stats_from_proto, stats_to_proto
 from tiercache.tiers.base import TierLevel
+from tiercache.wire.enums import SchemaError
+from tiercache.wire.stats import MESSAGES, pair_fields, stats_from_proto, stats_to_proto
 
 SCHEMA = (TierStats, PrefillStats, CacheStats)
 

@@ -32,8 +32,8 @@ from tiercache.keys import Namespace
 from tiercache.policies.load import DeadlineModel, LoadPolicyKind, PrefillModel, make_load_policy
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.stats import CacheStats
-from tiercache.stats_wire import stats_from_proto
 from tiercache.tiers.base import TierLevel
+from tiercache.wire import CODECS, LOAD_POLICIES, stats_from_proto
 
 from . import rpcs
 from .channel import Endpoint, parse_address
@@ -48,18 +48,10 @@ from .results import (
     StreamStoreResult,
 )
 from .segments import SegmentMaps, SlotMapping
-from .wire import codec_to_proto
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-_POLICIES: dict[LoadPolicyKind, pb.LoadPolicy] = {
-    LoadPolicyKind.WAIT_COMPLETE: pb.LOAD_POLICY_WAIT_COMPLETE,
-    LoadPolicyKind.BEST_EFFORT: pb.LOAD_POLICY_BEST_EFFORT,
-    LoadPolicyKind.TIMEOUT: pb.LOAD_POLICY_TIMEOUT,
-    LoadPolicyKind.COST_AWARE: pb.LOAD_POLICY_COST_AWARE,
-}
 
 
 class TierCacheClient:
@@ -270,7 +262,7 @@ class TierCacheClient:
                 handle=h,
                 keys=keys,
                 ttl_s=ttl_s,
-                policy=_POLICIES[policy],
+                policy=LOAD_POLICIES.to_proto(policy),
                 timeout_s=timeout_s,
                 prompt_tokens=prompt_tokens,
             ),
@@ -454,7 +446,7 @@ class TierCacheClient:
 
         def build(handle: bytes) -> pb.StreamLoadRequest:
             return pb.StreamLoadRequest(
-                handle=handle, keys=keys, codec=codec_to_proto(codec), max_message_bytes=max_message_bytes
+                handle=handle, keys=keys, codec=CODECS.to_proto(codec), max_message_bytes=max_message_bytes
             )
 
         return self._conn.server_stream(rpcs.STREAM_LOAD, namespace, build, read)

@@ -40,13 +40,13 @@ from tiercache.keys import Namespace
 from tiercache.policies.load import DeadlineModel, PrefillModel
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.proto.tiercache_pb2_grpc import KVCacheServiceStub
+from tiercache.wire import deadline_to_proto, namespace_to_proto, prefill_to_proto
 
 from .backoff import Backoff, BackoffConfig
 from .channel import ChannelConfig, Endpoint, auth_metadata, open_channel
 from .errors import error_from_rpc, is_lost_handle
 from .results import Registration
 from .rpcs import REGISTER, Metadata, Req, Resp, StreamUnaryRpc, UnaryRpc, UnaryStreamRpc
-from .wire import deadline_to_proto, namespace_to_proto, prefill_to_proto
 
 logger = logging.getLogger(__name__)
 

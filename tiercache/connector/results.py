@@ -7,7 +7,8 @@ Primitives:
         results.
     PrefillClaimInfo: what a single-flight prefill claim granted.
 
-A stats snapshot is the core's :class:`~tiercache.stats.CacheStats` (see :mod:`tiercache.stats_wire`).
+A stats snapshot is the core's :class:`~tiercache.stats.CacheStats` (see :mod:`tiercache.wire.stats`). Tiers
+and layouts convert through :mod:`tiercache.wire`; a tier this side does not know reads as None.
 """
 
 from __future__ import annotations
@@ -19,15 +20,7 @@ from types import MappingProxyType
 from tiercache.layout import KVLayout
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.tiers.base import TierLevel
-
-from .wire import layout_from_proto
-
-
-def _tier(value: int) -> TierLevel | None:
-    try:
-        return TierLevel(value)
-    except ValueError:
-        return None
+from tiercache.wire import TIERS, layout_from_proto
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +98,7 @@ class LookupInfo:
     @classmethod
     def from_proto(cls, msg: pb.LookupResponse) -> LookupInfo:
         """Convert a ``LookupResponse``."""
-        by_tier = {t: c.chunks for c in msg.by_tier if (t := _tier(c.tier)) is not None}
+        by_tier = {t: c.chunks for c in msg.by_tier if (t := TIERS.lookup(c.tier)) is not None}
         return cls(chunks=msg.chunks, by_tier=MappingProxyType(by_tier), prefetch_id=msg.prefetch_id)
 
 
@@ -140,7 +133,7 @@ class SlotRef:
 
 
 def _slots(refs: Iterable[pb.SlotRef]) -> tuple[SlotRef, ...]:
-    return tuple(SlotRef(r.index, r.slot, r.nbytes, _tier(r.source)) for r in refs)
+    return tuple(SlotRef(r.index, r.slot, r.nbytes, TIERS.lookup(r.source)) for r in refs)
 
 
 @dataclass(frozen=True, slots=True)

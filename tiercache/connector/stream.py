@@ -22,9 +22,9 @@ import zstandard
 from tiercache.codec import Codec
 from tiercache.errors import InvalidArgumentError, TierCacheError
 from tiercache.proto import tiercache_pb2 as pb
+from tiercache.wire import CODECS
 
 from .results import StreamChunk
-from .wire import codec_to_proto
 
 DEFAULT_MESSAGE_BYTES = 4 * 1024 * 1024
 """Message size limit used when the daemon names none."""
@@ -122,7 +122,7 @@ def store_messages(
                 index=index,
                 offset=offset,
                 data=data,
-                codec=codec_to_proto(used),
+                codec=CODECS.to_proto(used),
                 last=stop == chunk_bytes,
                 chunk_bytes=chunk_bytes,
             )
@@ -202,9 +202,10 @@ class StreamAssembler:
         return chunk
 
     def _decode(self, msg: pb.StreamLoadMessage) -> bytes:
-        if msg.codec == pb.CODEC_RAW:
+        codec = CODECS.lookup(msg.codec)
+        if codec is Codec.RAW:
             return bytes(msg.data)
-        if msg.codec == pb.CODEC_ZSTD:
+        if codec is Codec.ZSTD:
             try:
                 return self._zstd.decompress(msg.data, max_output_size=self._chunk_bytes - self._filled)
             except zstandard.ZstdError as exc:

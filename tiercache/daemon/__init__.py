@@ -6,7 +6,8 @@ Modules, each with one responsibility:
     config: value parsers and the frozen per-component configs.
     auth: bearer tokens -> tenant.
     handles: handle -> tenant, ticket/lease -> handle.
-    convert: proto <-> core types, with field-named validation.
+    convert: request-specific conversions (keys, durations, responses) with field-named validation;
+        shared values convert through :mod:`tiercache.wire`.
     status: tiercache errors -> gRPC status codes (the one place).
     events: numbered cache events, replay buffer, fan-out to WatchEvents subscribers.
     streams: the byte-stream data plane (pieces, zstd).

@@ -19,7 +19,7 @@ from typing import Any
 
 from tiercache.errors import InvalidArgumentError
 from tiercache.proto import tiercache_pb2 as pb
-from tiercache.stats_wire import stats_to_proto
+from tiercache.wire import layout_to_proto, stats_to_proto
 
 from . import convert
 from .events import HubEvent, HubEventKind
@@ -40,9 +40,8 @@ class NamespaceRpcs(ServicerBase):
     @unary_tenant
     async def Register(self, request: pb.RegisterRequest, tenant: str, context: Any) -> pb.RegisterResponse:
         """Register the caller's namespace; the handle is scoped to the caller's tenant."""
-        ns = convert.namespace_from_proto(request.namespace, request.HasField("namespace"))
-        prefill = convert.prefill_from_proto(request.prefill, request.HasField("prefill"))
-        deadline = convert.deadline_from_proto(request.deadline, request.HasField("deadline"))
+        args = convert.register_from_proto(request)
+        ns, prefill, deadline = args.namespace, args.prefill, args.deadline
         try:
             handle = await self.run(self._manager.register_namespace, ns, tenant)
         except InvalidArgumentError as exc:
@@ -64,7 +63,7 @@ class NamespaceRpcs(ServicerBase):
         dp = self._deps.data_plane
         return pb.RegisterResponse(
             handle=handle,
-            layout=convert.layout_to_proto(ns.layout),
+            layout=layout_to_proto(ns.layout),
             chunk_bytes=chunk_bytes,
             data_plane=pb.DataPlane(
                 shm_segment=dp.segment,

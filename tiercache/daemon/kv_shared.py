@@ -23,6 +23,7 @@ from typing import Any
 
 from tiercache.errors import NotFoundError
 from tiercache.proto import tiercache_pb2 as pb
+from tiercache.wire import LOAD_POLICIES
 
 from . import convert
 from .handles import Claims
@@ -103,7 +104,7 @@ class SharedMemoryRpcs(ServicerBase):
         handle, info = caller.namespace_id, caller.info
         keys = convert.keys_from_proto(request.keys)
         ttl = convert.ttl_from_proto(request.ttl_s)
-        kind = convert.load_policy_from_proto(int(request.policy))
+        kind = LOAD_POLICIES.from_proto(int(request.policy), "policy")
         timeout = convert.timeout_from_proto(request.timeout_s)
         policy = resolve_policy(kind, timeout, info)
         wait_s = policy.wait_s(request.prompt_tokens or len(keys) * info.chunk_tokens)

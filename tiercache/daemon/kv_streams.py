@@ -18,8 +18,10 @@ from typing import Any
 import zstandard
 
 from tiercache.cache import StoreTicket
+from tiercache.codec import Codec
 from tiercache.errors import InvalidArgumentError
 from tiercache.proto import tiercache_pb2 as pb
+from tiercache.wire import CODECS
 
 from . import convert
 from .rpc import Caller, ServicerBase, server_stream, unary_tenant
@@ -82,7 +84,7 @@ class StreamRpcs(ServicerBase):
         """Stream the cached prefix as pieces of at most the negotiated message size."""
         chunk_bytes = caller.info.chunk_bytes
         keys = convert.keys_from_proto(request.keys)
-        zstd = convert.codec_from_proto(int(request.codec))
+        zstd = CODECS.from_proto(int(request.codec), "codec") is Codec.ZSTD
         piece_bytes = self._deps.stream.stream_chunk_bytes
         if request.max_message_bytes:
             piece_bytes = min(piece_bytes, request.max_message_bytes)
@@ -102,7 +104,7 @@ class StreamRpcs(ServicerBase):
                         key=chunk.key,
                         offset=start,
                         data=data,
-                        codec=pb.CODEC_ZSTD if packed else pb.CODEC_RAW,
+                        codec=CODECS.to_proto(Codec.ZSTD if packed else Codec.RAW),
                         last=stop == chunk_bytes,
                         chunk_bytes=chunk_bytes,
                     )

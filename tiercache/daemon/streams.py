@@ -21,10 +21,12 @@ import numpy as np
 import torch
 import zstandard
 
+from tiercache.codec import Codec
 from tiercache.errors import InvalidArgumentError
 from tiercache.proto import tiercache_pb2 as pb
+from tiercache.wire import CODECS
 
-from .convert import check_key_field, codec_from_proto
+from .convert import check_key_field
 
 INLINE_BYTES = 256 << 10
 """Pieces up to this size are copied or coded inline; larger ones go to the executor."""
@@ -81,7 +83,7 @@ class ChunkAssembler:
         """
         n = self._messages
         self._messages += 1
-        zstd = codec_from_proto(int(msg.codec))
+        zstd = CODECS.from_proto(int(msg.codec), "codec") is Codec.ZSTD
         if msg.chunk_bytes != self._chunk_bytes:
             raise InvalidArgumentError(
                 "chunk_bytes",

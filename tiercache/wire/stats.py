@@ -3,15 +3,15 @@
 Each stats dataclass of :mod:`tiercache.stats` pairs with one ``tiercache.v1`` message (:data:`MESSAGES`),
 and their fields pair by name (:func:`tiercache.stats.wire_name`). Pairing checks that every dataclass field
 has a message field and vice versa, that scalar types agree, that nested stats pair with the nested
-messages and that enum members pair with the wire enum's values (``TierLevel.L1`` <-> ``TIER_L1``); any
-disagreement raises :class:`SchemaError` naming the fields when this module is imported. No field is listed
-by hand: a new figure is a field in :mod:`tiercache.stats` and in the ``.proto``.
+messages and that enum members pair with the wire enum's values by name (:func:`~tiercache.wire.enums.
+pair_enum`: ``TierLevel.L1`` <-> ``TIER_L1``); any disagreement raises
+:class:`~tiercache.wire.enums.SchemaError` naming the fields when this module is imported. No field is
+listed by hand: a new figure is a field in :mod:`tiercache.stats` and in the ``.proto``.
 
 Used by the daemon (``Stats`` answers) and the connector (``TierCacheClient.stats()``), which share it so
 that both directions come from the same pairing.
 
 Primitives:
-    SchemaError: a dataclass and its message disagree.
     MESSAGES: stats dataclass -> message class.
     FieldPair, pair_fields: the checked pairing of one dataclass with one message.
     stats_to_proto, stats_from_proto: the conversions.
@@ -21,24 +21,18 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import re
 import typing
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
-from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.descriptor import EnumDescriptor, FieldDescriptor
 from google.protobuf.message import Message
 
-from tiercache.errors import InvalidArgumentError
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.stats import CacheStats, PrefillStats, TierStats, wire_name
 
-
-class SchemaError(TypeError):
-    """A stats dataclass and its wire message disagree (a field, a type or an enum value on one side only)."""
-
+from .enums import EnumPair, SchemaError, pair_enum
 
 MESSAGES: MappingProxyType[type, type[Message]] = MappingProxyType(
     {CacheStats: pb.StatsResponse, TierStats: pb.TierStats, PrefillStats: pb.PrefillStats}
@@ -77,38 +71,14 @@ class FieldPair:
         wire: the message field.
         shape: how it travels.
         nested: for MESSAGE / REPEATED, the nested stats dataclass.
-        to_wire: for ENUM, member -> wire value.
-        from_wire: for ENUM, wire value -> member.
+        members: for ENUM, the pairing of the field's enum with the wire enum.
     """
 
     name: str
     wire: str
     shape: Shape
     nested: type | None = None
-    to_wire: Mapping[enum.Enum, int] = field(default_factory=dict)
-    from_wire: Mapping[int, enum.Enum] = field(default_factory=dict)
-
-
-def _snake_upper(name: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).upper()
-
-
-def _enum_pairs(
-    where: str, members: type[enum.Enum], wire_enum: str, wire_values: dict[str, int]
-) -> tuple[dict[enum.Enum, int], dict[int, enum.Enum]]:
-    """Member ``X`` <-> wire value ``<ENUM>_X``; every wire value but ``<ENUM>_UNSPECIFIED`` has a member."""
-    prefix = f"{_snake_upper(wire_enum)}_"
-    by_name = dict(wire_values)
-    to_wire = {}
-    for member in members:
-        number = by_name.pop(f"{prefix}{member.name}", None)
-        if number is None:
-            raise SchemaError(f"{where}: {members.__name__}.{member.name} has no {prefix}{member.name}")
-        to_wire[member] = number
-    by_name.pop(f"{prefix}UNSPECIFIED", None)
-    if by_name:
-        raise SchemaError(f"{where}: wire values {sorted(by_name)} have no {members.__name__} member")
-    return to_wire, {number: member for member, number in to_wire.items()}
+    members: EnumPair[Any, Any] | None = None
 
 
 def _element(hint: Any) -> Any:
@@ -151,13 +121,11 @@ def pair_fields(cls: type, message: type[Message]) -> tuple[FieldPair, ...]:
         elif fd.enum_type is not None:
             if not (isinstance(hint, type) and issubclass(hint, enum.Enum)):
                 raise SchemaError(f"{where}: {hint} is not an enum, the wire field is {fd.enum_type.name}")
-            values = {v.name: v.number for v in fd.enum_type.values}
-            to_wire, from_wire = _enum_pairs(where, hint, fd.enum_type.name, values)
-            pairs.append(
-                FieldPair(
-                    f.name, wire, Shape.ENUM, None, MappingProxyType(to_wire), MappingProxyType(from_wire)
-                )
-            )
+            try:
+                members = pair_enum(hint, cast(EnumDescriptor, fd.enum_type))
+            except SchemaError as exc:
+                raise SchemaError(f"{where}: {exc}") from None
+            pairs.append(FieldPair(f.name, wire, Shape.ENUM, members=members))
         elif _SCALARS.get(fd.cpp_type) is not hint:
             raise SchemaError(f"{where}: {hint} travels as {_SCALARS.get(fd.cpp_type)}")
         else:
@@ -181,7 +149,8 @@ def _to_proto(value: Any) -> Message:
         elif p.shape is Shape.MESSAGE:
             v = _to_proto(v)
         elif p.shape is Shape.ENUM:
-            v = p.to_wire[v]
+            assert p.members is not None
+            v = p.members.to_proto(v)
         kwargs[p.wire] = v
     return MESSAGES[cls](**kwargs)
 
@@ -197,9 +166,8 @@ def _from_proto(cls: type, msg: Message, path: str) -> Any:
             assert p.nested is not None
             v = _from_proto(p.nested, v, f"{path}{p.wire}.")
         elif p.shape is Shape.ENUM:
-            if v not in p.from_wire:
-                raise InvalidArgumentError(f"{path}{p.wire}", f"unknown value {v}")
-            v = p.from_wire[v]
+            assert p.members is not None
+            v = p.members.from_proto(v, f"{path}{p.wire}")
         kwargs[p.name] = v
     return cls(**kwargs)
 
