@@ -18,8 +18,8 @@ wait in a cycle. Copies out to a caller's buffer (``get``) hold the source copy 
 
 Primitives:
     MoveOutcome: what a move did.
-    Mover: known, reserve, reserve_from, move, move_many, demote, write_down_step, copy_out, drop, release_hold,
-        lost; ``storing`` (ids under an open store ticket).
+    Mover: known, reserve, reserve_from, move, move_many, demote, write_down_step, copy_out, drop, purge,
+        release_hold, lost; ``storing`` (ids under an open store ticket).
 """
 
 from __future__ import annotations
@@ -104,6 +104,16 @@ class Mover:
         """Delete a copy from its tier and from the index. Call under the lock."""
         self._tiers[level].delete([cid])
         self._index.remove_residency(cid, entry, level, evicted)
+
+    def purge(self, namespace_id: bytes) -> int:
+        """Make every chunk of a namespace invisible and unpin it; delete the copies nobody holds (under the
+        lock: held copies go when their last hold ends). Returns how many chunks the namespace had."""
+        self._index.pinned_namespaces.discard(namespace_id)
+        victims = self._index.of_namespace(namespace_id)
+        for cid, entry in victims:
+            for level in self._index.purge(entry, cid):
+                self.drop(cid, entry, level, evicted=False)
+        return len(victims)
 
     def release_hold(self, cid: bytes, level: TierLevel) -> None:
         """End one hold on a copy; a purged chunk's copy goes when its last hold ends. Call under the lock."""

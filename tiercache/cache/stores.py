@@ -6,7 +6,7 @@ files the reservation as a ticket in the lease table. Commit makes chunks visibl
 index at once (under the lock) and applies the write policy; abort and expiry give the space back.
 
 Primitives:
-    Stores: begin, commit, abort, expire, abort_all.
+    Stores: begin, commit, abort, discard, expire.
 """
 
 from __future__ import annotations
@@ -145,6 +145,14 @@ class Stores:
                 return False
             self.discard(store)
             return True
+
+    def expire(self, stores: Sequence[tuple[int, StoreReservation]]) -> None:
+        """Give back the reservations of tickets the table reaped at their TTL (call under the lock)."""
+        for ticket_id, store in stores:
+            self.discard(store)
+            logger.warning(
+                "store ticket %d expired before commit; %d chunks aborted", ticket_id, len(store.writes)
+            )
 
     def discard(self, store: StoreReservation) -> None:
         """Give a closed ticket's reservations back (call under the lock)."""
