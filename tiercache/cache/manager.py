@@ -5,7 +5,7 @@ two-phase (begin -> the caller fills the buffers -> commit or abort); loads leas
 (promoting them from slower tiers first) so that they cannot be evicted while the caller copies them.
 Leases and store tickets have a TTL: a caller that dies cannot hold space forever. The work is done by the
 parts of :mod:`tiercache.cache` (namespaces, index, space, leases, mover, stores, loads, writeback,
-prefetch, listeners); this module checks arguments (with :mod:`tiercache.cache.checks`), takes the lock
+prefetch, listeners, claims); this module checks arguments (with :mod:`tiercache.cache.checks`), takes the lock
 where a call spans parts, and wires them together.
 
 Locks, and what runs outside them:
@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from tiercache.cache import checks
+from tiercache.cache.claims import PrefillClaims
 from tiercache.cache.config import CacheConfig
 from tiercache.cache.index import Index
 from tiercache.cache.leases import LeaseTable
@@ -84,13 +85,9 @@ class CacheManager:
     ) -> None:
         """Take ownership of the tiers and rebuild the index from the persistent ones (warm restart).
 
-        Args:
-            tiers: one to three tiers with distinct levels, any order.
-            config: policies and timing; defaults when None.
-            clock: monotonic seconds; leases, tickets and minimum residency are measured with it.
-
-        Raises:
-            InvalidArgumentError: no tiers, or two tiers of one level.
+        ``tiers``: one to three, of distinct levels, in any order; ``config``: policies and timing (defaults
+        when None); ``clock``: monotonic seconds that leases, tickets and minimum residency are measured
+        with. Raises InvalidArgumentError for no tiers, or two tiers of one level.
         """
         if not tiers:
             raise InvalidArgumentError("tiers", "at least one tier is needed")
@@ -99,11 +96,11 @@ class CacheManager:
             raise InvalidArgumentError("tiers", f"duplicate tier levels {sorted(levels)}")
         self._config = cfg = config or CacheConfig()
         self._clock = clock
-        self._tiers: dict[TierLevel, StorageTier] = {t.level: t for t in sorted(tiers, key=lambda t: t.level)}
+        self._tiers = by_level = {t.level: t for t in sorted(tiers, key=lambda t: t.level)}
         self._levels = list(self._tiers)
         self._lock = lock = threading.RLock()
         self._listeners = Listeners(lock)
-        self._namespaces = Namespaces(lock, self._tiers)
+        self._namespaces = Namespaces(lock, by_level)
         self._closed = False
         writes = make_write_policy(cfg.write_policy, cfg.selective_min_hits)
         self._space = Space(self._levels, make_eviction_policy(cfg.eviction_policy), cfg.min_residency_s)
@@ -111,15 +108,14 @@ class CacheManager:
         self._leases = leases = LeaseTable()
         self._rates = RateEstimator()
         self._prefill = PrefillCoordinator(clock)
-        self._mover = mover = Mover(
-            lock, self._tiers, index, self._space, writes, self._rates, clock, self._reap
-        )
+        rates, prefill, reap = self._rates, self._prefill, self._reap
+        self._mover = mover = Mover(lock, by_level, index, self._space, writes, rates, clock, reap)
         self._writeback = writeback = WriteBack(mover.write_down_step)
-        parts = (lock, clock, self._tiers, index, leases, mover, writes, writeback)
-        self._stores = Stores(*parts, self._prefill, self._reap)
-        self._loads = Loads(*parts, self._rates, self._reap)
+        self._stores = Stores(lock, clock, by_level, index, leases, mover, writes, writeback, prefill, reap)
+        self._loads = Loads(lock, clock, by_level, index, leases, mover, writes, writeback, rates, reap)
+        self._claims = PrefillClaims(lock, index, prefill)
         self._prefetcher = Prefetcher(cfg.prefetch_workers, cfg.prefetch_inflight_bytes, mover.move)
-        index.rebuild(self._tiers)
+        index.rebuild(by_level)
 
     # ------------------------------------------------------------------ registration and lookup
 
@@ -127,9 +123,7 @@ class CacheManager:
         """Register a namespace for a tenant (idempotent) and return its id.
 
         ``tenant`` is the authenticated tenant: each tenant's chunks are filed under an id of its own.
-
-        Raises:
-            InvalidArgumentError: its chunks do not fit the tiers (``layout`` names the problem).
+        Raises InvalidArgumentError (``layout``) when its chunks do not fit the tiers.
         """
         return self._namespaces.register(namespace, tenant, self._check_open)
 
@@ -140,7 +134,7 @@ class CacheManager:
 
     def tier(self, level: TierLevel) -> StorageTier:
         """The tier of a level (owned by the manager: use it only to read its identity, e.g. an L2 segment)."""
-        return self._tiers[self._level(level)]
+        return self._tiers[checks.tier_level(self._tiers, level)]
 
     def namespace(self, namespace_id: bytes) -> Namespace:
         """The registered namespace of an id."""
@@ -172,18 +166,15 @@ class CacheManager:
         Chunks already cached, or being stored under another ticket, are skipped. The chunks land in
         ``level`` (default: the fastest tier), or in the next slower tier when that one has no room.
         ``keys`` may be a part of a chain starting at position ``start_depth``; the reservation lapses (is
-        aborted) after ``ttl_s`` seconds (default the config's lease TTL).
-
-        Raises:
-            InvalidArgumentError: duplicate keys, a bad TTL or depth.
-            CapacityError: no tier at or below ``level`` can make room.
+        aborted) after ``ttl_s`` seconds (default the config's lease TTL). Raises InvalidArgumentError for
+        duplicate keys, a bad TTL or depth; CapacityError when no tier at or below ``level`` can make room.
         """
         layout = self.namespace(namespace_id).layout
         cids = self._namespaces.chunk_ids(namespace_id, keys)
         if len(set(cids)) != len(cids):
             raise InvalidArgumentError("keys", "a key appears twice in one chain")
         checks.count(start_depth, "start_depth")
-        target = self._level(level)
+        target = checks.tier_level(self._tiers, level)
         ttl = self._ttl(ttl_s)
         return self._stores.begin(
             namespace_id, keys, cids, layout.chunk_bytes, target, ttl, start_depth, self._check_open
@@ -194,10 +185,8 @@ class CacheManager:
 
         ``indices``: chain positions (``StoreSlot.index``) to publish now, the ticket staying open for the
         rest (incremental publication during a prefill); None: all that are left, closing the ticket.
-
-        Raises:
-            NotFoundError: unknown, finished or expired ticket.
-            InvalidArgumentError: an index that is not an open slot of the ticket.
+        Raises NotFoundError for an unknown, finished or expired ticket, InvalidArgumentError for an index
+        that is not an open slot of the ticket.
         """
         with self._lock:
             self._check_open()
@@ -216,9 +205,8 @@ class CacheManager:
     ) -> int:
         """Store whole chunks by copy (begin, copy, commit). Returns how many chunks were added.
 
-        Raises:
-            InvalidArgumentError: payloads and keys differ in number, or a payload has the wrong size (and
-                what ``begin_store`` raises).
+        Raises what ``begin_store`` raises, and InvalidArgumentError when payloads and keys differ in number
+        or a payload has the wrong size.
         """
         layout = self.namespace(namespace_id).layout
         if len(payloads) != len(keys):
@@ -226,12 +214,7 @@ class CacheManager:
         for i, payload in enumerate(payloads):
             layout.check_buffer(payload, field=f"payloads[{i}]")
         ticket = self.begin_store(namespace_id, keys, start_depth=start_depth)
-        try:
-            for slot in ticket.slots:
-                slot.buffer.copy_(payloads[slot.index])
-        except BaseException:
-            self.abort_store(ticket.ticket_id)
-            raise
+        self._stores.fill(ticket, payloads)
         return self.commit_store(ticket.ticket_id)
 
     # ------------------------------------------------------------------ loads
@@ -250,13 +233,11 @@ class CacheManager:
         (a slot tier, default the fastest one) for lack of room, because its only copy turned out corrupt,
         or not in time. The lease lives ``ttl_s`` (default the config's TTL). ``wait_s`` bounds the wait for
         promotions: None for as long as it takes, 0 for not at all (only chunks already in ``level``), else
-        a deadline from now; promotions still running at the deadline go on in the background.
-
-        Raises:
-            InvalidArgumentError: bad TTL or wait, or ``level`` is not a slot tier.
+        a deadline from now; promotions still running at the deadline go on in the background. Raises
+        InvalidArgumentError for a bad TTL or wait, or a ``level`` that is not a slot tier.
         """
         cids = self._namespaces.chunk_ids(namespace_id, keys)
-        target = self._slot_level(level)
+        target = checks.slot_level(self._tiers, level)
         ttl = self._ttl(ttl_s)
         deadline = None
         if wait_s is not None:
@@ -274,13 +255,10 @@ class CacheManager:
         """Start promoting the cached prefix of ``keys`` into a slot tier in the background.
 
         Promotions of one chunk coalesce with any other in flight (one read), and the bytes in flight are
-        bounded by ``prefetch_inflight_bytes``.
-
-        Raises:
-            InvalidArgumentError: ``level`` is not a slot tier.
+        bounded by ``prefetch_inflight_bytes``. Raises InvalidArgumentError if ``level`` is not a slot tier.
         """
         cids = self._namespaces.chunk_ids(namespace_id, keys)
-        target = self._slot_level(level)
+        target = checks.slot_level(self._tiers, level)
         with self._lock:
             self._check_open()
             plan = [(cid, e.nbytes, target in e.res) for cid, e in zip(cids, self._index.cached_prefix(cids))]
@@ -296,13 +274,11 @@ class CacheManager:
         """The cost-aware decision for a chain: how much of its cached prefix beats recompute.
 
         A chunk's load time is its promotion into ``level`` from the fastest tier holding it plus the copy
-        out of ``level`` into the engine, from the tiers' measured rates.
-
-        Raises:
-            InvalidArgumentError: ``level`` is not a slot tier.
+        out of ``level`` into the engine, from the tiers' measured rates. Raises InvalidArgumentError if
+        ``level`` is not a slot tier.
         """
         cids = self._namespaces.chunk_ids(namespace_id, keys)
-        target = self._slot_level(level)
+        target = checks.slot_level(self._tiers, level)
         return self._loads.plan(cids, target, self.namespace(namespace_id).layout, prefill)
 
     def rates(self) -> dict[TierLevel, TierRate]:
@@ -314,8 +290,7 @@ class CacheManager:
     ) -> None:
         """Record what the engine did with a load: prefill tokens it skipped (per source tier) and recomputed.
 
-        Raises:
-            InvalidArgumentError: negative counts or an unknown tier.
+        Raises InvalidArgumentError for negative counts or an unknown tier.
         """
         self.namespace(namespace_id)
         checks.count(recomputed_tokens, "recomputed_tokens")
@@ -344,30 +319,17 @@ class CacheManager:
     def promote(self, namespace_id: bytes, keys: Sequence[bytes], level: TierLevel | None = None) -> int:
         """Copy cached chunks up into ``level`` (default the fastest tier); returns how many are there now."""
         cids = self._namespaces.chunk_ids(namespace_id, keys)
-        target = self._level(level)
-        with self._lock:
-            self._check_open()
-            self._index.next_tick()
-        return self._mover.move_many(cids, target)
+        return self._mover.move_many(cids, checks.tier_level(self._tiers, level), self._check_open)
 
     def demote(self, namespace_id: bytes, keys: Sequence[bytes], level: TierLevel) -> int:
-        """Move cached chunks down to ``level``: copy them there if needed, then drop them from faster tiers.
-
-        Chunks under a lease in a faster tier keep that copy. Returns how many chunks are in ``level`` now.
-        """
+        """Move cached chunks down to ``level``: copy them there if needed, then drop them from faster tiers
+        (a copy under a lease stays). Returns how many chunks are in ``level`` now."""
         cids = self._namespaces.chunk_ids(namespace_id, keys)
-        target = self._level(level)
-        with self._lock:
-            self._check_open()
-            self._index.next_tick()
-            self._reap(self._clock())
-        return self._mover.demote(cids, target)
+        return self._mover.demote(cids, checks.tier_level(self._tiers, level), self._check_open)
 
     def pin(self, namespace_id: bytes, keys: Sequence[bytes] | None = None) -> int:
-        """Pin chunks (or, with ``keys`` None, the whole namespace): pinned chunks are never evicted.
-
-        Returns the chunks newly pinned (for a namespace: its cached chunks).
-        """
+        """Pin chunks (or, with ``keys`` None, the whole namespace) so that they are never evicted; returns
+        the chunks newly pinned (for a namespace: its cached chunks)."""
         return self._set_pin(namespace_id, keys, True)
 
     def unpin(self, namespace_id: bytes, keys: Sequence[bytes] | None = None) -> int:
@@ -375,10 +337,8 @@ class CacheManager:
         return self._set_pin(namespace_id, keys, False)
 
     def purge(self, namespace_id: bytes) -> int:
-        """Remove every chunk of a namespace from every tier. Returns how many chunks it had.
-
-        Copies under a lease stay until the lease ends but are invisible at once.
-        """
+        """Remove every chunk of a namespace from every tier; returns how many it had. Copies under a lease
+        stay until the lease ends, but are invisible at once."""
         self.namespace(namespace_id)
         with self._lock:
             self._check_open()
@@ -404,14 +364,11 @@ class CacheManager:
 
         The caller computes and stores the ``lead`` chunks (publishing each with ``commit_store`` as soon
         as it is done), waits for the ``wait`` chunks with :meth:`wait_prefill`, and releases the claim with
-        :meth:`release_prefill` if it gives up.
-
-        Raises:
-            InvalidArgumentError: bad TTL.
+        :meth:`release_prefill` if it gives up. Raises InvalidArgumentError for a bad TTL.
         """
         cids = self._namespaces.chunk_ids(namespace_id, keys)
         ttl = self._ttl(ttl_s)
-        return self._prefill.claim(cids, self._cached_prefix(cids), ttl)
+        return self._claims.claim(cids, ttl)
 
     def wait_prefill(
         self, namespace_id: bytes, keys: Sequence[bytes], timeout_s: float, claim_id: int = 0
@@ -420,21 +377,15 @@ class CacheManager:
 
         ``timeout_s`` is the request's own deadline from now; ``claim_id`` the request's own claim, if it
         leads chunks further down the chain. Returns the chain's contiguous cached prefix when the wait ends.
-
-        Raises:
-            InvalidArgumentError: negative timeout.
+        Raises InvalidArgumentError for a negative timeout.
         """
         cids = self._namespaces.chunk_ids(namespace_id, keys)
         timeout = checks.seconds(timeout_s, "timeout_s")
-        return self._prefill.wait(cids, lambda: self._cached_prefix(cids), timeout, claim_id)
+        return self._claims.wait(cids, timeout, claim_id)
 
     def release_prefill(self, claim_id: int) -> int:
         """Give up a prefill claim at once (waiters may take over). Returns the chunks released."""
         return self._prefill.release(claim_id)
-
-    def _cached_prefix(self, cids: Sequence[bytes]) -> int:
-        with self._lock:
-            return len(self._index.cached_prefix(cids))
 
     # ------------------------------------------------------------------ observation and lifecycle
 
@@ -478,8 +429,7 @@ class CacheManager:
         self._prefetcher.close()
         self._writeback.close()
         with self._lock:
-            for store in self._leases.take_all_stores():
-                self._stores.discard(store)
+            self._stores.discard_all()
             for tier in self._tiers.values():
                 tier.close()
 
@@ -488,12 +438,6 @@ class CacheManager:
     def _check_open(self) -> None:
         if self._closed:
             raise ConflictError("the cache manager is closed")
-
-    def _level(self, level: TierLevel | None) -> TierLevel:
-        return checks.tier_level(self._tiers, level)
-
-    def _slot_level(self, level: TierLevel | None) -> TierLevel:
-        return checks.slot_level(self._tiers, level)
 
     def _ttl(self, ttl_s: float | None) -> float:
         return self._config.lease_ttl_s if ttl_s is None else checks.seconds(ttl_s, "ttl_s", positive=True)

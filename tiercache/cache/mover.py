@@ -214,19 +214,27 @@ class Mover:
         """
         return self.move_outcome(cid, dst, observe) is MoveOutcome.DONE
 
-    def move_many(self, cids: Sequence[bytes], dst: TierLevel) -> int:
-        """Bring chunks into ``dst``; returns how many are there now."""
+    def move_many(self, cids: Sequence[bytes], dst: TierLevel, check_open: Callable[[], None]) -> int:
+        """Bring chunks into ``dst`` as one cache operation (one tick); returns how many are there now."""
+        with self._lock:
+            check_open()
+            self._index.next_tick()
         return sum(self.move(cid, dst) for cid in cids)
 
     def move_outcome(self, cid: bytes, dst: TierLevel, observe: bool = True) -> MoveOutcome:
         """Like :meth:`move`, with the reason a move did not happen."""
         return self._flights.run((cid, dst), lambda: self._copy(cid, dst, observe))[0]
 
-    def demote(self, cids: Sequence[bytes], target: TierLevel) -> int:
+    def demote(self, cids: Sequence[bytes], target: TierLevel, check_open: Callable[[], None]) -> int:
         """Copy chunks down into ``target`` when needed, then drop their unheld copies in faster tiers.
 
-        Returns how many chunks are in ``target`` now (chunks only in slower tiers are left alone).
+        One cache operation (one tick; expired leases are reaped first, so their copies can go). Returns how
+        many chunks are in ``target`` now (chunks only in slower tiers are left alone).
         """
+        with self._lock:
+            check_open()
+            self._index.next_tick()
+            self._reap(self._clock())
         moved = 0
         for cid in cids:
             with self._lock:
