@@ -20,8 +20,9 @@ from .args import (
     positive_int,
 )
 from .command import FAILURES, failure_status, finish, progress_to_stderr, torch_threads
-from .connector_bench import ConnectorBenchConfig, LayoutCase, parse_layouts, run_connector
+from .connector_bench import ConnectorBenchConfig, run_connector
 from .connector_report import connector_charts, connector_to_dict, format_connector_report
+from .layout_cases import LayoutCase, parse_layouts
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:

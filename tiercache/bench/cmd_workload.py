@@ -26,8 +26,8 @@ from .args import (
     size_or_zero,
 )
 from .command import FAILURES, failure_status, finish, progress_to_stderr, torch_threads
-from .connector_bench import LayoutCase, parse_layouts
 from .daemon_proc import EmbeddedDaemonConfig
+from .layout_cases import LayoutCase, parse_layouts
 from .replay import ReplayOptions
 from .traces import TraceKind, TraceSpec, generate_trace, read_jsonl
 from .workload import TraceInput, WorkloadConfig, run_workload

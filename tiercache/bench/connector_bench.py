@@ -14,8 +14,9 @@ For each layout case (a model-like KV layout at a chunk size) the bench, in one 
 Targets (issue 3): same-host load/store >= 0.8x memcpy; lookup p50 <= 2x bare echo p50; byte stream
 >= 0.8x the bare stream.
 
+The KV layouts measured are :class:`~tiercache.bench.layout_cases.LayoutCase` values.
+
 Primitives:
-    LayoutCase / PRESETS / parse_layouts: the KV layouts measured.
     ConnectorBenchConfig: what to measure.
     ConnectorFigure: one figure next to its baseline, ratio and target.
     ConnectorReport: the whole run.
@@ -25,7 +26,6 @@ Primitives:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
 import secrets
@@ -46,12 +46,13 @@ from tiercache.connector import (
 )
 from tiercache.connector.stream import DEFAULT_MESSAGE_BYTES, piece_bytes
 from tiercache.keys import Namespace, chunk_keys
-from tiercache.layout import KVDtype, KVLayout
+from tiercache.layout import KVLayout
 
 from .baselines import DiagnosticsProbe
 from .ceilings import CeilingKind, CeilingResult, MachineInfo, describe_machine, measure_memcpy
 from .daemon_proc import DaemonHandle, EmbeddedDaemonConfig, use_daemon
 from .kvcheck import distinct_prompts, make_contiguous_kv, verify_kv, zero_kv, zeros_like_kv
+from .layout_cases import LayoutCase
 from .payload import make_destinations, make_payload
 from .progress import ProgressBar
 from .runner import work_directory
@@ -59,68 +60,9 @@ from .timing import Latency, Timing, summarize, time_latency
 
 logger = logging.getLogger(__name__)
 
-PRESETS: dict[str, tuple[int, int, int]] = {
-    "7b": (32, 8, 128),
-    "1b": (16, 8, 64),
-    "tiny": (4, 2, 64),
-}
-"""Named layouts: (layers, kv heads, head dim), bf16. ``7b`` is Llama-2/3-7B/8B-like with GQA."""
-
 STORE_LOAD_TARGET = 0.8
 LOOKUP_TARGET = 2.0
 STREAM_TARGET = 0.8
-
-
-@dataclass(frozen=True, slots=True)
-class LayoutCase:
-    """A KV layout measured by the connector bench.
-
-    Attributes:
-        name: preset name or ``LxHxD``.
-        num_layers: layers.
-        num_kv_heads: KV heads.
-        head_dim: head dimension.
-        chunk_tokens: tokens per chunk.
-    """
-
-    name: str
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    chunk_tokens: int = 256
-
-    @property
-    def label(self) -> str:
-        """``7b/256t``."""
-        return f"{self.name}/{self.chunk_tokens}t"
-
-    def layout(self) -> KVLayout:
-        """The bf16 layout (page size 16 tokens when the chunk allows it)."""
-        page = 16 if self.chunk_tokens % 16 == 0 else self.chunk_tokens
-        return KVLayout(
-            self.num_layers, self.num_kv_heads, self.head_dim, KVDtype.BFLOAT16, self.chunk_tokens, page
-        )
-
-
-def parse_layouts(text: str) -> tuple[tuple[str, int, int, int], ...]:
-    """Comma-separated layouts: preset names (``7b``, ``1b``, ``tiny``) or ``LAYERSxHEADSxDIM``.
-
-    Raises:
-        argparse.ArgumentTypeError: an unknown name or a malformed shape.
-    """
-    out = []
-    for part in (p.strip().lower() for p in text.split(",") if p.strip()):
-        if part in PRESETS:
-            out.append((part, *PRESETS[part]))
-            continue
-        dims = part.split("x")
-        if len(dims) != 3 or not all(d.isdigit() and int(d) > 0 for d in dims):
-            valid = ", ".join(PRESETS)
-            raise argparse.ArgumentTypeError(f"unknown layout {part!r}; use {valid} or LAYERSxHEADSxDIM")
-        out.append((part, int(dims[0]), int(dims[1]), int(dims[2])))
-    if not out:
-        raise argparse.ArgumentTypeError("at least one layout is needed")
-    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)

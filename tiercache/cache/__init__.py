@@ -9,7 +9,8 @@ Primitives:
     LookupResult, StoreTicket, StoreSlot, LoadTicket, LoadChunk, Prefetch, Listener: results.
 
 Modules:
-    manager: the facade, its argument checks and the lock rules.
+    manager: the facade: the public API, the lock rules and the wiring of the parts.
+    checks: argument checks (counts, seconds, levels).  namespaces: the namespace registry.
     config, results: the config and result dataclasses.
     index: residency, the one recency record, holds, pins, counters.
     space: victim queues (heaps fed by the eviction policy's priority).
@@ -17,6 +18,7 @@ Modules:
     mover: the one copy protocol (make room, reserve, copy, commit and index / abort and drop).
     stores, loads: two-phase stores; leases on slot tiers and copies out.
     writeback, prefetch: the background write-down worker and promotion pool.
+    listeners: chunk-event subscribers.  claims: single-flight prefill claims against the index.
     build: assembly of tiers and manager from configuration.
 """
 

@@ -12,8 +12,9 @@ Not thread-safe: every method runs under the cache's index lock.
 Primitives:
     Residency, ChunkEntry: one chunk and its copies.
     TierCounters, TokenCounters: per-tier counters.
-    Index: rebuild, tier_stats, lookups (get, visible, cached_prefix, of_namespace), changes (add_residency, touch, record_hit,
-        hold, unhold, remove_residency, purge), pins (is_pinned, pin, pin_namespace), tick.
+    Index: rebuild, tier_stats, lookups (get, visible, cached_prefix, lookup, of_namespace), changes
+        (add_residency, touch, record_hit, hold, unhold, remove_residency, purge), pins (is_pinned, pin,
+        pin_namespace), token counts (lookup, report_usage), tick.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
+from tiercache.cache.results import LookupResult
 from tiercache.cache.space import Space
 from tiercache.errors import InvalidArgumentError
 from tiercache.keys import split_chunk_id
@@ -167,6 +170,30 @@ class Index:
                 break
             out.append(entry)
         return out
+
+    def lookup(self, cids: Sequence[bytes], count_tokens: int = 0) -> LookupResult:
+        """Per tier, and over all tiers, the length of the contiguous cached prefix of a chain.
+
+        Args:
+            cids: the chain's chunk ids.
+            count_tokens: tokens per chunk to count as lookup hits of the fastest tier holding each chunk
+                of the prefix (an engine's request); 0 leaves the counters alone.
+        """
+        cached = self.cached_prefix(cids)
+        by_tier = {
+            level: next((i for i, e in enumerate(cached) if level not in e.res), len(cached))
+            for level in self.tokens
+        }
+        if count_tokens:
+            for entry in cached:
+                self.tokens[min(entry.res)].lookup_hit += count_tokens
+        return LookupResult(len(cached), MappingProxyType(by_tier))
+
+    def report_usage(self, effective_by_tier: Mapping[TierLevel, int], recomputed_tokens: int) -> None:
+        """Count what an engine did with a load: tokens it skipped (per source tier) and recomputed."""
+        for level, tokens in effective_by_tier.items():
+            self.tokens[level].effective_hit += tokens
+        self.recomputed_tokens += recomputed_tokens
 
     def of_namespace(self, namespace_id: bytes) -> list[tuple[bytes, ChunkEntry]]:
         """The visible chunks of a namespace."""

@@ -1,56 +1,157 @@
-"""Loads: leases on chunks of a slot tier (promoting them first), and copies out (``get``).
+"""Loads: leases on chunks of a slot tier (promoting them first), copies out (``get``), cost-aware plans.
 
 A leased chunk is held in its tier (never evicted, its slot never reused) until the lease is released or
 lapses at its TTL. Bringing a chunk into the tier and copying a chunk out run through the mover with the
 index lock released; reads of a tier that is not a slot tier (L3) are single-flight per chunk, so concurrent
-``get`` calls of one chunk share one read.
+``get`` calls of one chunk share one read. A load that may wait only up to a deadline waits on the
+background promotions of a prefetch, which go on after it gives up.
 
 Primitives:
-    Loads: lease_one, view, drop_lease, read, hit.
+    Loads: acquire, release, expire, lease_one, view, drop_lease, read, hit, plan.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 
 import torch
 
 from tiercache.cache.index import ChunkEntry, Index
-from tiercache.cache.leases import Lease
+from tiercache.cache.leases import Lease, LeaseTable
 from tiercache.cache.mover import Mover
+from tiercache.cache.prefetch import wait_until
+from tiercache.cache.results import LoadChunk, LoadTicket, Prefetch
 from tiercache.cache.writeback import WriteBack
+from tiercache.layout import KVLayout
 from tiercache.policies import WritePolicy
+from tiercache.policies.load import CostPlan, PrefillModel, plan_cost_aware
+from tiercache.rates import RateEstimator
 from tiercache.singleflight import SingleFlight
 from tiercache.tiers.base import SlotTier, StorageTier, TierLevel
 
+logger = logging.getLogger(__name__)
+
 
 class Loads:
-    """Leasing and reading over the index and the mover."""
+    """Leasing and reading over the index, the lease table and the mover."""
 
     def __init__(
         self,
         lock: threading.RLock,
+        clock: Callable[[], float],
         tiers: Mapping[TierLevel, StorageTier],
         index: Index,
+        leases: LeaseTable,
         mover: Mover,
         writes: WritePolicy,
         writeback: WriteBack,
+        rates: RateEstimator,
+        reap: Callable[[float], None],
     ) -> None:
-        """Args: the cache's parts this one works with."""
+        """Args: the cache's parts this one works with; ``reap`` reclaims expired leases and tickets."""
         self._lock = lock
+        self._clock = clock
         self._tiers = tiers
         self._levels = sorted(tiers)
         self._index = index
+        self._leases = leases
         self._mover = mover
         self._writes = writes
         self._writeback = writeback
+        self._rates = rates
+        self._reap = reap
         self._reads: SingleFlight[torch.Tensor | None] = SingleFlight()
 
     @property
     def joins(self) -> int:
         """Reads that shared another caller's read."""
         return self._reads.joins
+
+    def acquire(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        cids: Sequence[bytes],
+        target: TierLevel,
+        ttl: float,
+        chunk_tokens: int,
+        deadline: float | None,
+        background: Prefetch | None,
+        check_open: Callable[[], None],
+    ) -> LoadTicket:
+        """See :meth:`CacheManager.acquire` (arguments already checked).
+
+        Args:
+            deadline: None: bring each chunk in as long as it takes; else (``time.monotonic``) wait for the
+                promotions of ``background`` up to it (none at all without ``background``).
+        """
+        with self._lock:
+            check_open()
+            self._index.next_tick()
+            now = self._clock()
+            self._reap(now)
+            lease = Lease(target, [], now + ttl)
+            lease_id = self._leases.new_id()
+            self._leases.add_lease(lease_id, lease)
+        chunks: list[LoadChunk] = []
+        try:
+            for i, cid in enumerate(cids):
+                bring: Callable[[], bool] | None = None
+                if deadline is None:
+                    bring = partial(self._mover.move, cid, target)
+                elif background is not None and i < len(background.futures):
+                    bring = partial(wait_until, background.futures[i], deadline)
+                source = self.lease_one(cid, target, lease, bring)
+                if source is None:
+                    break
+                slot, view = self.view(cid, target)
+                chunks.append(LoadChunk(i, bytes(keys[i]), slot, view, source))
+        except BaseException:
+            self.release(lease_id)
+            raise
+        if not chunks:
+            self.release(lease_id)
+            lease_id = 0
+        else:
+            with self._lock:
+                for ch in chunks:
+                    self._index.tokens[ch.source].load_success += chunk_tokens
+        return LoadTicket(lease_id, namespace_id, target, tuple(chunks), lease.expires_at)
+
+    def release(self, lease_id: int) -> bool:
+        """See :meth:`CacheManager.release`."""
+        with self._lock:
+            lease = self._leases.take_lease(lease_id)
+            if lease is None:
+                return False
+            self.drop_lease(lease)
+            return True
+
+    def expire(self, leases: Sequence[tuple[int, Lease]]) -> None:
+        """End the holds of leases the table reaped at their TTL (call under the lock)."""
+        for lease_id, lease in leases:
+            self.drop_lease(lease)
+            logger.warning(
+                "lease %d on %d chunks in %s expired", lease_id, len(lease.chunk_ids), lease.level.name
+            )
+
+    def plan(
+        self, cids: Sequence[bytes], target: TierLevel, layout: KVLayout, prefill: PrefillModel
+    ) -> CostPlan:
+        """See :meth:`CacheManager.plan_load` (arguments already checked)."""
+        nbytes = layout.chunk_bytes
+        with self._lock:
+            sources = [min(entry.res) for entry in self._index.cached_prefix(cids)]
+        copy_out = self._rates.load_seconds(target, nbytes)
+
+        def chunk_seconds(source: TierLevel) -> float:
+            bring = 0.0 if source == target else self._rates.load_seconds(source, nbytes)
+            return bring + copy_out
+
+        return plan_cost_aware(sources, layout.chunk_tokens, chunk_seconds, prefill)
 
     def hit(self, cid: bytes, entry: ChunkEntry, level: TierLevel) -> None:
         """Count a read served by ``level`` and apply the write policy's on-hit rule (under the lock)."""

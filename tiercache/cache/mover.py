@@ -18,8 +18,8 @@ wait in a cycle. Copies out to a caller's buffer (``get``) hold the source copy 
 
 Primitives:
     MoveOutcome: what a move did.
-    Mover: known, reserve, reserve_from, move, move_many, demote, write_down_step, copy_out, drop, release_hold,
-        lost; ``storing`` (ids under an open store ticket).
+    Mover: known, reserve, reserve_from, move, move_many, demote, write_down_step, copy_out, drop, purge,
+        release_hold, lost; ``storing`` (ids under an open store ticket).
 """
 
 from __future__ import annotations
@@ -104,6 +104,16 @@ class Mover:
         """Delete a copy from its tier and from the index. Call under the lock."""
         self._tiers[level].delete([cid])
         self._index.remove_residency(cid, entry, level, evicted)
+
+    def purge(self, namespace_id: bytes) -> int:
+        """Make every chunk of a namespace invisible and unpin it; delete the copies nobody holds (under the
+        lock: held copies go when their last hold ends). Returns how many chunks the namespace had."""
+        self._index.pinned_namespaces.discard(namespace_id)
+        victims = self._index.of_namespace(namespace_id)
+        for cid, entry in victims:
+            for level in self._index.purge(entry, cid):
+                self.drop(cid, entry, level, evicted=False)
+        return len(victims)
 
     def release_hold(self, cid: bytes, level: TierLevel) -> None:
         """End one hold on a copy; a purged chunk's copy goes when its last hold ends. Call under the lock."""
@@ -204,19 +214,27 @@ class Mover:
         """
         return self.move_outcome(cid, dst, observe) is MoveOutcome.DONE
 
-    def move_many(self, cids: Sequence[bytes], dst: TierLevel) -> int:
-        """Bring chunks into ``dst``; returns how many are there now."""
+    def move_many(self, cids: Sequence[bytes], dst: TierLevel, check_open: Callable[[], None]) -> int:
+        """Bring chunks into ``dst`` as one cache operation (one tick); returns how many are there now."""
+        with self._lock:
+            check_open()
+            self._index.next_tick()
         return sum(self.move(cid, dst) for cid in cids)
 
     def move_outcome(self, cid: bytes, dst: TierLevel, observe: bool = True) -> MoveOutcome:
         """Like :meth:`move`, with the reason a move did not happen."""
         return self._flights.run((cid, dst), lambda: self._copy(cid, dst, observe))[0]
 
-    def demote(self, cids: Sequence[bytes], target: TierLevel) -> int:
+    def demote(self, cids: Sequence[bytes], target: TierLevel, check_open: Callable[[], None]) -> int:
         """Copy chunks down into ``target`` when needed, then drop their unheld copies in faster tiers.
 
-        Returns how many chunks are in ``target`` now (chunks only in slower tiers are left alone).
+        One cache operation (one tick; expired leases are reaped first, so their copies can go). Returns how
+        many chunks are in ``target`` now (chunks only in slower tiers are left alone).
         """
+        with self._lock:
+            check_open()
+            self._index.next_tick()
+            self._reap(self._clock())
         moved = 0
         for cid in cids:
             with self._lock:

@@ -6,7 +6,7 @@ files the reservation as a ticket in the lease table. Commit makes chunks visibl
 index at once (under the lock) and applies the write policy; abort and expiry give the space back.
 
 Primitives:
-    Stores: begin, commit, abort, expire, abort_all.
+    Stores: begin, fill, commit, abort, discard, discard_all, expire.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
+
+import torch
 
 from tiercache.cache.index import ChunkEntry, Index
 from tiercache.cache.leases import LeaseTable, StoreReservation
@@ -97,6 +99,16 @@ class Stores:
             )
             return StoreTicket(ticket_id, namespace_id, landed, slots, skipped, now + ttl)
 
+    def fill(self, ticket: StoreTicket, payloads: Sequence[torch.Tensor]) -> None:
+        """Copy whole chunks into a ticket's slots (``payloads`` by chain position); on any failure the
+        ticket is aborted before the error propagates, so a half-filled ticket never lingers to its TTL."""
+        try:
+            for slot in ticket.slots:
+                slot.buffer.copy_(payloads[slot.index])
+        except BaseException:
+            self.abort(ticket.ticket_id)
+            raise
+
     def commit(self, ticket_id: int, indices: Sequence[int] | None) -> int:
         """See :meth:`CacheManager.commit_store`."""
         with self._lock:
@@ -145,6 +157,19 @@ class Stores:
                 return False
             self.discard(store)
             return True
+
+    def expire(self, stores: Sequence[tuple[int, StoreReservation]]) -> None:
+        """Give back the reservations of tickets the table reaped at their TTL (call under the lock)."""
+        for ticket_id, store in stores:
+            self.discard(store)
+            logger.warning(
+                "store ticket %d expired before commit; %d chunks aborted", ticket_id, len(store.writes)
+            )
+
+    def discard_all(self) -> None:
+        """Close every open ticket and give its reservations back (at shutdown; call under the lock)."""
+        for store in self._leases.take_all_stores():
+            self.discard(store)
 
     def discard(self, store: StoreReservation) -> None:
         """Give a closed ticket's reservations back (call under the lock)."""

@@ -10,14 +10,12 @@ value fails) and the raw checksum. A value that fails any check is a miss, is co
 ``corrupt_reads`` and is deleted. Opening the environment checks every header (not the payloads) and drops
 malformed or truncated values in the same way.
 
-Durability: with ``durable=False`` the environment is opened with ``sync=False`` (no fsync per commit).
-A process crash loses nothing: committed data is in the OS page cache. An OS crash or power loss may lose
-the last commits; LMDB's documentation warns that without sync it can even damage the database. A torn or
-damaged value is never served: the checksums turn it into a miss. With ``durable=True`` every commit is
-fsynced before it returns.
+Durability follows ``LmdbTierConfig.durable`` (see :mod:`tiercache.tiers.lmdb_config`); a torn or damaged
+value is never served either way: the checksums turn it into a miss.
 
 Primitives:
-    LmdbTierConfig: path, capacity, codec, zstd level, durability and map size of one L3 tier.
+    LmdbTierConfig: path, capacity, codec, zstd level, durability and map size of one L3 tier (defined in
+        :mod:`tiercache.tiers.lmdb_config`; import it from here).
     LmdbTier: the :class:`~tiercache.tiers.base.StorageTier` over LMDB, with ``flush()`` to persist access order.
 """
 
@@ -27,7 +25,6 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import lmdb
 import torch
@@ -36,7 +33,7 @@ import zstandard
 from tiercache.codec import Codec
 from tiercache.errors import CapacityError, ConflictError, InvalidArgumentError
 from tiercache.tiers.base import StorageTier, TierLevel, TierUsage, WriteSlot, check_batch
-from tiercache.tiers.faults import ReadFaults
+from tiercache.tiers.lmdb_config import LmdbTierConfig
 from tiercache.tiers.lmdb_env import open_or_recover
 from tiercache.tiers.lmdb_io import (
     ReadOutcome,
@@ -51,89 +48,14 @@ from tiercache.tiers.lmdb_io import (
 from tiercache.tiers.lmdb_order import AccessOrder
 from tiercache.tiers.reservations import Reservation, ReservationTable
 from tiercache.tiers.staging import StagingPool
-from tiercache.tiers.values import HEADER_BYTES, MAX_ZSTD_LEVEL, MIN_ZSTD_LEVEL, encode_staged
+from tiercache.tiers.values import HEADER_BYTES, encode_staged
+
+__all__ = ["LmdbTier", "LmdbTierConfig"]
 
 logger = logging.getLogger(__name__)
 
-_MAX_VALUE_BYTES = 0xFFFFFFFF
-"""LMDB's largest value (``MDB_MAXDATASIZE``)."""
-_MIN_EXTRA_MAP_BYTES = 1 << 30
 _STAGING_CACHE_BYTES = 256 << 20
 """Staging buffers kept for reuse after commit or abort."""
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-@dataclass(frozen=True, slots=True)
-class LmdbTierConfig:
-    """Configuration of one L3 tier.
-
-    Attributes:
-        path: directory of the LMDB environment (created if missing).
-        capacity_bytes: bound on the stored bytes (headers + payloads) plus outstanding reservations.
-        codec: how payloads are stored; a zstd payload that is not smaller than the raw bytes is stored raw.
-        zstd_level: zstd compression level, ``MIN_ZSTD_LEVEL..MAX_ZSTD_LEVEL`` (used with ``Codec.ZSTD``).
-        durable: fsync every commit (``sync=True``); otherwise an OS crash may lose the last commits (see the
-            module docstring).
-        map_size_bytes: LMDB map size; None for ``max(4 * capacity_bytes, capacity_bytes + 1 GiB)``.
-        recover_damaged: when the environment's files are damaged, move them aside
-            (``<path>.damaged-<time>``) and start empty instead of failing: it is a cache.
-        fault_read_delay_s: fault injection, off by default: extra latency added to every read call.
-        fault_read_bytes_per_s: fault injection, off (0) by default: reads are throttled to this rate.
-    """
-
-    path: str
-    capacity_bytes: int
-    codec: Codec = Codec.RAW
-    zstd_level: int = 3
-    durable: bool = False
-    map_size_bytes: int | None = None
-    recover_damaged: bool = True
-    fault_read_delay_s: float = 0.0
-    fault_read_bytes_per_s: int = 0
-
-    def __post_init__(self) -> None:
-        ReadFaults(self.fault_read_delay_s, self.fault_read_bytes_per_s)  # validates them first
-        if not isinstance(self.path, str) or not self.path:
-            raise InvalidArgumentError("path", f"must be a non-empty string, got {self.path!r}")
-        if not _is_int(self.capacity_bytes) or self.capacity_bytes <= 0:
-            raise InvalidArgumentError(
-                "capacity_bytes", f"must be a positive integer, got {self.capacity_bytes!r}"
-            )
-        if not isinstance(self.codec, Codec):
-            valid = ", ".join(c.name for c in Codec)
-            raise InvalidArgumentError("codec", f"must be a Codec ({valid}), got {self.codec!r}")
-        if not _is_int(self.zstd_level) or not MIN_ZSTD_LEVEL <= self.zstd_level <= MAX_ZSTD_LEVEL:
-            raise InvalidArgumentError(
-                "zstd_level",
-                f"must be an integer in [{MIN_ZSTD_LEVEL}, {MAX_ZSTD_LEVEL}], got {self.zstd_level!r}",
-            )
-        if not isinstance(self.durable, bool):
-            raise InvalidArgumentError("durable", f"must be a bool, got {self.durable!r}")
-        if self.map_size_bytes is not None and (not _is_int(self.map_size_bytes) or self.map_size_bytes <= 0):
-            raise InvalidArgumentError(
-                "map_size_bytes", f"must be a positive integer or None, got {self.map_size_bytes!r}"
-            )
-
-    @property
-    def read_faults(self) -> ReadFaults:
-        """The injected read faults (validated; none by default)."""
-        return ReadFaults(self.fault_read_delay_s, self.fault_read_bytes_per_s)
-
-    @property
-    def effective_map_size_bytes(self) -> int:
-        """The LMDB map size the tier opens with.
-
-        Pages freed by a transaction are reusable only once no snapshot needs them, and a large value
-        needs a contiguous run of pages, so the map is sized well above the capacity. It costs address
-        space only: the data file is sparse (its apparent size is the map size, its disk use is what is
-        written).
-        """
-        if self.map_size_bytes is not None:
-            return self.map_size_bytes
-        return max(4 * self.capacity_bytes, self.capacity_bytes + _MIN_EXTRA_MAP_BYTES)
 
 
 class LmdbTier(StorageTier):
@@ -256,20 +178,7 @@ class LmdbTier(StorageTier):
         Raises:
             InvalidArgumentError: ``nbytes`` is not a positive integer or can never fit in this tier.
         """
-        return self._charge(nbytes, "nbytes")
-
-    def _charge(self, nbytes: int, field: str) -> int:
-        if not _is_int(nbytes) or nbytes <= 0:
-            raise InvalidArgumentError(field, f"must be a positive integer, got {nbytes!r}")
-        total = HEADER_BYTES + nbytes
-        if total > self._capacity:
-            raise InvalidArgumentError(
-                field,
-                f"{nbytes} bytes (+{HEADER_BYTES} header) exceed the capacity of {self._capacity} bytes",
-            )
-        if total > _MAX_VALUE_BYTES:
-            raise InvalidArgumentError(field, f"{nbytes} bytes exceed LMDB's largest value")
-        return total
+        return self._config.charge(nbytes, "nbytes")
 
     def reserve(self, chunk_ids: Sequence[bytes], sizes: Sequence[int]) -> list[WriteSlot]:
         """Reserve staging buffers (1-D ``uint8`` CPU tensors) for new chunks; all or nothing.
@@ -295,7 +204,7 @@ class LmdbTier(StorageTier):
                 raise InvalidArgumentError(
                     "chunk_ids", f"[{i}] must be 1..{self._max_key} bytes (LMDB's key limit), got {len(cid)}"
                 )
-        charges = [self._charge(size, "sizes") for size in sizes]
+        charges = [self._config.charge(size, "sizes") for size in sizes]
         total = sum(charges)
         if not chunk_ids:
             return []

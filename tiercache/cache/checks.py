@@ -1,0 +1,59 @@
+"""Argument checks of the cache facade: counts, durations and tier levels.
+
+Each check returns the value it accepts, normalized (a default level resolved, seconds as ``float``), or
+raises :class:`~tiercache.errors.InvalidArgumentError` naming the caller's field, so that a bad argument
+fails before any part of the cache is touched. A bool is never taken for a number.
+
+Primitives:
+    count: a non-negative integer.
+    seconds: a non-negative (or positive) number of seconds.
+    tier_level, slot_level: a tier of the cache (a slot tier, for loads), the fastest one by default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from tiercache.errors import InvalidArgumentError
+from tiercache.tiers.base import SlotTier, StorageTier, TierLevel
+
+
+def count(value: object, field: str, message: str = "must be a non-negative integer") -> int:
+    """``value`` when it is a non-negative ``int``; else InvalidArgumentError ``field: message, got ...``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidArgumentError(field, f"{message}, got {value!r}")
+    return value
+
+
+def seconds(value: object, field: str, positive: bool = False, message: str | None = None) -> float:
+    """``value`` as a float when it is a number ``>= 0`` (``> 0`` when ``positive``); else
+    InvalidArgumentError ``field: message, got ...`` (NaN is refused)."""
+    if (
+        not isinstance(value, bool)
+        and isinstance(value, (int, float))
+        and (value > 0 or (value == 0 and not positive))  # NaN fails both comparisons
+    ):
+        return float(value)
+    bound = "a positive" if positive else "a non-negative"
+    raise InvalidArgumentError(field, f"{message or f'must be {bound} number of seconds'}, got {value!r}")
+
+
+def tier_level(tiers: Mapping[TierLevel, StorageTier], level: TierLevel | None) -> TierLevel:
+    """A level of ``tiers`` (ordered fastest first); None: the fastest."""
+    if level is None:
+        return next(iter(tiers))
+    if not isinstance(level, TierLevel) or level not in tiers:
+        raise InvalidArgumentError("level", f"{level!r} is not a tier of this cache ({list(tiers)})")
+    return level
+
+
+def slot_level(tiers: Mapping[TierLevel, StorageTier], level: TierLevel | None) -> TierLevel:
+    """A slot tier's level of ``tiers`` (ordered fastest first); None: the fastest slot tier."""
+    if level is None:
+        slot_levels = [lv for lv, t in tiers.items() if isinstance(t, SlotTier)]
+        if not slot_levels:
+            raise InvalidArgumentError("level", "this cache has no slot tier (L1 or L2) to load from")
+        return slot_levels[0]
+    if not isinstance(tiers[tier_level(tiers, level)], SlotTier):
+        raise InvalidArgumentError("level", f"{level.name} has no slots to lease; use L1 or L2")
+    return level

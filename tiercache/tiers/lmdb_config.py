@@ -1,0 +1,125 @@
+"""The configuration of an L3 (LMDB) tier, checked when it is made, and the space a chunk takes in it.
+
+Every field is validated in ``__post_init__`` (an :class:`~tiercache.errors.InvalidArgumentError` names
+the field), so that a tier is never opened with a config it cannot honour. The config also sizes what
+follows from it: the LMDB map size, and a chunk's charge against the capacity (header + payload), which
+the tier and the cache use to refuse a chunk that can never fit before reserving anything.
+
+Durability: with ``durable=False`` the environment is opened with ``sync=False`` (no fsync per commit).
+A process crash loses nothing: committed data is in the OS page cache. An OS crash or power loss may lose
+the last commits; LMDB's documentation warns that without sync it can even damage the database. A torn or
+damaged value is never served: the checksums turn it into a miss. With ``durable=True`` every commit is
+fsynced before it returns.
+
+Users import :class:`LmdbTierConfig` from :mod:`tiercache.tiers.lmdb`, next to the tier.
+
+Primitives:
+    LmdbTierConfig: path, capacity, codec, zstd level, durability, map size, damage recovery and read-fault
+        injection of one L3 tier; ``read_faults``, ``effective_map_size_bytes``, ``charge``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tiercache.codec import Codec
+from tiercache.errors import InvalidArgumentError
+from tiercache.tiers.faults import ReadFaults
+from tiercache.tiers.values import HEADER_BYTES, MAX_ZSTD_LEVEL, MIN_ZSTD_LEVEL
+
+_MAX_VALUE_BYTES = 0xFFFFFFFF
+"""LMDB's largest value (``MDB_MAXDATASIZE``)."""
+_MIN_EXTRA_MAP_BYTES = 1 << 30
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, slots=True)
+class LmdbTierConfig:
+    """Configuration of one L3 tier.
+
+    Attributes:
+        path: directory of the LMDB environment (created if missing).
+        capacity_bytes: bound on the stored bytes (headers + payloads) plus outstanding reservations.
+        codec: how payloads are stored; a zstd payload that is not smaller than the raw bytes is stored raw.
+        zstd_level: zstd compression level, ``MIN_ZSTD_LEVEL..MAX_ZSTD_LEVEL`` (used with ``Codec.ZSTD``).
+        durable: fsync every commit (``sync=True``); otherwise an OS crash may lose the last commits (see the
+            module docstring).
+        map_size_bytes: LMDB map size; None for ``max(4 * capacity_bytes, capacity_bytes + 1 GiB)``.
+        recover_damaged: when the environment's files are damaged, move them aside
+            (``<path>.damaged-<time>``) and start empty instead of failing: it is a cache.
+        fault_read_delay_s: fault injection, off by default: extra latency added to every read call.
+        fault_read_bytes_per_s: fault injection, off (0) by default: reads are throttled to this rate.
+    """
+
+    path: str
+    capacity_bytes: int
+    codec: Codec = Codec.RAW
+    zstd_level: int = 3
+    durable: bool = False
+    map_size_bytes: int | None = None
+    recover_damaged: bool = True
+    fault_read_delay_s: float = 0.0
+    fault_read_bytes_per_s: int = 0
+
+    def __post_init__(self) -> None:
+        ReadFaults(self.fault_read_delay_s, self.fault_read_bytes_per_s)  # validates them first
+        if not isinstance(self.path, str) or not self.path:
+            raise InvalidArgumentError("path", f"must be a non-empty string, got {self.path!r}")
+        if not _is_int(self.capacity_bytes) or self.capacity_bytes <= 0:
+            raise InvalidArgumentError(
+                "capacity_bytes", f"must be a positive integer, got {self.capacity_bytes!r}"
+            )
+        if not isinstance(self.codec, Codec):
+            valid = ", ".join(c.name for c in Codec)
+            raise InvalidArgumentError("codec", f"must be a Codec ({valid}), got {self.codec!r}")
+        if not _is_int(self.zstd_level) or not MIN_ZSTD_LEVEL <= self.zstd_level <= MAX_ZSTD_LEVEL:
+            raise InvalidArgumentError(
+                "zstd_level",
+                f"must be an integer in [{MIN_ZSTD_LEVEL}, {MAX_ZSTD_LEVEL}], got {self.zstd_level!r}",
+            )
+        if not isinstance(self.durable, bool):
+            raise InvalidArgumentError("durable", f"must be a bool, got {self.durable!r}")
+        if self.map_size_bytes is not None and (not _is_int(self.map_size_bytes) or self.map_size_bytes <= 0):
+            raise InvalidArgumentError(
+                "map_size_bytes", f"must be a positive integer or None, got {self.map_size_bytes!r}"
+            )
+
+    @property
+    def read_faults(self) -> ReadFaults:
+        """The injected read faults (validated; none by default)."""
+        return ReadFaults(self.fault_read_delay_s, self.fault_read_bytes_per_s)
+
+    @property
+    def effective_map_size_bytes(self) -> int:
+        """The LMDB map size the tier opens with.
+
+        Pages freed by a transaction are reusable only once no snapshot needs them, and a large value
+        needs a contiguous run of pages, so the map is sized well above the capacity. It costs address
+        space only: the data file is sparse (its apparent size is the map size, its disk use is what is
+        written).
+        """
+        if self.map_size_bytes is not None:
+            return self.map_size_bytes
+        return max(4 * self.capacity_bytes, self.capacity_bytes + _MIN_EXTRA_MAP_BYTES)
+
+    def charge(self, nbytes: int, field: str = "nbytes") -> int:
+        """Capacity one chunk of ``nbytes`` payload bytes takes while reserved: header + ``nbytes``.
+
+        Raises:
+            InvalidArgumentError: (named ``field``) ``nbytes`` is not a positive integer, or the chunk can
+                never fit: over the capacity, or over LMDB's largest value.
+        """
+        if not _is_int(nbytes) or nbytes <= 0:
+            raise InvalidArgumentError(field, f"must be a positive integer, got {nbytes!r}")
+        total = HEADER_BYTES + nbytes
+        if total > self.capacity_bytes:
+            raise InvalidArgumentError(
+                field,
+                f"{nbytes} bytes (+{HEADER_BYTES} header) exceed the capacity of {self.capacity_bytes} bytes",
+            )
+        if total > _MAX_VALUE_BYTES:
+            raise InvalidArgumentError(field, f"{nbytes} bytes exceed LMDB's largest value")
+        return total
