@@ -14,7 +14,8 @@ from tiercache.shm import SHM_DIR
 from tiercache.tiers.base import TierLevel
 from tiercache.tiers.hbm import HbmTierConfig
 from tiercache.tiers.host import HostTier, HostTierConfig
-from tiercache.tiers.lmdb import HEADER_BYTES, LmdbTierConfig
+from tiercache.tiers.lmdb import LmdbTierConfig
+from tiercache.tiers.values import HEADER_BYTES
 
 SLOT = 4096
 PREFIX = "tiercache-test-build"

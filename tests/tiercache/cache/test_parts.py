@@ -20,7 +20,8 @@ from tiercache.rates import RateEstimator
 from tiercache.stats import ChunkEvent, EventKind
 from tiercache.tiers.base import StorageTier, TierLevel
 from tiercache.tiers.hbm import HbmTier, HbmTierConfig
-from tiercache.tiers.lmdb import HEADER_BYTES, LmdbTier, LmdbTierConfig
+from tiercache.tiers.lmdb import LmdbTier, LmdbTierConfig
+from tiercache.tiers.values import HEADER_BYTES
 
 L1, L2, L3 = TierLevel.L1, TierLevel.L2, TierLevel.L3
 NBYTES = 1024

@@ -16,7 +16,8 @@ from tiercache.keys import Namespace, chunk_keys
 from tiercache.tiers.base import StorageTier, TierLevel
 from tiercache.tiers.hbm import HbmTier, HbmTierConfig
 from tiercache.tiers.host import HostTier, HostTierConfig
-from tiercache.tiers.lmdb import HEADER_BYTES, LmdbTier, LmdbTierConfig
+from tiercache.tiers.lmdb import LmdbTier, LmdbTierConfig
+from tiercache.tiers.values import HEADER_BYTES
 
 L1, L2, L3 = TierLevel.L1, TierLevel.L2, TierLevel.L3
 WAIT_S = 30.0

@@ -22,7 +22,8 @@ from tiercache.policies import WritePolicyKind
 from tiercache.tiers.base import SlotTier, TierLevel
 from tiercache.tiers.hbm import HbmTierConfig
 from tiercache.tiers.host import HostTierConfig
-from tiercache.tiers.lmdb import HEADER_BYTES, LmdbTierConfig
+from tiercache.tiers.lmdb import LmdbTierConfig
+from tiercache.tiers.values import HEADER_BYTES
 
 L1, L2, L3 = TierLevel.L1, TierLevel.L2, TierLevel.L3
 
