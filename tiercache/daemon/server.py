@@ -2,7 +2,8 @@
 
 Start: check the socket path (a live daemon there is an error, a stale file is removed), build the tiers (L1
 when configured, L2 always, L3 unless disabled; a warm L3 is re-indexed) and the cache manager in the
-executor, start ``/metrics`` when configured, bind the unix socket (then chmod it) and/or TCP, mark the
+executor, register the servicers (through :mod:`.decode`: an undecodable request answers INVALID_ARGUMENT),
+start ``/metrics`` when configured, bind the unix socket (then chmod it) and/or TCP, mark the
 health service SERVING and log ``tiercache-daemon listening on ...``.
 
 Stop (SIGTERM or SIGINT): health NOT_SERVING, event streams ended, ``server.stop(grace)`` refuses new calls
@@ -30,12 +31,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from tiercache.cache import CacheBuildConfig, CacheConfig, CacheManager, build_cache
-from tiercache.proto import tiercache_pb2_grpc as pb_grpc
+from tiercache.proto import tiercache_pb2 as pb
 from tiercache.tiers.base import TierLevel
 from tiercache.tiers.host import HostTier
 
 from .auth import Authenticator
 from .config import DaemonConfig, TierConfigs
+from .decode import add_servicer
 from .diagnostics import DiagnosticsServicer
 from .events import EventHub
 from .handles import HandleRegistry
@@ -160,8 +162,9 @@ class Daemon:
                 ("grpc.so_reuseport", 0),
             ]
         )
-        pb_grpc.add_KVCacheServiceServicer_to_server(KVCacheServicer(deps), server)
-        pb_grpc.add_DiagnosticsServicer_to_server(DiagnosticsServicer(deps), server)
+        services = pb.DESCRIPTOR.services_by_name
+        add_servicer(server, KVCacheServicer(deps), services["KVCacheService"])
+        add_servicer(server, DiagnosticsServicer(deps), services["Diagnostics"])
         health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         socket_file: SocketFile | None = None

@@ -1,0 +1,162 @@
+"""Bytes that are no protobuf message, sent to every RPC of the daemon, answer INVALID_ARGUMENT naming the method.
+
+The methods come from the service descriptors of the proto file (every service it declares), so a new RPC is
+covered without a change here. Each gets several seeded random byte strings, a lone varint continuation byte,
+an overlong varint and a truncated valid request, through a raw channel (bytes in, no serializer), in the
+shape of its kind (unary or streaming request and response). Afterwards the same daemon still answers a valid
+Stats and Echo, and its log shows that no decode error escaped into the framework.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from google.protobuf import message_factory
+from google.protobuf.descriptor import FieldDescriptor, MethodDescriptor
+from google.protobuf.message import DecodeError, Message
+
+from tests.daemon.conftest import RPC_TIMEOUT_S, DaemonProc
+from tiercache.proto import tiercache_pb2 as pb
+from tiercache.proto import tiercache_pb2_grpc as pb_grpc
+
+SERVICES = tuple(pb.DESCRIPTOR.services_by_name.values())
+METHODS = tuple(method for service in SERVICES for method in service.methods)
+RANDOM_PER_METHOD = 4
+RANDOM_DRAWS = 1000
+LONE_CONTINUATION = b"\x80"
+"""A tag varint that starts and never ends."""
+OVERLONG_VARINT = b"\x08" + b"\xff" * 11
+"""Field 1, wire type varint, and a value of more than the 10 bytes a varint may take."""
+
+_BIG_INTS = {
+    FieldDescriptor.TYPE_INT32: 1 << 30,
+    FieldDescriptor.TYPE_INT64: 1 << 40,
+    FieldDescriptor.TYPE_UINT32: 1 << 30,
+    FieldDescriptor.TYPE_UINT64: 1 << 40,
+    FieldDescriptor.TYPE_SINT32: 1 << 29,
+    FieldDescriptor.TYPE_SINT64: 1 << 40,
+}
+
+
+def _path(method: MethodDescriptor) -> str:
+    return f"/{method.containing_service.full_name}/{method.name}"
+
+
+def _request_type(method: MethodDescriptor) -> type[Message]:
+    cls: type[Message] = message_factory.GetMessageClass(method.input_type)
+    return cls
+
+
+def _undecodable(cls: type[Message], data: bytes) -> bool:
+    try:
+        cls.FromString(data)
+    except DecodeError:
+        return True
+    return False
+
+
+def _random_garbage(cls: type[Message], seed: str) -> list[bytes]:
+    """Seeded random byte strings that do not decode as ``cls`` (most random strings do not)."""
+    rng = random.Random(seed)
+    found: list[bytes] = []
+    for _ in range(RANDOM_DRAWS):
+        data = rng.randbytes(rng.randint(1, 96))
+        if _undecodable(cls, data):
+            found.append(data)
+            if len(found) == RANDOM_PER_METHOD:
+                return found
+    raise AssertionError(f"fewer than {RANDOM_PER_METHOD} undecodable strings in {RANDOM_DRAWS} draws")
+
+
+def _truncated(cls: type[Message]) -> bytes:
+    """A valid ``cls`` with every singular string, bytes and integer field set, less its last byte.
+
+    Every such field ends in a byte a parser needs (a length-delimited value or a multi-byte varint). A
+    request type without any gets an unknown length-delimited field instead.
+    """
+    msg = cls()
+    for field in cls.DESCRIPTOR.fields:
+        if field.is_repeated or field.containing_oneof is not None:
+            continue
+        if field.type == FieldDescriptor.TYPE_STRING:
+            setattr(msg, field.name, "s" * 16)
+        elif field.type == FieldDescriptor.TYPE_BYTES:
+            setattr(msg, field.name, b"b" * 16)
+        elif field.type in _BIG_INTS:
+            setattr(msg, field.name, _BIG_INTS[field.type])
+    data = msg.SerializeToString() or b"\x0a\x10" + b"u" * 16
+    assert not _undecodable(cls, data)
+    return data[:-1]
+
+
+def garbage_of(method: MethodDescriptor) -> list[bytes]:
+    """Every malformed request body sent to ``method``, each checked not to decode as its request type."""
+    cls = _request_type(method)
+    bodies = [
+        *_random_garbage(cls, _path(method)),
+        LONE_CONTINUATION,
+        OVERLONG_VARINT,
+        _truncated(cls),
+    ]
+    for body in bodies:
+        assert _undecodable(cls, body), body
+    return bodies
+
+
+def _call(channel: grpc.Channel, method: MethodDescriptor, body: bytes) -> None:
+    """Send ``body`` as the (first and only) request message of ``method`` and read the whole answer."""
+    path = _path(method)
+    if method.client_streaming:
+        requests: Iterator[bytes] = iter([body])
+        if method.server_streaming:
+            list(channel.stream_stream(path)(requests, timeout=RPC_TIMEOUT_S))
+        else:
+            channel.stream_unary(path)(requests, timeout=RPC_TIMEOUT_S)
+    elif method.server_streaming:
+        list(channel.unary_stream(path)(body, timeout=RPC_TIMEOUT_S))
+    else:
+        channel.unary_unary(path)(body, timeout=RPC_TIMEOUT_S)
+
+
+def test_the_descriptors_name_both_services() -> None:
+    """The loop below covers what the daemon serves: both services, streaming methods included."""
+    assert {s.full_name for s in SERVICES} == {"tiercache.v1.KVCacheService", "tiercache.v1.Diagnostics"}
+    kinds = {(m.client_streaming, m.server_streaming) for m in METHODS}
+    assert kinds == {(False, False), (False, True), (True, False), (True, True)}
+
+
+@pytest.mark.parametrize("method", METHODS, ids=_path)
+def test_garbage_answers_invalid_argument(shared_daemon: DaemonProc, method: MethodDescriptor) -> None:
+    channel = shared_daemon.channel()
+    name = f"{method.containing_service.full_name}/{method.name}"
+    for body in garbage_of(method):
+        with pytest.raises(grpc.RpcError) as err:
+            _call(channel, method, body)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (body, err.value.details())
+        details = err.value.details()
+        assert name in details
+        assert "could not be decoded" in details
+        assert method.input_type.full_name in details
+    assert shared_daemon.proc.poll() is None
+
+
+def test_daemon_serves_after_garbage(shared_daemon: DaemonProc) -> None:
+    """Runs after the garbage (file order): valid calls still work, and no decode error reached grpc."""
+    channel = shared_daemon.channel()
+    stats = pb_grpc.KVCacheServiceStub(channel).Stats(pb.StatsRequest(), timeout=RPC_TIMEOUT_S)
+    assert stats.tiers
+    echo = pb_grpc.DiagnosticsStub(channel).Echo(pb.EchoMessage(data=b"still here"), timeout=RPC_TIMEOUT_S)
+    assert echo.data == b"still here"
+    streamed = list(
+        pb_grpc.DiagnosticsStub(channel).EchoStream(
+            iter([pb.EchoMessage(data=b"a"), pb.EchoMessage(data=b"b")]), timeout=RPC_TIMEOUT_S
+        )
+    )
+    assert [m.data for m in streamed] == [b"a", b"b"]
+    assert shared_daemon.proc.poll() is None
+    log = shared_daemon.stderr()
+    assert "undecodable request" in log
+    assert "DecodeError" not in log
