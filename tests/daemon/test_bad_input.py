@@ -307,6 +307,46 @@ def test_bad_tickets_leases_and_durations(
     assert_intact(stub, reg, baseline)
 
 
+def test_lifetimes_above_the_cap_are_refused(
+    stub: Stub, reg: pb.RegisterResponse, baseline: tuple[list[bytes], list[bytes]]
+) -> None:
+    """A lease, ticket or claim asked for longer than ``--max-ttl-s`` (default 300 s) is refused, not
+    shortened, and holds nothing; at the cap it is granted in full."""
+    keys, fresh = baseline[0], make_keys(2, seed=12)
+    too_long = "ttl_s: must be at most max_ttl_s = 300 seconds, got 1000000000.0"
+    for call in (
+        lambda: stub.AcquireLoad(
+            pb.AcquireLoadRequest(handle=reg.handle, keys=keys, ttl_s=1e9), timeout=RPC_TIMEOUT_S
+        ),
+        lambda: stub.BeginStore(
+            pb.BeginStoreRequest(handle=reg.handle, keys=fresh, ttl_s=1e9), timeout=RPC_TIMEOUT_S
+        ),
+        lambda: stub.ClaimPrefill(
+            pb.ClaimPrefillRequest(handle=reg.handle, keys=fresh, ttl_s=1e9), timeout=RPC_TIMEOUT_S
+        ),
+    ):
+        fails(call, grpc.StatusCode.INVALID_ARGUMENT, too_long)
+    claim = stub.ClaimPrefill(
+        pb.ClaimPrefillRequest(handle=reg.handle, keys=fresh, ttl_s=300), timeout=RPC_TIMEOUT_S
+    )
+    assert (claim.cached, claim.wait, claim.lead) == (0, 0, 2)  # the refused claim left nothing claimed
+    release = pb.ReleasePrefillRequest(handle=reg.handle, claim_id=claim.claim_id)
+    assert stub.ReleasePrefill(release, timeout=RPC_TIMEOUT_S).released == 2
+    begin = stub.BeginStore(
+        pb.BeginStoreRequest(handle=reg.handle, keys=fresh, ttl_s=300), timeout=RPC_TIMEOUT_S
+    )
+    assert len(begin.slots) == 2 and 0 < begin.expires_in_s <= 300
+    abort = pb.AbortStoreRequest(handle=reg.handle, ticket_id=begin.ticket_id)
+    assert stub.AbortStore(abort, timeout=RPC_TIMEOUT_S).aborted
+    lease = stub.AcquireLoad(
+        pb.AcquireLoadRequest(handle=reg.handle, keys=keys, ttl_s=300), timeout=RPC_TIMEOUT_S
+    )
+    assert lease.lease_id != 0
+    release_load = pb.ReleaseLoadRequest(handle=reg.handle, lease_id=lease.lease_id)
+    assert stub.ReleaseLoad(release_load, timeout=RPC_TIMEOUT_S).released
+    assert_intact(stub, reg, baseline)
+
+
 # ------------------------------------------------------------------ the handle check of every RPC, and auth
 
 Metadata = Sequence[tuple[str, str]]

@@ -106,6 +106,16 @@ def test_l1_device_none_and_cpu(tmp_path: Path) -> None:
         (["--torch-threads", "0"], {}, None, "--torch-threads: must be a positive integer"),
         (["--l3-fault-read-delay-s", "-1"], {}, None, "--l3-fault-read-delay-s: must be >= 0"),
         ([], {"TIERCACHE_L3_FAULT_READ_BYTES_PER_S": "fast"}, None, "--l3-fault-read-bytes-per-s (from"),
+        (["--max-ttl-s", "0"], {}, None, "--max-ttl-s: must be a finite number of seconds >= lease_ttl_s"),
+        (["--max-ttl-s", "inf"], {}, None, "--max-ttl-s: expected a finite number"),
+        (["--lease-ttl-s", "60", "--max-ttl-s", "59"], {}, None, "--max-ttl-s: must be a finite number"),
+        ([], {"TIERCACHE_MAX_TTL_S": "long"}, None, "--max-ttl-s (from TIERCACHE_MAX_TTL_S)"),
+        (
+            [],
+            {},
+            "lease_ttl_s = 400\n",
+            "--max-ttl-s: must be a finite number of seconds >= lease_ttl_s (400.0)",
+        ),
     ],
 )
 def test_bad_values_exit_2_naming_the_option(
@@ -196,6 +206,18 @@ def test_help_lists_every_option_with_its_default() -> None:
                      "(default: 4M;", "(default: tiercache-l2;", "(default: 127.0.0.1;", "(default: INFO;",
                      "10% of physical RAM", "min(8G, 10% of the free space"):  # fmt: skip
         assert fragment in text, fragment
+
+
+def test_max_ttl_s_defaults_to_300_and_is_resolved_like_every_option(tmp_path: Path) -> None:
+    env = {"HOME": str(tmp_path)}
+    argv = ["--l2-bytes", "1M", "--slot-bytes", "64K", "--l3-path", ""]
+    assert load_config(argv, env).cache.max_ttl_s == 300.0
+    cfg = tmp_path / "daemon.toml"
+    cfg.write_text("max_ttl_s = 40\n")
+    assert load_config([*argv, "--config", str(cfg)], env).cache.max_ttl_s == 40.0  # TOML
+    env = {**env, "TIERCACHE_CONFIG": str(cfg), "TIERCACHE_MAX_TTL_S": "50"}
+    assert load_config(argv, env).cache.max_ttl_s == 50.0  # environment over TOML
+    assert load_config([*argv, "--max-ttl-s", "60.5"], env).cache.max_ttl_s == 60.5  # flag over environment
 
 
 def test_l3_fault_injection_is_off_by_default_and_resolved_like_every_option(tmp_path: Path) -> None:

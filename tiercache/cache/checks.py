@@ -7,6 +7,7 @@ fails before any part of the cache is touched. A bool is never taken for a numbe
 Primitives:
     count: a non-negative integer.
     seconds: a non-negative (or positive) number of seconds.
+    lifetime: a requested lease / ticket / claim lifetime: the default when absent, refused above its cap.
     tier_level, slot_level: a tier of the cache (a slot tier, for loads), the fastest one by default.
 """
 
@@ -36,6 +37,22 @@ def seconds(value: object, field: str, positive: bool = False, message: str | No
         return float(value)
     bound = "a positive" if positive else "a non-negative"
     raise InvalidArgumentError(field, f"{message or f'must be {bound} number of seconds'}, got {value!r}")
+
+
+def lifetime(value: object, default_s: float, max_s: float, field: str = "ttl_s") -> float:
+    """A lifetime in seconds: ``default_s`` when ``value`` is None, else ``value`` as a positive float
+    no greater than ``max_s``.
+
+    A lifetime above the cap is refused (InvalidArgumentError naming ``field`` and the cap), not clamped:
+    a caller that asked for more than it may have learns so at once, instead of losing its lease, ticket
+    or claim earlier than it planned.
+    """
+    if value is None:
+        return default_s
+    ttl = seconds(value, field, positive=True)
+    if ttl > max_s:
+        raise InvalidArgumentError(field, f"must be at most max_ttl_s = {max_s:g} seconds, got {value!r}")
+    return ttl
 
 
 def tier_level(tiers: Mapping[TierLevel, StorageTier], level: TierLevel | None) -> TierLevel:

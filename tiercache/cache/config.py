@@ -1,11 +1,12 @@
 """Configuration of the cache core.
 
 Primitives:
-    CacheConfig: policies, minimum residency, lease TTL, prefetch bounds.
+    CacheConfig: policies, minimum residency, lease TTL and its cap, prefetch bounds.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tiercache.errors import InvalidArgumentError
@@ -21,7 +22,9 @@ class CacheConfig:
         eviction_policy: which evictable chunk goes first.
         selective_min_hits: reads after which the selective policy writes a chunk down.
         min_residency_s: a newly stored chunk is not evicted from a tier before this many seconds.
-        lease_ttl_s: default lifetime of a load lease or store ticket.
+        lease_ttl_s: default lifetime of a load lease, store ticket or prefill claim.
+        max_ttl_s: the longest lifetime a caller may ask for a lease, ticket or claim; a longer one is
+            refused, so that a caller cannot hold slots (or a prefill) for ever. At least ``lease_ttl_s``.
         prefetch_workers: threads running background promotions.
         prefetch_inflight_bytes: bound on the bytes of promotions in flight at once, so that prefetching
             cannot take every free slot from stores.
@@ -32,6 +35,7 @@ class CacheConfig:
     selective_min_hits: int = 2
     min_residency_s: float = 0.0
     lease_ttl_s: float = 30.0
+    max_ttl_s: float = 300.0
     prefetch_workers: int = 4
     prefetch_inflight_bytes: int = 256 << 20
 
@@ -52,3 +56,9 @@ class CacheConfig:
             raise InvalidArgumentError("min_residency_s", f"must be >= 0, got {self.min_residency_s!r}")
         if not self.lease_ttl_s > 0:
             raise InvalidArgumentError("lease_ttl_s", f"must be > 0, got {self.lease_ttl_s!r}")
+        if not (math.isfinite(self.max_ttl_s) and self.max_ttl_s >= self.lease_ttl_s):
+            raise InvalidArgumentError(
+                "max_ttl_s",
+                f"must be a finite number of seconds >= lease_ttl_s ({self.lease_ttl_s!r}), "
+                f"got {self.max_ttl_s!r}",
+            )

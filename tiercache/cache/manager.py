@@ -3,7 +3,8 @@
 Chunks are filed by ``(namespace id, chunk key)``. A namespace must be registered before use. Stores are
 two-phase (begin -> the caller fills the buffers -> commit or abort); loads lease the chunks in a slot tier
 (promoting them from slower tiers first) so that they cannot be evicted while the caller copies them.
-Leases and store tickets have a TTL: a caller that dies cannot hold space forever. The work is done by the
+Leases, store tickets and prefill claims have a TTL, capped by the config's ``max_ttl_s``: a caller that dies
+cannot hold space forever, and a caller cannot ask to. The work is done by the
 parts of :mod:`tiercache.cache` (namespaces, index, space, leases, mover, stores, loads, writeback,
 prefetch, listeners, claims); this module checks arguments (with :mod:`tiercache.cache.checks`), takes the lock
 where a call spans parts, and wires them together.
@@ -167,7 +168,7 @@ class CacheManager:
         ``level`` (default: the fastest tier), or in the next slower tier when that one has no room.
         ``keys`` may be a part of a chain starting at position ``start_depth``; the reservation lapses (is
         aborted) after ``ttl_s`` seconds (default the config's lease TTL). Raises InvalidArgumentError for
-        duplicate keys, a bad TTL or depth; CapacityError when no tier at or below ``level`` can make room.
+        duplicate keys, a bad TTL (one above ``max_ttl_s`` is refused, not clamped) or depth; CapacityError when no tier at or below ``level`` can make room.
         """
         layout = self.namespace(namespace_id).layout
         cids = self._namespaces.chunk_ids(namespace_id, keys)
@@ -234,7 +235,8 @@ class CacheManager:
         or not in time. The lease lives ``ttl_s`` (default the config's TTL). ``wait_s`` bounds the wait for
         promotions: None for as long as it takes, 0 for not at all (only chunks already in ``level``), else
         a deadline from now; promotions still running at the deadline go on in the background. Raises
-        InvalidArgumentError for a bad TTL or wait, or a ``level`` that is not a slot tier.
+        InvalidArgumentError for a bad TTL (above ``max_ttl_s``: refused, not clamped) or wait, or a
+        ``level`` that is not a slot tier.
         """
         cids = self._namespaces.chunk_ids(namespace_id, keys)
         target = checks.slot_level(self._tiers, level)
@@ -364,7 +366,8 @@ class CacheManager:
 
         The caller computes and stores the ``lead`` chunks (publishing each with ``commit_store`` as soon
         as it is done), waits for the ``wait`` chunks with :meth:`wait_prefill`, and releases the claim with
-        :meth:`release_prefill` if it gives up. Raises InvalidArgumentError for a bad TTL.
+        :meth:`release_prefill` if it gives up. ``ttl_s`` defaults to the config's lease TTL. Raises
+        InvalidArgumentError for a bad TTL (above ``max_ttl_s``: refused, not clamped).
         """
         cids = self._namespaces.chunk_ids(namespace_id, keys)
         ttl = self._ttl(ttl_s)
@@ -440,7 +443,8 @@ class CacheManager:
             raise ConflictError("the cache manager is closed")
 
     def _ttl(self, ttl_s: float | None) -> float:
-        return self._config.lease_ttl_s if ttl_s is None else checks.seconds(ttl_s, "ttl_s", positive=True)
+        """The lifetime of a lease, ticket or claim: every requested TTL is resolved and capped here."""
+        return checks.lifetime(ttl_s, self._config.lease_ttl_s, self._config.max_ttl_s)
 
     def _reap(self, now: float) -> None:
         """Reclaim leases and store tickets whose TTL has passed (under the lock)."""

@@ -283,6 +283,7 @@ class Options:
     eviction_policy: EvictionPolicyKind
     selective_min_hits: int
     lease_ttl_s: float
+    max_ttl_s: float
     min_residency_s: float
     metrics_port: int
     metrics_host: str
@@ -412,6 +413,7 @@ class DaemonConfig:
                 selective_min_hits=opts.selective_min_hits,
                 min_residency_s=opts.min_residency_s,
                 lease_ttl_s=opts.lease_ttl_s,
+                max_ttl_s=opts.max_ttl_s,
             )
         except InvalidArgumentError as exc:
             raise reraise_as_option(exc, exc.field) from None

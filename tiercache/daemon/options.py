@@ -273,6 +273,14 @@ OPTIONS: tuple[Option, ...] = (
         "FLOAT",
     ),
     Option(
+        "max_ttl_s",
+        parse_float,
+        *_fixed(300.0, "300"),
+        "longest lifetime an engine may ask for a load lease, store ticket or prefill claim, seconds "
+        "(a longer one is refused with INVALID_ARGUMENT); at least --lease-ttl-s",
+        "FLOAT",
+    ),
+    Option(
         "min_residency_s",
         parse_float,
         *_fixed(0.0, "0"),

@@ -225,7 +225,7 @@ class _FailsAt(Sequence[torch.Tensor]):
 def test_a_failed_put_aborts_its_ticket_at_once(namespace: Namespace) -> None:
     n = namespace.layout.chunk_bytes
     tier = HostTier(HostTierConfig(capacity_bytes=8 * n, slot_bytes=n, segment_prefix="tiercache-test-fill"))
-    cache = CacheManager([tier], CacheConfig(lease_ttl_s=600.0))
+    cache = CacheManager([tier], CacheConfig(lease_ttl_s=600.0, max_ttl_s=600.0))
     try:
         ns_id = cache.register_namespace(namespace)
         keys = chunk_keys(namespace, list(range(3 * namespace.layout.chunk_tokens)))

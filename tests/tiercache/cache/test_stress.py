@@ -58,7 +58,7 @@ def test_concurrent_operations_keep_bytes_and_books(tmp_path: Path, namespace: N
     n = namespace.layout.chunk_bytes
     cache = build_cache(
         CacheBuildConfig(
-            cache=CacheConfig(write_policy=WritePolicyKind.ON_EVICT, lease_ttl_s=600.0),
+            cache=CacheConfig(write_policy=WritePolicyKind.ON_EVICT, lease_ttl_s=600.0, max_ttl_s=600.0),
             l1=HbmTierConfig(capacity_bytes=3 * n, slot_bytes=n, device="cpu"),
             l2=HostTierConfig(capacity_bytes=5 * n, slot_bytes=n, segment_prefix="tiercache-test-stress"),
             l3=LmdbTierConfig(path=str(tmp_path / "l3"), capacity_bytes=9 * (n + HEADER_BYTES)),
