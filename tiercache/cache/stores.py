@@ -133,7 +133,10 @@ class Stores:
             depths = [store.depths[i] for i in chosen]
             try:
                 self._tiers[store.level].commit(writes)
-            finally:  # committed, or failed (an L3 map full): either way these slots leave the ticket
+            except BaseException:  # nothing was committed (e.g. an L3 map full): give the space back now
+                self._tiers[store.level].abort(writes)
+                raise
+            finally:  # committed or failed, these slots leave the ticket
                 chosen_set = set(chosen)
                 keep = [i for i in range(len(store.writes)) if i not in chosen_set]
                 store.writes = [store.writes[i] for i in keep]
@@ -142,7 +145,6 @@ class Stores:
                 if not store.writes:
                     self._leases.take_store(ticket_id)
                 self._mover.storing.difference_update(ws.chunk_id for ws in writes)
-                self._tiers[store.level].abort(writes)  # a no-op for committed slots
             for ws, depth in zip(writes, depths):
                 _, key = split_chunk_id(ws.chunk_id)
                 entry = self._index.add_residency(
