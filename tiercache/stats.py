@@ -83,7 +83,8 @@ class TierStats:
     """Counters of one tier since the cache manager started (each figure's meaning: its ``StatInfo``).
 
     The token counters are token-weighted and per source tier; ``latency_s`` and ``bytes_per_s`` are the
-    measured (or prior) read rates.
+    measured (or prior) read rates; ``dropped_chunks`` counts the copies the cache meant to keep and could
+    not (no room, an LMDB map full, a failed read or write), which are otherwise silent.
 
     Attributes:
         level: which tier (the label of every per-tier figure; ``tier`` on the wire).
@@ -118,6 +119,13 @@ class TierStats:
     )
     bytes_per_s: float = field(
         default=0.0, metadata=gauge("Measured read bandwidth of a tier", "tier_read_bytes_per_second")
+    )
+    dropped_chunks: int = field(
+        default=0,
+        metadata=counter(
+            "Chunks dropped without the copy that was due: a failed eviction demotion (counted at the "
+            "evicting tier) or a failed write-down (counted at the target tier)"
+        ),
     )
 
 

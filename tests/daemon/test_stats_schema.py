@@ -21,6 +21,7 @@ _NAMES = {
     "tiercache_tier_promotions": "counter",
     "tiercache_tier_demotions": "counter",
     "tiercache_tier_corrupt_reads": "counter",
+    "tiercache_tier_dropped_chunks": "counter",
     "tiercache_lookup_hit_tokens": "counter",
     "tiercache_load_success_tokens": "counter",
     "tiercache_effective_hit_tokens": "counter",

@@ -73,6 +73,7 @@ class TierCounters:
     evictions: int = 0
     promotions: int = 0
     demotions: int = 0
+    dropped_chunks: int = 0  # copies the cache meant to keep here (or keep from here) and could not
 
 
 @dataclass(slots=True)
@@ -135,6 +136,7 @@ class Index:
             promotions=c.promotions,
             demotions=c.demotions,
             corrupt_reads=usage.corrupt_reads,
+            dropped_chunks=c.dropped_chunks,
         )
 
     # ------------------------------------------------------------------ lookups

@@ -11,6 +11,11 @@ A move of chunk ``c`` into tier ``dst`` is always the same protocol:
 4. under the lock: index the new copy (or, if the source turned out corrupt, abort the reservation and drop
    the lost copy from the index), end the hold and the copying mark.
 
+A reservation made for a move is committed or aborted on every path (a failed read of the source, a commit
+that finds the LMDB map full, any exception). A chunk the cache meant to keep and could not (an eviction
+whose demotion failed, a write-down that failed) is counted in its tier's ``dropped_chunks`` and logged at
+WARNING; a failed demotion never fails the reservation that evicted it (its victim's room is made anyway).
+
 Moves are single-flight per ``(chunk, dst)`` (:class:`~tiercache.singleflight.SingleFlight`): concurrent
 promotions, write-downs or demotions of one chunk into one tier share one copy. A move into tier ``d`` only
 ever waits for moves into tiers slower than ``d`` (the demotions that make room in ``d``), so flights never
@@ -50,6 +55,10 @@ class MoveOutcome(enum.Enum):
     ABSENT = enum.auto()  # not cached (or purged), nothing to copy from, or a copy into the tier is running
     NO_ROOM = enum.auto()  # the target tier could not make room
     LOST = enum.auto()  # the source copy was corrupt (the tier deleted it)
+
+
+_FAILED: Mapping[MoveOutcome, str] = {MoveOutcome.NO_ROOM: "no room", MoveOutcome.LOST: "source corrupt"}
+"""The outcomes of a move that leave a chunk without the copy it was due, and how they are reported."""
 
 
 class Mover:
@@ -169,9 +178,11 @@ class Mover:
                     self.drop(victim, entry, level, evicted=True)
                     continue
                 self._index.hold(victim, entry, level)
+            reason: str | None = "interrupted"
             try:
-                if not self.move(victim, below):
-                    logger.debug("could not demote %s from %s; dropped", victim.hex(), level.name)
+                reason = _FAILED.get(self.move_outcome(victim, below))
+            except Exception as exc:  # the victim goes all the same (room is made); the loss is counted
+                reason = f"{type(exc).__name__}: {exc}"
             finally:
                 with self._lock:
                     self._index.unhold(victim, level)
@@ -179,6 +190,9 @@ class Mover:
                     # Someone may have leased it meanwhile: then it stays, and the loop picks another.
                     if entry is not None and level in entry.res and entry.res[level].holds == 0:
                         self.drop(victim, entry, level, evicted=not entry.purged)
+                    kept = entry is not None and level in entry.res
+                    if reason is not None and not kept and not (entry is not None and entry.purged):
+                        self._dropped(victim, level, f"demotion into {below.name} failed ({reason})")
 
     def reserve_from(
         self, target: TierLevel, cids: Sequence[bytes], sizes: Sequence[int]
@@ -256,7 +270,11 @@ class Mover:
         return moved
 
     def write_down_step(self, cid: bytes) -> MoveOutcome | None:
-        """Copy a chunk into the next slower tier lacking it; None when no tier lacks it."""
+        """Copy a chunk into the next slower tier lacking it; None when no tier lacks it.
+
+        A write-down that finds no room, loses its source or raises is counted as a dropped chunk of the
+        target tier (the exception propagates).
+        """
         with self._lock:
             entry = self._index.visible(cid)
             if entry is None:
@@ -269,7 +287,23 @@ class Mover:
             ]
             if not missing:
                 return None
-        return self.move_outcome(cid, missing[0], observe=False)
+        dst = missing[0]
+        try:
+            outcome = self.move_outcome(cid, dst, observe=False)
+        except Exception as exc:
+            with self._lock:
+                self._dropped(cid, dst, f"write-down failed ({type(exc).__name__}: {exc})")
+            raise
+        reason = _FAILED.get(outcome)
+        if reason is not None:
+            with self._lock:
+                self._dropped(cid, dst, f"write-down failed ({reason})")
+        return outcome
+
+    def _dropped(self, cid: bytes, level: TierLevel, reason: str) -> None:
+        """Count and report a copy the cache meant to keep and could not. Call under the lock."""
+        self._index.counters[level].dropped_chunks += 1
+        logger.warning("dropped chunk %s at %s: %s", cid.hex(), level.name, reason)
 
     def _copy(self, cid: bytes, dst: TierLevel, observe: bool) -> MoveOutcome:
         with self._lock:
@@ -290,12 +324,18 @@ class Mover:
             except (CapacityError, ConflictError) as exc:
                 logger.debug("no room for %s in %s: %s", cid.hex(), dst.name, exc)
                 return MoveOutcome.NO_ROOM
-            started = time.perf_counter()
+            # From here on every way out either commits ``ws`` or aborts it: a reservation never outlives
+            # the move (a failed read, a full LMDB map at commit, any other error).
             try:
+                started = time.perf_counter()
                 ok = self._tiers[src].read_into([cid], [ws.buffer])[0]
                 elapsed = time.perf_counter() - started
                 if ok:
                     self._tiers[dst].commit([ws])
+            except CapacityError as exc:  # the commit found no room (an L3 map full): nothing was written
+                self._tiers[dst].abort([ws])
+                logger.debug("no room to commit %s in %s: %s", cid.hex(), dst.name, exc)
+                return MoveOutcome.NO_ROOM
             except BaseException:
                 self._tiers[dst].abort([ws])
                 raise

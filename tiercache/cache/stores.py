@@ -3,7 +3,8 @@
 A store first claims its chunk ids under the index lock (so that no other store or copy writes them), then
 reserves space through the mover with the lock released (room is made by evicting, which may demote), then
 files the reservation as a ticket in the lease table. Commit makes chunks visible in the tier and in the
-index at once (under the lock) and applies the write policy; abort and expiry give the space back.
+index at once (under the lock) and applies the write policy; abort and expiry give the space back, and so
+does a commit that fails (the error propagates, the failed slots leave the ticket).
 
 Primitives:
     Stores: begin, fill, commit, abort, discard, discard_all, expire.
@@ -130,15 +131,20 @@ class Stores:
                 chosen = sorted({position[i] for i in indices})
             writes = [store.writes[i] for i in chosen]
             depths = [store.depths[i] for i in chosen]
-            self._tiers[store.level].commit(writes)
-            chosen_set = set(chosen)
-            keep = [i for i in range(len(store.writes)) if i not in chosen_set]
-            store.writes = [store.writes[i] for i in keep]
-            store.depths = [store.depths[i] for i in keep]
-            store.indices = [store.indices[i] for i in keep]
-            if not store.writes:
-                self._leases.take_store(ticket_id)
-            self._mover.storing.difference_update(ws.chunk_id for ws in writes)
+            try:
+                self._tiers[store.level].commit(writes)
+            except BaseException:  # nothing was committed (e.g. an L3 map full): give the space back now
+                self._tiers[store.level].abort(writes)
+                raise
+            finally:  # committed or failed, these slots leave the ticket
+                chosen_set = set(chosen)
+                keep = [i for i in range(len(store.writes)) if i not in chosen_set]
+                store.writes = [store.writes[i] for i in keep]
+                store.depths = [store.depths[i] for i in keep]
+                store.indices = [store.indices[i] for i in keep]
+                if not store.writes:
+                    self._leases.take_store(ticket_id)
+                self._mover.storing.difference_update(ws.chunk_id for ws in writes)
             for ws, depth in zip(writes, depths):
                 _, key = split_chunk_id(ws.chunk_id)
                 entry = self._index.add_residency(

@@ -221,10 +221,16 @@ class LmdbTier(StorageTier):
                     f"L3 needs {total} bytes for {len(chunk_ids)} chunks, {max(free, 0)} of "
                     f"{self._capacity} are free"
                 )
-            return [
-                self._reservations.add(Reservation(cid, size, chg, self._staging.take(HEADER_BYTES + size)))
-                for cid, size, chg in zip(chunk_ids, sizes, charges, strict=True)
-            ]
+            slots: list[WriteSlot] = []
+            try:
+                for cid, size, chg in zip(chunk_ids, sizes, charges, strict=True):
+                    staging = self._staging.take(HEADER_BYTES + size)
+                    slots.append(self._reservations.add(Reservation(cid, size, chg, staging)))
+            except BaseException:  # all or nothing: no reservation outlives a failed call
+                for res in self._reservations.abort(slots):
+                    self._staging.give(res.staging)
+                raise
+            return slots
 
     def commit(self, slots: Sequence[WriteSlot]) -> None:
         """Write reserved chunks in one LMDB write transaction; they become readable together.

@@ -31,6 +31,7 @@ from tiercache.errors import CapacityError, ConflictError, InvalidArgumentError
 from tiercache.keys import CHUNK_ID_BYTES
 from tiercache.tiers.base import TierLevel
 from tiercache.tiers.lmdb import LmdbTier, LmdbTierConfig
+from tiercache.tiers.staging import StagingPool
 from tiercache.tiers.values import HEADER_BYTES, MAGIC
 
 REPO_ROOT = Path(values.__file__).resolve().parents[2]
@@ -554,6 +555,28 @@ def test_map_full_is_a_capacity_error_with_nothing_committed(open_tier: OpenTier
     tier.close()
     again = open_tier(capacity_bytes=64 << 20, map_size_bytes=256 << 10)
     assert sorted(c for c, _ in again.entries()) == sorted([cid(0), cid(3)])
+
+
+def test_a_reserve_that_fails_part_way_leaves_no_reservation(
+    open_tier: OpenTier, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tier = open_tier()
+    real_take = StagingPool.take
+    calls = [0]
+
+    def take(self: StagingPool, nbytes: int) -> torch.Tensor:
+        calls[0] += 1
+        if calls[0] == 2:
+            raise MemoryError("injected: no staging memory")
+        return real_take(self, nbytes)
+
+    monkeypatch.setattr(StagingPool, "take", take)
+    with pytest.raises(MemoryError):
+        tier.reserve([cid(0), cid(1)], [1000, 1000])
+    assert tier.usage().reserved_bytes == 0
+    monkeypatch.setattr(StagingPool, "take", real_take)
+    put(tier, [cid(0), cid(1)], [random_bytes(1000), random_bytes(1000, 1)])  # neither id stayed reserved
+    assert tier.contains([cid(0), cid(1)]) == [True, True]
 
 
 # ------------------------------------------------------------------------------------------- bad input
