@@ -13,24 +13,21 @@ Primitives:
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import torch
 
-from tiercache.cache.index import ChunkEntry, Index
-from tiercache.cache.leases import Lease, LeaseTable
-from tiercache.cache.mover import Mover
+from tiercache.cache.index import ChunkEntry
+from tiercache.cache.leases import Lease
+from tiercache.cache.parts import Parts
 from tiercache.cache.prefetch import wait_until
 from tiercache.cache.results import LoadChunk, LoadTicket, Prefetch
-from tiercache.cache.writeback import WriteBack
 from tiercache.layout import KVLayout
-from tiercache.policies import WritePolicy
 from tiercache.policies.load import CostPlan, PrefillModel, plan_cost_aware
 from tiercache.rates import RateEstimator
 from tiercache.singleflight import SingleFlight
-from tiercache.tiers.base import SlotTier, StorageTier, TierLevel
+from tiercache.tiers.base import SlotTier, TierLevel
 
 logger = logging.getLogger(__name__)
 
@@ -38,31 +35,19 @@ logger = logging.getLogger(__name__)
 class Loads:
     """Leasing and reading over the index, the lease table and the mover."""
 
-    def __init__(
-        self,
-        lock: threading.RLock,
-        clock: Callable[[], float],
-        tiers: Mapping[TierLevel, StorageTier],
-        index: Index,
-        leases: LeaseTable,
-        mover: Mover,
-        writes: WritePolicy,
-        writeback: WriteBack,
-        rates: RateEstimator,
-        reap: Callable[[float], None],
-    ) -> None:
-        """Args: the cache's parts this one works with; ``reap`` reclaims expired leases and tickets."""
-        self._lock = lock
-        self._clock = clock
-        self._tiers = tiers
-        self._levels = sorted(tiers)
-        self._index = index
-        self._leases = leases
-        self._mover = mover
-        self._writes = writes
-        self._writeback = writeback
+    def __init__(self, parts: Parts, rates: RateEstimator) -> None:
+        """Args: the parts shared with the rest of the cache, and the rate estimator."""
+        self._lock = parts.lock
+        self._clock = parts.clock
+        self._tiers = parts.tiers
+        self._levels = sorted(parts.tiers)
+        self._index = parts.index
+        self._leases = parts.leases
+        self._mover = parts.mover
+        self._writes = parts.writes
+        self._writeback = parts.writeback
         self._rates = rates
-        self._reap = reap
+        self._reap = parts.reap
         self._reads: SingleFlight[torch.Tensor | None] = SingleFlight()
 
     @property

@@ -52,6 +52,7 @@ from tiercache.cache.listeners import Listeners
 from tiercache.cache.loads import Loads
 from tiercache.cache.mover import Mover
 from tiercache.cache.namespaces import Namespaces
+from tiercache.cache.parts import Parts
 from tiercache.cache.prefetch import Prefetcher
 from tiercache.cache.results import Listener, LoadTicket, LookupResult, Prefetch, StoreTicket
 from tiercache.cache.space import Space
@@ -112,8 +113,9 @@ class CacheManager:
         rates, prefill, reap = self._rates, self._prefill, self._reap
         self._mover = mover = Mover(lock, by_level, index, self._space, writes, rates, clock, reap)
         self._writeback = writeback = WriteBack(mover.write_down_step)
-        self._stores = Stores(lock, clock, by_level, index, leases, mover, writes, writeback, prefill, reap)
-        self._loads = Loads(lock, clock, by_level, index, leases, mover, writes, writeback, rates, reap)
+        parts = Parts(lock, clock, by_level, index, leases, mover, writes, writeback, reap)
+        self._stores = Stores(parts, prefill)
+        self._loads = Loads(parts, rates)
         self._claims = PrefillClaims(lock, index, prefill)
         self._prefetcher = Prefetcher(cfg.prefetch_workers, cfg.prefetch_inflight_bytes, mover.move)
         index.rebuild(by_level)

@@ -13,21 +13,18 @@ Primitives:
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from tiercache.cache.index import ChunkEntry, Index
-from tiercache.cache.leases import LeaseTable, StoreReservation
-from tiercache.cache.mover import Mover
+from tiercache.cache.index import ChunkEntry
+from tiercache.cache.leases import StoreReservation
+from tiercache.cache.parts import Parts
 from tiercache.cache.results import StoreSlot, StoreTicket
-from tiercache.cache.writeback import WriteBack
 from tiercache.errors import InvalidArgumentError, NotFoundError
 from tiercache.keys import split_chunk_id
-from tiercache.policies import WritePolicy
 from tiercache.prefill import PrefillCoordinator
-from tiercache.tiers.base import StorageTier, TierLevel, WriteSlot
+from tiercache.tiers.base import TierLevel, WriteSlot
 
 logger = logging.getLogger(__name__)
 
@@ -35,30 +32,18 @@ logger = logging.getLogger(__name__)
 class Stores:
     """Store tickets over the index, the lease table and the mover."""
 
-    def __init__(
-        self,
-        lock: threading.RLock,
-        clock: Callable[[], float],
-        tiers: Mapping[TierLevel, StorageTier],
-        index: Index,
-        leases: LeaseTable,
-        mover: Mover,
-        writes: WritePolicy,
-        writeback: WriteBack,
-        prefill: PrefillCoordinator,
-        reap: Callable[[float], None],
-    ) -> None:
-        """Args: the cache's parts this one works with; ``reap`` reclaims expired leases and tickets."""
-        self._lock = lock
-        self._clock = clock
-        self._tiers = tiers
-        self._index = index
-        self._leases = leases
-        self._mover = mover
-        self._writes = writes
-        self._writeback = writeback
+    def __init__(self, parts: Parts, prefill: PrefillCoordinator) -> None:
+        """Args: the parts shared with the rest of the cache, and the prefill coordinator."""
+        self._lock = parts.lock
+        self._clock = parts.clock
+        self._tiers = parts.tiers
+        self._index = parts.index
+        self._leases = parts.leases
+        self._mover = parts.mover
+        self._writes = parts.writes
+        self._writeback = parts.writeback
         self._prefill = prefill
-        self._reap = reap
+        self._reap = parts.reap
 
     def begin(
         self,
