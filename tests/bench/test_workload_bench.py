@@ -35,6 +35,9 @@ def _check_run(run: dict[str, Any], inproc: bool) -> None:
         assert sum(t["effective_hit_tokens"] for t in tiers) == effective
     assert sum(t["stored_bytes"] for t in tiers) > 0
     assert run["verified_bytes"] == sum(t["loaded_bytes"] for t in tiers)
+    # Belady's MIN on the same slots is the optimum: neither tiercache nor plain LRU can beat it.
+    assert run["reference_chunks"] > 0
+    assert looked >= run["min_hit_tokens"] >= max(effective, run["lru_hit_tokens"])
 
 
 def test_inproc_sweep_json_is_complete_and_consistent(work: Path, tmp_path: Path) -> None:

@@ -25,9 +25,14 @@ from pathlib import Path
 
 import torch
 
+from tiercache.keys import Namespace, chunk_keys
+from tiercache.layout import KVLayout
+from tiercache.tiers.base import TierLevel
+
 from .ceilings import MachineInfo, describe_machine
 from .daemon_proc import EmbeddedDaemonConfig, use_daemon
 from .progress import ProgressBar
+from .reference import ReferenceKind, reference_hit_chunks
 from .replay import CacheSizes, DaemonTarget, InprocTarget, ReplayOptions, ReplayTarget, TierCounters
 from .runner import work_directory
 from .traces import TraceRequest
@@ -105,6 +110,9 @@ class WorkloadRun:
         prefill_saved_s: ``effective_hit_tokens / prefill_tokens_per_s``.
         verified_bytes: loaded bytes compared with their source.
         elapsed_s: wall time of the replay.
+        min_hit_tokens: tokens Belady's MIN would have hit on the same trace and capacity (the optimum).
+        lru_hit_tokens: tokens plain LRU would have hit on the same trace and capacity.
+        reference_chunks: the capacity of both references, in chunks (every tier's slots together).
     """
 
     trace: str
@@ -122,10 +130,25 @@ class WorkloadRun:
     prefill_saved_s: float
     verified_bytes: int
     elapsed_s: float
+    min_hit_tokens: int
+    lru_hit_tokens: int
+    reference_chunks: int
 
     def rate(self, tokens: int) -> float:
         """``tokens / looked_up_tokens`` (0 when nothing could be looked up)."""
         return tokens / self.looked_up_tokens if self.looked_up_tokens else 0.0
+
+    def l3_write_amplification(self) -> float | None:
+        """Bytes written into L3 (stores and write-downs) per byte read back out of it (None: nothing read).
+
+        Read back = loaded into the engine from L3 plus promoted into L2 (L2 promotes only from L3).
+        """
+        by = {t.level: t for t in self.tiers}
+        l3, l2 = by.get(TierLevel.L3), by.get(TierLevel.L2)
+        if l3 is None:
+            return None
+        read = l3.loaded_bytes + (l2.promoted_bytes if l2 is not None else 0)
+        return (l3.stored_bytes + l3.demoted_bytes) / read if read else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +220,10 @@ def _replay(
     if config.address is not None:
         caps = {t.level.name: t.capacity_bytes for t in tiers}
         sizes = CacheSizes(caps.get("L1", 0), caps.get("L2", 0), caps.get("L3", 0))
+    chunk = config.options.layout.chunk_bytes
+    capacity = sum(n // chunk for n in (sizes.l1_bytes, sizes.l2_bytes, sizes.l3_bytes))
+    keyed = _reference_keys(trace, config.options.layout)
+    c = config.options.layout.chunk_tokens
     return WorkloadRun(
         trace=trace.name,
         sizes=sizes,
@@ -213,7 +240,15 @@ def _replay(
         prefill_saved_s=totals["loaded"] / config.options.prefill_tokens_per_s,
         verified_bytes=totals["verified"],
         elapsed_s=time.perf_counter() - start,
+        min_hit_tokens=c * reference_hit_chunks(keyed, capacity, ReferenceKind.MIN),
+        lru_hit_tokens=c * reference_hit_chunks(keyed, capacity, ReferenceKind.LRU),
+        reference_chunks=capacity,
     )
+
+
+def _reference_keys(trace: TraceInput, layout: KVLayout) -> list[list[bytes]]:
+    ns = Namespace("tiercache-bench/reference", "0", layout)
+    return [chunk_keys(ns, r.tokens) for r in trace.requests]
 
 
 def run_workload(config: WorkloadConfig, progress: bool = False) -> WorkloadReport:

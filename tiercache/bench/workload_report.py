@@ -2,7 +2,8 @@
 
 Primitives:
     SCHEMA: the ``schema`` field of the JSON document.
-    format_workload_report: one row per trace and size (token-weighted hit rates), then per-tier counters.
+    format_workload_report: one row per trace and size (token-weighted hit rates, the MIN and LRU
+        references, L3 write amplification), then per-tier counters.
     workload_to_dict: every figure, the machine and the config as JSON-ready values.
     workload_charts: lookup-hit and effective-hit rates vs L2 size, one line per trace.
 """
@@ -28,6 +29,15 @@ def _mib(nbytes: int) -> str:
     return f"{nbytes / (1 << 20):.1f}"
 
 
+def _ratio(tokens: int, reference: int) -> str:
+    return f"{tokens / reference:.2f}" if reference else "-"
+
+
+def _wa(run: WorkloadRun) -> str:
+    wa = run.l3_write_amplification()
+    return "-" if wa is None else f"{wa:.2f}"
+
+
 def format_workload_report(report: WorkloadReport) -> str:
     """The human-readable result."""
     cfg = report.config
@@ -39,7 +49,9 @@ def format_workload_report(report: WorkloadReport) -> str:
         f"{opts.eviction_policy.value}, load {opts.load_policy.value}, prefetch {'on' if opts.prefetch else 'off'}; "
         f"prefill {opts.prefill_tokens_per_s:.0f} tok/s; {report.elapsed_s:.1f} s in all.",
         "Rates are token-weighted over the prompts' full chunks: lookup hit (index had it) >= load success "
-        "(arrived intact) >= effective hit (prefill skipped).",
+        "(arrived intact) >= effective hit (prefill skipped). MIN (Belady's offline optimum, prefix-aware) and "
+        "LRU replay the same trace on a reference cache of the same total slots; 'vs MIN' is effective / MIN; "
+        "L3 WA is bytes written into L3 per byte read back.",
         "",
     ]
     rows = [
@@ -53,6 +65,10 @@ def format_workload_report(report: WorkloadReport) -> str:
             _pct(r, r.lookup_hit_tokens),
             _pct(r, r.load_success_tokens),
             _pct(r, r.effective_hit_tokens),
+            _pct(r, r.min_hit_tokens),
+            _pct(r, r.lru_hit_tokens),
+            _ratio(r.effective_hit_tokens, r.min_hit_tokens),
+            _wa(r),
             f"{r.prefill_saved_s:.2f}",
             f"{r.load_s:.2f}",
         ]
@@ -68,6 +84,10 @@ def format_workload_report(report: WorkloadReport) -> str:
         "lookup",
         "loaded",
         "effective",
+        "MIN",
+        "LRU",
+        "vs MIN",
+        "L3 WA",
         "saved s",
         "load s",
     ]
@@ -115,6 +135,10 @@ def workload_to_dict(report: WorkloadReport) -> dict[str, Any]:
         item["lookup_hit_rate"] = r.rate(r.lookup_hit_tokens)
         item["load_success_rate"] = r.rate(r.load_success_tokens)
         item["effective_hit_rate"] = r.rate(r.effective_hit_tokens)
+        item["min_hit_rate"] = r.rate(r.min_hit_tokens)
+        item["lru_hit_rate"] = r.rate(r.lru_hit_tokens)
+        item["effective_vs_min"] = r.effective_hit_tokens / r.min_hit_tokens if r.min_hit_tokens else None
+        item["l3_write_amplification"] = r.l3_write_amplification()
         runs.append(item)
     return {
         "schema": SCHEMA,
