@@ -8,6 +8,7 @@ Subcommands (each a module with ``configure_parser(parser)`` and ``run(args) -> 
     workload: synthetic or JSONL traces replayed through the cache; token-weighted hits per tier.
     compare: the same store/load workload against recompute, Redis and plain files.
     concurrency: aggregate put+get GB/s of an in-process cache manager under several threads vs memcpy.
+    scale: lookup latency, index memory, eviction cost and warm restart from 1K to 1M indexed chunks.
     layerwise, singleflight, engine: further benchmarks, registered when their modules are present.
 
 Every subcommand prints a table; ``--json PATH`` writes every figure with the machine and config,
@@ -73,6 +74,11 @@ COMMANDS: tuple[Command, ...] = (
         "concurrency",
         ".concurrency",
         "aggregate put+get GB/s of an in-process cache manager under 1, 2, 4 threads vs memcpy",
+    ),
+    Command(
+        "scale",
+        ".cmd_scale",
+        "lookup latency, index memory, eviction cost and warm restart from 1K to 1M indexed chunks",
     ),
     Command(
         "layerwise",
