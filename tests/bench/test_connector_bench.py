@@ -48,6 +48,12 @@ def test_tiny_run_json_is_complete_and_consistent(work: Path, tmp_path: Path) ->
         assert f["target"] == (STORE_LOAD_TARGET if f["path"] == "shm" else STREAM_TARGET)
         if f["op"] == "load":
             assert f["verified_bytes"] == f["total_bytes"]
+        if f["path"] == "shm":  # each round against a memcpy pass taken right before it
+            spread = f["spread"]
+            assert spread["rounds"] == doc["config"]["rounds"]
+            assert spread["low"] <= spread["median"] <= spread["high"]
+        else:
+            assert f["spread"] is None
 
 
 def test_a_flipped_byte_in_a_load_fails_the_run(

@@ -2,7 +2,9 @@
 
 For each layout case (a model-like KV layout at a chunk size) the bench, in one run and on one daemon:
 
-1. measures memcpy of the same bytes in chunk-size copies (the same-host ceiling);
+1. measures memcpy of the same bytes in chunk-size copies (the same-host ceiling), once more right before
+   every timed round: each round's ratio is to its own memcpy pass, and the median ratio is kept with its
+   spread (:mod:`tiercache.bench.spread`);
 2. stores then loads ``rounds`` prompts through :class:`~tiercache.connector.KVConnector` with per-layer
    :class:`~tiercache.connector.ContiguousKV` engine tensors over the shared-memory data plane, verifying
    that every loaded byte equals the stored one (a mismatch is an error, never a figure); the namespace is
@@ -27,11 +29,13 @@ Primitives:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +60,7 @@ from .layout_cases import LayoutCase
 from .payload import make_destinations, make_payload
 from .progress import ProgressBar
 from .runner import work_directory
+from .spread import RatioSpread, paired_ratios
 from .timing import Latency, Timing, summarize, time_latency
 
 logger = logging.getLogger(__name__)
@@ -122,6 +127,8 @@ class ConnectorFigure:
         latency: latency phases: the call's latency; ``baseline_latency`` the baseline's.
         baseline_latency: the echo latency of a lookup figure.
         verified_bytes: bytes compared equal to the stored KV (loads; stores are verified by their load).
+        spread: shared-memory figures: the per-round ratios, each round to the memcpy pass taken right
+            before it (``baseline_value`` is then the memcpy of all those passes together); None otherwise.
     """
 
     case: str
@@ -141,6 +148,7 @@ class ConnectorFigure:
     latency: Latency | None = None
     baseline_latency: Latency | None = None
     verified_bytes: int = 0
+    spread: RatioSpread | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +202,7 @@ def _figure(
     baseline_gbps: float,
     target: float,
     verified: int = 0,
+    spread: RatioSpread | None = None,
 ) -> ConnectorFigure:
     ratio = timing.gbps / baseline_gbps
     return ConnectorFigure(
@@ -212,6 +221,7 @@ def _figure(
         ratio >= target,
         timing=timing,
         verified_bytes=verified,
+        spread=spread,
     )
 
 
@@ -222,6 +232,7 @@ class _Rounds:
     store_s: list[float] = field(default_factory=list)
     load_s: list[float] = field(default_factory=list)
     verified: int = 0
+    memcpy_s: list[float] = field(default_factory=list)
 
 
 def _timed(call: Callable[[], object]) -> tuple[object, float]:
@@ -262,12 +273,24 @@ def _run_path(
     src: ContiguousKV,
     dst: ContiguousKV,
     bar: ProgressBar,
+    ceiling: Callable[[], float] | None = None,
 ) -> _Rounds:
+    """One warm-up round, then a timed round per further prompt; ``ceiling`` (seconds) is timed before each."""
     rounds = _Rounds()
     _round(conn, prompts[0], src, dst, None, bar.advance)
     for prompt in prompts[1:]:
+        if ceiling is not None:
+            rounds.memcpy_s.append(ceiling())
         _round(conn, prompt, src, dst, rounds, bar.advance)
     return rounds
+
+
+def _memcpy_s(srcs: Sequence[torch.Tensor], dsts: Sequence[torch.Tensor]) -> float:
+    return measure_memcpy(srcs, dsts, 1, 0).timing.seconds
+
+
+def _gbps(nbytes: int, durations: Sequence[float]) -> list[float]:
+    return [nbytes / s / 1e9 for s in durations]
 
 
 def _chunks_for(
@@ -301,17 +324,28 @@ def _measure_case(
         tokens = chunks * layout.chunk_tokens
         total = chunks * layout.chunk_bytes
         payload = make_payload(layout.chunk_bytes, chunks, config.seed)
-        memcpy = measure_memcpy(
-            payload.chunks(), list(make_destinations(payload, payload.device).unbind(0)), 1, 1
-        )
-        del payload
+        copy_srcs = payload.chunks()
+        copy_dsts = list(make_destinations(payload, payload.device).unbind(0))
+        memcpy = measure_memcpy(copy_srcs, copy_dsts, 1, 1)
         src = make_contiguous_kv(layout, tokens, config.seed)
         dst = zeros_like_kv(src)
         prompts = distinct_prompts(config.rounds + 1, tokens, config.seed)
-        shm = _run_path(KVConnector(client, ns), prompts, src, dst, bar)
+        shm = _run_path(
+            KVConnector(client, ns), prompts, src, dst, bar, partial(_memcpy_s, copy_srcs, copy_dsts)
+        )
+        del payload, copy_srcs, copy_dsts
+        passes = _gbps(total, shm.memcpy_s)
+        memcpy = dataclasses.replace(
+            memcpy,
+            timing=summarize(total * len(passes), sum(shm.memcpy_s), shm.memcpy_s),
+            note=f"{len(passes)} passes, one right before each timed round ({min(passes):.2f}-{max(passes):.2f} GB/s)",
+        )
+        base = memcpy.timing.gbps
+        store_spread = paired_ratios(_gbps(total, shm.store_s), passes)
+        load_spread = paired_ratios(_gbps(total, shm.load_s), passes)
         figures = [
-            _figure(case, layout, chunks, "shm", "store", summarize(total * config.rounds, sum(shm.store_s), shm.store_s), memcpy.label, memcpy.timing.gbps, STORE_LOAD_TARGET),
-            _figure(case, layout, chunks, "shm", "load", summarize(total * config.rounds, sum(shm.load_s), shm.load_s), memcpy.label, memcpy.timing.gbps, STORE_LOAD_TARGET, shm.verified),
+            _figure(case, layout, chunks, "shm", "store", summarize(total * config.rounds, sum(shm.store_s), shm.store_s), memcpy.label, base, STORE_LOAD_TARGET, spread=store_spread),
+            _figure(case, layout, chunks, "shm", "load", summarize(total * config.rounds, sum(shm.load_s), shm.load_s), memcpy.label, base, STORE_LOAD_TARGET, shm.verified, load_spread),
         ]  # fmt: skip
         figures.append(_lookup_figure(case, layout, chunks, config, client, probe, ns, prompts[-1], src))
         bar.advance()

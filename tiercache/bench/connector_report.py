@@ -41,7 +41,7 @@ def format_connector_report(report: ConnectorReport) -> str:
     for f in report.figures:
         value = f"{f.value:.2f} GB/s" if f.unit == "GB/s" else f"{f.value:.3f} ms p50"
         base = f"{f.baseline_value:.2f} GB/s" if f.unit == "GB/s" else f"{f.baseline_value:.3f} ms p50"
-        extra = ""
+        extra = "" if f.spread is None else f"per round {f.spread.text()}"
         if f.latency is not None and f.baseline_latency is not None:
             extra = f"p99 {f.latency.p99_ms:.3f} vs {f.baseline_latency.p99_ms:.3f} ms"
         rows.append(
