@@ -7,13 +7,16 @@ payloads are decompressed, then checksummed, then copied; a non-CPU destination 
 tensor. Writes land with their access sequence numbers in the same transaction.
 
 Primitives:
+    DiskFullError: a commit found the disk full (both the ``lmdb.DiskError`` it is and a CapacityError).
+    StoredValue: one value to write (id, value, chain depth if known).
     check_ids: every chunk id is ``bytes``.
     check_dsts: destinations are strided 1-D ``uint8`` tensors, one per id.
     ReadOutcome: per chunk whether it was copied, and which values were corrupt.
     read_values: decode, verify and copy the values of a batch in one read transaction.
-    write_values: store values and their sequence numbers (and pending order updates) in one transaction.
+    write_values: store values, their sequence numbers and depths (and pending order updates) in one
+        transaction.
     write_order: store pending access-order updates.
-    delete_values: delete chunks (values and order records) in one transaction.
+    delete_values: delete chunks (values, order and depth records) in one transaction.
     delete_corrupt: delete the chunks whose stored value is (still) corrupt; returns them.
 """
 
@@ -22,18 +25,42 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import lmdb
 import numpy as np
 import torch
 import zstandard
 
-from tiercache.errors import InvalidArgumentError
+from tiercache.errors import CapacityError, InvalidArgumentError
+from tiercache.tiers.depths import pack_depth
 from tiercache.tiers.lmdb_env import LmdbDatabases
 from tiercache.tiers.lmdb_order import pack_seq
 from tiercache.tiers.values import decode
 
 logger = logging.getLogger(__name__)
+
+
+class DiskFullError(CapacityError, lmdb.DiskError):
+    """A write transaction found the filesystem full (ENOSPC): nothing of it was committed.
+
+    To the cache it is a capacity error (the chunk is not stored, the drop is counted, reads go on); to a
+    caller of LMDB it is still the ``lmdb.DiskError`` it was.
+    """
+
+
+class StoredValue(NamedTuple):
+    """One value to write.
+
+    Attributes:
+        chunk_id: its id.
+        value: header + payload (see :mod:`tiercache.tiers.values`).
+        depth: its chain depth, None when not known (no depth is stored).
+    """
+
+    chunk_id: bytes
+    value: memoryview | bytes
+    depth: int | None = None
 
 
 def check_ids(chunk_ids: Sequence[bytes], field: str = "chunk_ids") -> None:
@@ -111,22 +138,29 @@ def read_values(
 def write_values(
     env: lmdb.Environment,
     dbs: LmdbDatabases,
-    values: Sequence[tuple[bytes, memoryview | bytes]],
+    values: Sequence[StoredValue],
     first_seq: int,
     pending: Mapping[bytes, int],
 ) -> None:
-    """Store ``(chunk_id, value)`` pairs with sequence numbers ``first_seq, first_seq + 1, ...``.
+    """Store values with sequence numbers ``first_seq, first_seq + 1, ...`` and their known depths.
 
-    The pending access-order updates of earlier reads land in the same transaction, first.
+    The pending access-order updates of earlier reads land in the same transaction, first. A value of
+    unknown depth drops any stale depth record of its id.
 
     Raises:
         lmdb.MapFullError: the map is full; nothing is stored.
+        lmdb.DiskError: the filesystem is full (only without ``writemap``); nothing is stored.
     """
     with env.begin(write=True) as txn:
         _put_order(txn, dbs, pending)
-        for i, (cid, value) in enumerate(values):
+        for i, item in enumerate(values):
+            cid, value = item.chunk_id, item.value
             txn.put(cid, value, db=dbs.values)
             txn.put(cid, pack_seq(first_seq + i), db=dbs.order)
+            if item.depth is None:
+                txn.delete(cid, db=dbs.depths)
+            else:
+                txn.put(cid, pack_depth(item.depth), db=dbs.depths)
 
 
 def write_order(env: lmdb.Environment, dbs: LmdbDatabases, pending: Mapping[bytes, int]) -> None:
@@ -141,7 +175,7 @@ def _put_order(txn: lmdb.Transaction, dbs: LmdbDatabases, seqs: Mapping[bytes, i
 
 
 def delete_values(env: lmdb.Environment, dbs: LmdbDatabases, chunk_ids: Sequence[bytes]) -> None:
-    """Delete chunks (values and order records) in one transaction; absent ones are ignored.
+    """Delete chunks (values, order and depth records) in one transaction; absent ones are ignored.
 
     Raises:
         lmdb.MapFullError: the map is too full even for a delete; nothing is deleted.
@@ -150,6 +184,7 @@ def delete_values(env: lmdb.Environment, dbs: LmdbDatabases, chunk_ids: Sequence
         for cid in chunk_ids:
             txn.delete(cid, db=dbs.values)
             txn.delete(cid, db=dbs.order)
+            txn.delete(cid, db=dbs.depths)
 
 
 def delete_corrupt(env: lmdb.Environment, dbs: LmdbDatabases, chunk_ids: Sequence[bytes]) -> list[bytes]:
@@ -172,6 +207,7 @@ def delete_corrupt(env: lmdb.Environment, dbs: LmdbDatabases, chunk_ids: Sequenc
                 continue  # replaced by a good value meanwhile
             txn.delete(cid, db=dbs.values)
             txn.delete(cid, db=dbs.order)
+            txn.delete(cid, db=dbs.depths)
             removed.append(cid)
     return removed
 
