@@ -21,7 +21,7 @@ from tiercache.policies import WritePolicyKind
 from tiercache.tiers.base import TierLevel
 from tiercache.tiers.host import HostTierConfig
 from tiercache.tiers.lmdb import LmdbTier, LmdbTierConfig
-from tiercache.tiers.lmdb_env import DEPTHS_DB
+from tiercache.tiers.lmdb_env import META_DB
 
 START_DEPTH = 5
 CHUNKS = 6
@@ -81,7 +81,7 @@ def test_depths_come_back_after_a_restart(tmp_path: Path, namespace: Namespace) 
         again.close()
 
 
-def test_an_l3_without_depth_records_opens_with_depth_zero(tmp_path: Path, namespace: Namespace) -> None:
+def test_an_l3_without_meta_records_opens_with_depth_zero(tmp_path: Path, namespace: Namespace) -> None:
     cache = _build(tmp_path, namespace)
     try:
         ns_id, keys = _store_chain(cache, namespace)
@@ -90,7 +90,7 @@ def test_an_l3_without_depth_records_opens_with_depth_zero(tmp_path: Path, names
     env = lmdb.open(str(tmp_path / "l3"), max_dbs=3, subdir=True)  # as an environment of an older version
     try:
         with env.begin(write=True) as txn:
-            txn.drop(env.open_db(DEPTHS_DB, txn=txn), delete=True)
+            txn.drop(env.open_db(META_DB, txn=txn), delete=True)
     finally:
         env.close()
 

@@ -2,8 +2,8 @@
 
 One environment (a directory) holds three sub-databases: ``values`` (chunk id -> stored value, see
 :mod:`tiercache.tiers.values`), ``order`` (chunk id -> access sequence number, see
-:mod:`tiercache.tiers.lmdb_order`) and ``depths`` (chunk id -> chain depth, see
-:mod:`tiercache.tiers.depths`; an environment written before it had one simply has no depths).
+:mod:`tiercache.tiers.lmdb_order`) and ``meta`` (chunk id -> chain depth and value checksum, see
+:mod:`tiercache.tiers.lmdb_meta`; an environment written before it had one simply has no records).
 Opening it checks every value's header (not the payloads), drops
 malformed or truncated values and stale order records, and sorts the chunks by their last use, so that a
 restart finds the index and the order the last process left. It also allocates the disk blocks of the
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import lmdb
 
 from tiercache.errors import InvalidArgumentError
-from tiercache.tiers.depths import unpack_depth
+from tiercache.tiers.lmdb_meta import unpack_meta
 from tiercache.tiers.lmdb_order import unpack_seq
 from tiercache.tiers.values import parse_header
 
@@ -42,8 +42,8 @@ VALUES_DB = b"values"
 """Sub-database of the stored values."""
 ORDER_DB = b"order"
 """Sub-database of the access sequence numbers."""
-DEPTHS_DB = b"depths"
-"""Sub-database of the chain depths."""
+META_DB = b"meta"
+"""Sub-database of the per-chunk records (depth, value checksum)."""
 DAMAGE = (lmdb.CorruptedError, lmdb.InvalidError, lmdb.PageNotFoundError, lmdb.VersionMismatchError)
 """LMDB errors that mean the environment's files are damaged (e.g. by an OS crash without ``durable``)."""
 
@@ -55,12 +55,12 @@ class LmdbDatabases:
     Attributes:
         values: the ``values`` database.
         order: the ``order`` database.
-        depths: the ``depths`` database.
+        meta: the ``meta`` database.
     """
 
     values: lmdb._Database
     order: lmdb._Database
-    depths: lmdb._Database
+    meta: lmdb._Database
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +154,7 @@ def open_environment(
     env = _open(path, map_size_bytes, durable, writemap)
     try:
         max_key = int(env.max_key_size())
-        dbs = LmdbDatabases(env.open_db(VALUES_DB), env.open_db(ORDER_DB), env.open_db(DEPTHS_DB))
+        dbs = LmdbDatabases(env.open_db(VALUES_DB), env.open_db(ORDER_DB), env.open_db(META_DB))
         chunks, last_seq, dropped = _scan(env, dbs, path)
         reserved = _preallocate(path, preallocate_bytes)
     except DAMAGE:
@@ -171,7 +171,7 @@ def open_environment(
         env.close()  # the map is not backed by disk blocks: no shared writable map
         writemap = False
         env = _open(path, map_size_bytes, durable, writemap)
-        dbs = LmdbDatabases(env.open_db(VALUES_DB), env.open_db(ORDER_DB), env.open_db(DEPTHS_DB))
+        dbs = LmdbDatabases(env.open_db(VALUES_DB), env.open_db(ORDER_DB), env.open_db(META_DB))
     logger.info(
         "L3 at %s: map %d bytes, %s", path, map_size_bytes, "writemap" if writemap else "pwrite (no writemap)"
     )
@@ -208,6 +208,7 @@ def _scan(env: lmdb.Environment, dbs: LmdbDatabases, path: str) -> tuple[tuple[S
     bad: list[bytes] = []
     seqs: dict[bytes, int] = {}
     stale_order: list[bytes] = []
+    stale_meta: list[bytes] = []
     with env.begin(buffers=True) as txn:
         for key, value in txn.cursor(db=dbs.values):
             cid = bytes(key)
@@ -224,24 +225,24 @@ def _scan(env: lmdb.Environment, dbs: LmdbDatabases, path: str) -> tuple[tuple[S
                 stale_order.append(cid)
             else:
                 seqs[cid] = seq
-        for key, value in txn.cursor(db=dbs.depths):
+        for key, value in txn.cursor(db=dbs.meta):
             cid = bytes(key)
-            depth = unpack_depth(value) if cid in found else None
-            if depth is None:
-                stale_order.append(cid)  # dropped from every sub-database below
-            else:
-                found[cid] = StoredChunk(cid, found[cid].stored_bytes, found[cid].nbytes, depth)
-    if bad or stale_order:
+            meta = unpack_meta(value) if cid in found else None
+            if meta is None:
+                stale_meta.append(cid)
+            elif meta.depth is not None:
+                found[cid] = StoredChunk(cid, found[cid].stored_bytes, found[cid].nbytes, meta.depth)
+    if bad or stale_order or stale_meta:
         try:
             with env.begin(write=True) as txn:
                 for cid in bad:
                     txn.delete(cid, db=dbs.values)
                     txn.delete(cid, db=dbs.order)
-                    txn.delete(cid, db=dbs.depths)
+                    txn.delete(cid, db=dbs.meta)
                 for cid in stale_order:
                     txn.delete(cid, db=dbs.order)
-                    if cid not in found:
-                        txn.delete(cid, db=dbs.depths)
+                for cid in stale_meta:
+                    txn.delete(cid, db=dbs.meta)
         except lmdb.MapFullError:
             logger.exception("L3 at %s: map full while dropping malformed values", path)
     # Chunks without a recorded sequence number go first (key order among them).

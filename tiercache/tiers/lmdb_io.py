@@ -2,7 +2,8 @@
 
 The tier decides what to read, write or delete and keeps the books (index, usage, access order,
 reservations, corrupt counts) under its locks; this module checks the caller's buffers and runs one LMDB
-transaction per call. Reads: raw payloads are checksummed and copied straight out of the memory map; zstd
+transaction per call. A value whose per-chunk record (:mod:`tiercache.tiers.lmdb_meta`) names another
+checksum is corrupt (a value of another key). Reads: raw payloads are checksummed and copied straight out of the memory map; zstd
 payloads are decompressed, then checksummed, then copied; a non-CPU destination is staged through a CPU
 tensor. Writes land with their access sequence numbers in the same transaction.
 
@@ -13,10 +14,10 @@ Primitives:
     check_dsts: destinations are strided 1-D ``uint8`` tensors, one per id.
     ReadOutcome: per chunk whether it was copied, and which values were corrupt.
     read_values: decode, verify and copy the values of a batch in one read transaction.
-    write_values: store values, their sequence numbers and depths (and pending order updates) in one
+    write_values: store values, their sequence numbers and records (and pending order updates) in one
         transaction.
     write_order: store pending access-order updates.
-    delete_values: delete chunks (values, order and depth records) in one transaction.
+    delete_values: delete chunks (values, order and meta records) in one transaction.
     delete_corrupt: delete the chunks whose stored value is (still) corrupt; returns them.
 """
 
@@ -33,8 +34,8 @@ import torch
 import zstandard
 
 from tiercache.errors import CapacityError, InvalidArgumentError
-from tiercache.tiers.depths import pack_depth
 from tiercache.tiers.lmdb_env import LmdbDatabases
+from tiercache.tiers.lmdb_meta import foreign, record_of
 from tiercache.tiers.lmdb_order import pack_seq
 from tiercache.tiers.values import decode
 
@@ -55,7 +56,7 @@ class StoredValue(NamedTuple):
     Attributes:
         chunk_id: its id.
         value: header + payload (see :mod:`tiercache.tiers.values`).
-        depth: its chain depth, None when not known (no depth is stored).
+        depth: its chain depth, None when not known.
     """
 
     chunk_id: bytes
@@ -123,7 +124,7 @@ def read_values(
             value = txn.get(cid)
             if value is None:  # deleted since the index was consulted
                 continue
-            raw = decode(value, dctx)
+            raw = foreign(value, txn.get(cid, db=dbs.meta)) or decode(value, dctx)
             if isinstance(raw, str):
                 logger.warning("L3 chunk %s is corrupt (%s); dropping it", cid.hex(), raw)
                 corrupt.append(cid)
@@ -142,10 +143,9 @@ def write_values(
     first_seq: int,
     pending: Mapping[bytes, int],
 ) -> None:
-    """Store values with sequence numbers ``first_seq, first_seq + 1, ...`` and their known depths.
+    """Store values with sequence numbers ``first_seq, first_seq + 1, ...`` and their records.
 
-    The pending access-order updates of earlier reads land in the same transaction, first. A value of
-    unknown depth drops any stale depth record of its id.
+    The pending access-order updates of earlier reads land in the same transaction, first.
 
     Raises:
         lmdb.MapFullError: the map is full; nothing is stored.
@@ -154,13 +154,11 @@ def write_values(
     with env.begin(write=True) as txn:
         _put_order(txn, dbs, pending)
         for i, item in enumerate(values):
-            cid, value = item.chunk_id, item.value
-            txn.put(cid, value, db=dbs.values)
-            txn.put(cid, pack_seq(first_seq + i), db=dbs.order)
-            if item.depth is None:
-                txn.delete(cid, db=dbs.depths)
-            else:
-                txn.put(cid, pack_depth(item.depth), db=dbs.depths)
+            txn.put(item.chunk_id, item.value, db=dbs.values)
+            txn.put(item.chunk_id, pack_seq(first_seq + i), db=dbs.order)
+            record = record_of(item.value, item.depth)
+            if record is not None:
+                txn.put(item.chunk_id, record, db=dbs.meta)
 
 
 def write_order(env: lmdb.Environment, dbs: LmdbDatabases, pending: Mapping[bytes, int]) -> None:
@@ -175,7 +173,7 @@ def _put_order(txn: lmdb.Transaction, dbs: LmdbDatabases, seqs: Mapping[bytes, i
 
 
 def delete_values(env: lmdb.Environment, dbs: LmdbDatabases, chunk_ids: Sequence[bytes]) -> None:
-    """Delete chunks (values, order and depth records) in one transaction; absent ones are ignored.
+    """Delete chunks (values, order and meta records) in one transaction; absent ones are ignored.
 
     Raises:
         lmdb.MapFullError: the map is too full even for a delete; nothing is deleted.
@@ -184,7 +182,7 @@ def delete_values(env: lmdb.Environment, dbs: LmdbDatabases, chunk_ids: Sequence
         for cid in chunk_ids:
             txn.delete(cid, db=dbs.values)
             txn.delete(cid, db=dbs.order)
-            txn.delete(cid, db=dbs.depths)
+            txn.delete(cid, db=dbs.meta)
 
 
 def delete_corrupt(env: lmdb.Environment, dbs: LmdbDatabases, chunk_ids: Sequence[bytes]) -> list[bytes]:
@@ -203,11 +201,13 @@ def delete_corrupt(env: lmdb.Environment, dbs: LmdbDatabases, chunk_ids: Sequenc
     with env.begin(write=True, buffers=True) as txn:
         for cid in dict.fromkeys(chunk_ids):
             value = txn.get(cid, db=dbs.values)
-            if value is not None and not isinstance(decode(value, dctx), str):
-                continue  # replaced by a good value meanwhile
+            if value is not None:
+                why = foreign(value, txn.get(cid, db=dbs.meta)) or decode(value, dctx)
+                if not isinstance(why, str):
+                    continue  # replaced by a good value meanwhile
             txn.delete(cid, db=dbs.values)
             txn.delete(cid, db=dbs.order)
-            txn.delete(cid, db=dbs.depths)
+            txn.delete(cid, db=dbs.meta)
             removed.append(cid)
     return removed
 
