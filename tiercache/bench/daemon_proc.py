@@ -10,6 +10,7 @@ Primitives:
     EmbeddedDaemonConfig: sizes and policies of a started daemon.
     DaemonHandle: the address to use and how the daemon came to be.
     DaemonStartError: the daemon exited or did not answer in time (the message carries its log's tail).
+    wait_serving: wait (bounded) until a started daemon process answers.
     start_daemon: context manager running an embedded daemon.
     use_daemon: the given address, or an embedded daemon.
 """
@@ -53,6 +54,7 @@ class EmbeddedDaemonConfig:
         write_policy: when chunks are written down.
         eviction_policy: which chunk goes first.
         lease_ttl_s: lifetime of leases and tickets.
+        max_ttl_s: the longest lifetime a request may ask for (at least ``lease_ttl_s``).
         max_message_bytes: largest gRPC message.
         start_timeout_s: how long to wait for the daemon to answer.
         stop_timeout_s: how long to wait for it to exit after SIGTERM.
@@ -66,6 +68,7 @@ class EmbeddedDaemonConfig:
     write_policy: WritePolicyKind = WritePolicyKind.WRITE_THROUGH
     eviction_policy: EvictionPolicyKind = EvictionPolicyKind.LRU
     lease_ttl_s: float = 30.0
+    max_ttl_s: float = 300.0
     max_message_bytes: int = 8 << 20
     start_timeout_s: float = 60.0
     stop_timeout_s: float = 30.0
@@ -75,6 +78,10 @@ class EmbeddedDaemonConfig:
             raise ValueError(f"l2_bytes ({self.l2_bytes}) must hold one slot of {self.slot_bytes} bytes")
         if self.l3_bytes < 0 or self.l1_bytes <= 0:
             raise ValueError("l1_bytes must be positive and l3_bytes non-negative")
+        if self.max_ttl_s < self.lease_ttl_s:
+            raise ValueError(
+                f"max_ttl_s ({self.max_ttl_s}) must be at least lease_ttl_s ({self.lease_ttl_s})"
+            )
 
     def argv(self, socket: Path, l3_dir: Path, shm_prefix: str) -> list[str]:
         """The daemon's command line."""
@@ -93,6 +100,7 @@ class EmbeddedDaemonConfig:
             "--write-policy", self.write_policy.value,
             "--eviction-policy", self.eviction_policy.value,
             "--lease-ttl-s", str(self.lease_ttl_s),
+            "--max-ttl-s", str(self.max_ttl_s),
             "--max-message-bytes", str(self.max_message_bytes),
             "--log-level", "WARNING",
         ]  # fmt: skip
@@ -126,7 +134,12 @@ def _tail(path: Path) -> str:
         return "(no log)"
 
 
-def _wait_serving(proc: subprocess.Popen[bytes], address: str, log: Path, timeout_s: float) -> None:
+def wait_serving(proc: subprocess.Popen[bytes], address: str, log: Path, timeout_s: float) -> None:
+    """Wait until the daemon ``proc`` answers a Stats call at ``address``.
+
+    Raises:
+        DaemonStartError: it exited, or did not answer within ``timeout_s`` (with the tail of ``log``).
+    """
     deadline = time.monotonic() + timeout_s
     client = TierCacheClient.connect(address, config=ClientConfig(timeout_s=2.0))
     try:
@@ -178,7 +191,7 @@ def start_daemon(config: EmbeddedDaemonConfig, work_dir: Path) -> Iterator[Daemo
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
         address = f"unix:{socket}"
-        _wait_serving(proc, address, log, config.start_timeout_s)
+        wait_serving(proc, address, log, config.start_timeout_s)
         yield DaemonHandle(address, None, True, tuple(argv))
     finally:
         _stop(proc, config.stop_timeout_s)

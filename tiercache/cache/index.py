@@ -31,6 +31,7 @@ from tiercache.keys import split_chunk_id
 from tiercache.rates import TierRate
 from tiercache.stats import ChunkEvent, EventKind, TierStats
 from tiercache.tiers.base import StorageTier, TierLevel, TierUsage
+from tiercache.tiers.depths import DepthKeeper
 
 logger = logging.getLogger(__name__)
 
@@ -100,9 +101,17 @@ class Index:
         self.tick = 0
 
     def rebuild(self, tiers: Mapping[TierLevel, StorageTier]) -> None:
-        """Index the chunks the tiers already hold (a warm L3), oldest access first (``entries()`` order)."""
+        """Index the chunks the tiers already hold (a warm L3), oldest access first (``entries()`` order).
+
+        A tier that keeps chain depths (:class:`~tiercache.tiers.depths.DepthKeeper`) gives back the depths
+        it stored, and is bound to :meth:`depth_hint` so that it stores the depths of later commits.
+        """
         for level, tier in tiers.items():
             found = 0
+            depths: Mapping[bytes, int] = {}
+            if isinstance(tier, DepthKeeper):
+                depths = tier.stored_depths()
+                tier.bind_depths(self.depth_hint)
             for cid, nbytes in tier.entries():
                 try:
                     ns_id, key = split_chunk_id(cid)
@@ -111,11 +120,20 @@ class Index:
                         "%s holds a chunk id of unexpected length %d; ignored", level.name, len(cid)
                     )
                     continue
-                entry = self._entries.get(cid) or ChunkEntry(ns_id, key, 0, nbytes)
+                entry = self._entries.get(cid) or ChunkEntry(ns_id, key, depths.get(cid, 0), nbytes)
                 self.add_residency(cid, entry, level, float("-inf"), tick=self.next_tick())
                 found += 1
             if found:
                 logger.info("%s: indexed %d chunks found at start", level.name, found)
+
+    def depth_hint(self, cid: bytes) -> int | None:
+        """The chain depth of a known chunk, None for an unknown one.
+
+        Safe without the cache's lock: one dict lookup and one attribute read of an int, each atomic; a
+        stale answer costs only the eviction order of one chunk after a restart.
+        """
+        entry = self._entries.get(cid)
+        return None if entry is None else entry.depth
 
     def tier_stats(self, level: TierLevel, usage: TierUsage, rate: TierRate) -> TierStats:
         """The stats of one tier: its counters with the tier's usage and measured rate."""

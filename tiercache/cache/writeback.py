@@ -2,7 +2,8 @@
 
 A write-down copies a chunk into every slower tier lacking it, one tier at a time, through the mover
 (:meth:`~tiercache.cache.mover.Mover.write_down_step`). A write-down that finds no room in a tier, or fails,
-is counted; the chunk stays where it is.
+is counted; the chunk stays where it is. The mover logs each such drop once (a warning naming the chunk,
+the tier and the reason); the worker adds only the traceback of a failure, at debug level.
 
 The worker's own lock guards only its set of pending futures; :meth:`WriteBack.schedule` may be called
 with the index lock held (index lock first, then this one), and the worker takes neither while it copies.
@@ -79,12 +80,11 @@ class WriteBack:
                 outcome = self._step(cid)
                 if outcome is MoveOutcome.DONE:
                     continue
-                if outcome is MoveOutcome.NO_ROOM:
-                    logger.info("write-down of %s skipped: no room", cid.hex())
+                if outcome is MoveOutcome.NO_ROOM:  # logged by the mover as a dropped chunk
                     with self._lock:
                         self._failed += 1
                 return
-        except Exception:
-            logger.exception("write-down of %s failed", cid.hex())
+        except Exception:  # logged by the mover as a dropped chunk; the traceback only for debugging
+            logger.debug("write-down of %s failed", cid.hex(), exc_info=True)
             with self._lock:
                 self._failed += 1

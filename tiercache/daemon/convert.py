@@ -35,6 +35,7 @@ _EVENT_KINDS = {
     HubEventKind.STORED: pb.CacheEvent.KIND_STORED,
     HubEventKind.REMOVED: pb.CacheEvent.KIND_REMOVED,
     HubEventKind.CLEARED: pb.CacheEvent.KIND_CLEARED,
+    HubEventKind.RESYNC: pb.CacheEvent.KIND_RESYNC,
 }
 
 
@@ -164,4 +165,5 @@ def event_to_proto(event: HubEvent) -> pb.CacheEvent:
         handle=event.handle,
         key=event.key,
         evicted=event.evicted,
+        epoch=event.epoch,
     )

@@ -1,5 +1,11 @@
 """The event hub: chunk stored / removed / namespace cleared, numbered, retained and fanned out.
 
+Every hub draws a random 63-bit ``epoch`` when it is made (once per daemon process): sequence numbers
+restart at 1 with a new epoch, so a (epoch, sequence) pair names one event for good. A subscriber resumes
+with the last pair it saw; when the hub cannot give it every event after that point (another epoch: the
+daemon restarted; a sequence beyond the latest; one older than the replay window) its stream starts with a
+RESYNC event (sequence: the last event it will not receive) before the retained events it can still get.
+
 The cache manager calls its listeners under its lock, on whatever thread changed the cache; the hub's
 listener only hands the event to the event loop (``call_soon_threadsafe``, which keeps the order), where it
 gets the next sequence number, enters a bounded replay buffer and is queued for every subscriber. A
@@ -12,6 +18,8 @@ All methods except the manager listener run on the event loop.
 
 Primitives:
     HubEventKind, HubEvent: a numbered event (``handle`` is the namespace id the chunk is filed under).
+    new_epoch: a random non-zero epoch.
+    needs_resync: whether a resume point cannot be served without a gap.
     EventHubConfig: replay buffer and per-subscriber queue bounds.
     EventHub: ``attach(manager)``, ``publish``, ``subscribe(after, accept)``, ``close``.
     Subscription: an async iterator of HubEvents.
@@ -22,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import secrets
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -40,6 +49,7 @@ class HubEventKind(enum.Enum):
     STORED = "stored"
     REMOVED = "removed"
     CLEARED = "cleared"
+    RESYNC = "resync"  # the subscriber missed events: what it derived from earlier ones is stale
 
 
 _FROM_CHUNK = {EventKind.STORED: HubEventKind.STORED, EventKind.REMOVED: HubEventKind.REMOVED}
@@ -50,12 +60,14 @@ class HubEvent:
     """A numbered cache event.
 
     Attributes:
-        sequence: 1, 2, 3, ... in the order the cache changed (per daemon process).
-        kind: stored, removed or cleared (a namespace was purged).
+        sequence: 1, 2, 3, ... in the order the cache changed (per epoch); for RESYNC, the last sequence the
+            subscriber will not receive.
+        kind: stored, removed, cleared (a namespace was purged) or resync.
         level: the tier, None for CLEARED.
         handle: the namespace id.
         key: the chunk key, empty for CLEARED.
         evicted: for REMOVED, whether it was evicted for room.
+        epoch: the hub's epoch (one per daemon process).
     """
 
     sequence: int
@@ -64,6 +76,33 @@ class HubEvent:
     handle: bytes
     key: bytes
     evicted: bool
+    epoch: int = 0
+
+
+def new_epoch() -> int:
+    """A random epoch in ``1 .. 2**63 - 1`` (0 means "not known" on the wire)."""
+    return secrets.randbits(63) or 1
+
+
+def needs_resync(epoch: int, after_sequence: int, hub_epoch: int, latest: int, oldest: int | None) -> bool:
+    """Whether resuming after ``(epoch, after_sequence)`` would miss events.
+
+    Args:
+        epoch: the subscriber's epoch (0: not known, e.g. an old client; its sequence is then taken as
+            this epoch's).
+        after_sequence: the last sequence it saw (0: none, it wants what is retained).
+        hub_epoch: the hub's epoch.
+        latest: the hub's latest sequence.
+        oldest: the oldest retained sequence (None when nothing is retained).
+    """
+    if epoch not in (0, hub_epoch):
+        return True
+    if after_sequence > latest:  # a sequence of another epoch, or a client's mistake: either way, a gap
+        return True
+    if after_sequence == 0 and epoch == 0:
+        return False  # a new subscriber asks for what is retained, it missed nothing it knew of
+    first = oldest if oldest is not None else latest + 1
+    return after_sequence + 1 < first
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +188,12 @@ class EventHub:
         self._subscribers: set[Subscription] = set()
         self._sequence = 0
         self._closed = False
+        self.epoch = new_epoch()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the hub runs on."""
+        return self._loop
 
     @property
     def sequence(self) -> int:
@@ -185,23 +230,44 @@ class EventHub:
         if self._closed:
             return None
         self._sequence += 1
-        event = HubEvent(self._sequence, kind, level, bytes(handle), bytes(key), evicted)
+        event = HubEvent(self._sequence, kind, level, bytes(handle), bytes(key), evicted, self.epoch)
         self._retained.append(event)
         for sub in list(self._subscribers):
             sub._offer(event)
         return event
 
-    def subscribe(self, after_sequence: int, accept: Callable[[HubEvent], bool]) -> Subscription:
+    def subscribe(
+        self, after_sequence: int, accept: Callable[[HubEvent], bool], epoch: int = 0
+    ) -> Subscription:
         """A subscription that first replays the retained events numbered above ``after_sequence``.
+
+        When that would leave a gap (see :func:`needs_resync`) the subscription starts with a RESYNC event
+        and replays every retained event.
 
         Args:
             after_sequence: the last sequence number the subscriber has seen (0 for everything retained).
-            accept: which events the subscriber may see (its tenant's namespaces).
+            accept: which events the subscriber may see (its tenant's namespaces); RESYNC always passes.
+            epoch: the epoch of ``after_sequence`` (0: not known).
         """
         sub = Subscription(accept, self._config.queue_events, self._subscribers.discard)
         if self._closed:
             sub._end()
             return sub
+        oldest = self._retained[0].sequence if self._retained else None
+        if needs_resync(epoch, after_sequence, self.epoch, self._sequence, oldest):
+            first = oldest if oldest is not None else self._sequence + 1
+            logger.info(
+                "events: a subscriber resumes after (epoch %#x, sequence %d); hub is at (%#x, %d), "
+                "oldest retained %s: sending RESYNC",
+                epoch,
+                after_sequence,
+                self.epoch,
+                self._sequence,
+                oldest,
+            )
+            sub._pending.append(HubEvent(first - 1, HubEventKind.RESYNC, None, b"", b"", False, self.epoch))
+            sub._wake.set()
+            after_sequence = 0
         for event in self._retained:
             if event.sequence > after_sequence:
                 sub._offer(event, replay=True)

@@ -72,6 +72,7 @@ class NamespaceRpcs(ServicerBase):
                 segment_bytes=dp.slot_bytes * dp.num_slots,
             ),
             lease_ttl_s=self._deps.lease_ttl_s,
+            max_ttl_s=self._deps.max_ttl_s,
             max_stream_message_bytes=self._deps.stream.stream_chunk_bytes,
         )
 
@@ -161,6 +162,9 @@ class NamespaceRpcs(ServicerBase):
     ) -> AsyncIterator[pb.CacheEvent]:
         """Retained events after ``after_sequence``, then live ones, of the caller's namespaces.
 
+        Every event carries the daemon's epoch; a resume point of another epoch, beyond the latest event or
+        older than the replay window gets a KIND_RESYNC event first (see :mod:`.events`).
+
         Initial metadata is sent as soon as the subscription is in place: a client that waits for it knows
         that every later change reaches it.
         """
@@ -169,7 +173,7 @@ class NamespaceRpcs(ServicerBase):
         def mine(event: HubEvent) -> bool:
             return not self._deps.auth.enabled or handles.owner(event.handle) == tenant
 
-        subscription = self._deps.events.subscribe(request.after_sequence, mine)
+        subscription = self._deps.events.subscribe(request.after_sequence, mine, request.epoch)
         try:
             await context.send_initial_metadata(())  # tells the client the subscription is live
             async for event in subscription:

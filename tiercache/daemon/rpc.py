@@ -88,6 +88,7 @@ class ServiceDeps:
         clock: the manager's clock (expiry times are in its seconds).
         wait_executor: where calls that may block for long run (promotion waits, prefill waits); None:
             ``executor``.
+        max_ttl_s: the longest lease and ticket lifetime a request may ask for (0: not known).
     """
 
     manager: CacheManager
@@ -101,6 +102,7 @@ class ServiceDeps:
     lease_ttl_s: float
     clock: Callable[[], float] = time.monotonic
     wait_executor: Executor | None = None
+    max_ttl_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -153,6 +153,7 @@ class Daemon:
             stream=cfg.stream,
             lease_ttl_s=cfg.cache.lease_ttl_s,
             wait_executor=waits,
+            max_ttl_s=cfg.cache.max_ttl_s,
         )
         limit = cfg.stream.max_message_bytes
         server = grpc.aio.server(

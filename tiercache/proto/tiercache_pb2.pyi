@@ -138,20 +138,22 @@ class RegisterRequest(_message.Message):
     def __init__(self, namespace: _Optional[_Union[NamespaceSpec, _Mapping]] = ..., engine_id: _Optional[str] = ..., prefill: _Optional[_Union[PrefillModel, _Mapping]] = ..., deadline: _Optional[_Union[DeadlineModel, _Mapping]] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("handle", "layout", "chunk_bytes", "data_plane", "lease_ttl_s", "max_stream_message_bytes")
+    __slots__ = ("handle", "layout", "chunk_bytes", "data_plane", "lease_ttl_s", "max_stream_message_bytes", "max_ttl_s")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     DATA_PLANE_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_S_FIELD_NUMBER: _ClassVar[int]
     MAX_STREAM_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_TTL_S_FIELD_NUMBER: _ClassVar[int]
     handle: bytes
     layout: Layout
     chunk_bytes: int
     data_plane: DataPlane
     lease_ttl_s: float
     max_stream_message_bytes: int
-    def __init__(self, handle: _Optional[bytes] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., chunk_bytes: _Optional[int] = ..., data_plane: _Optional[_Union[DataPlane, _Mapping]] = ..., lease_ttl_s: _Optional[float] = ..., max_stream_message_bytes: _Optional[int] = ...) -> None: ...
+    max_ttl_s: float
+    def __init__(self, handle: _Optional[bytes] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., chunk_bytes: _Optional[int] = ..., data_plane: _Optional[_Union[DataPlane, _Mapping]] = ..., lease_ttl_s: _Optional[float] = ..., max_stream_message_bytes: _Optional[int] = ..., max_ttl_s: _Optional[float] = ...) -> None: ...
 
 class TierCount(_message.Message):
     __slots__ = ("tier", "chunks")
@@ -498,36 +500,42 @@ class ReportUsageResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class WatchEventsRequest(_message.Message):
-    __slots__ = ("after_sequence",)
+    __slots__ = ("after_sequence", "epoch")
     AFTER_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     after_sequence: int
-    def __init__(self, after_sequence: _Optional[int] = ...) -> None: ...
+    epoch: int
+    def __init__(self, after_sequence: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class CacheEvent(_message.Message):
-    __slots__ = ("sequence", "kind", "tier", "handle", "key", "evicted")
+    __slots__ = ("sequence", "kind", "tier", "handle", "key", "evicted", "epoch")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[CacheEvent.Kind]
         KIND_STORED: _ClassVar[CacheEvent.Kind]
         KIND_REMOVED: _ClassVar[CacheEvent.Kind]
         KIND_CLEARED: _ClassVar[CacheEvent.Kind]
+        KIND_RESYNC: _ClassVar[CacheEvent.Kind]
     KIND_UNSPECIFIED: CacheEvent.Kind
     KIND_STORED: CacheEvent.Kind
     KIND_REMOVED: CacheEvent.Kind
     KIND_CLEARED: CacheEvent.Kind
+    KIND_RESYNC: CacheEvent.Kind
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     EVICTED_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     kind: CacheEvent.Kind
     tier: Tier
     handle: bytes
     key: bytes
     evicted: bool
-    def __init__(self, sequence: _Optional[int] = ..., kind: _Optional[_Union[CacheEvent.Kind, str]] = ..., tier: _Optional[_Union[Tier, str]] = ..., handle: _Optional[bytes] = ..., key: _Optional[bytes] = ..., evicted: _Optional[bool] = ...) -> None: ...
+    epoch: int
+    def __init__(self, sequence: _Optional[int] = ..., kind: _Optional[_Union[CacheEvent.Kind, str]] = ..., tier: _Optional[_Union[Tier, str]] = ..., handle: _Optional[bytes] = ..., key: _Optional[bytes] = ..., evicted: _Optional[bool] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class StreamStoreMessage(_message.Message):
     __slots__ = ("handle", "start_depth", "key", "index", "offset", "data", "codec", "last", "chunk_bytes")

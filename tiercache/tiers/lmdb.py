@@ -16,7 +16,8 @@ value is never served either way: the checksums turn it into a miss.
 Primitives:
     LmdbTierConfig: path, capacity, codec, zstd level, durability and map size of one L3 tier (defined in
         :mod:`tiercache.tiers.lmdb_config`; import it from here).
-    LmdbTier: the :class:`~tiercache.tiers.base.StorageTier` over LMDB, with ``flush()`` to persist access order.
+    LmdbTier: the :class:`~tiercache.tiers.base.StorageTier` over LMDB, with ``flush()`` to persist access
+        order; a :class:`~tiercache.tiers.depths.DepthKeeper` (chain depths stored with the values).
 """
 
 from __future__ import annotations
@@ -33,10 +34,13 @@ import zstandard
 from tiercache.codec import Codec
 from tiercache.errors import CapacityError, ConflictError, InvalidArgumentError
 from tiercache.tiers.base import StorageTier, TierLevel, TierUsage, WriteSlot, check_batch
+from tiercache.tiers.depths import DepthSource
 from tiercache.tiers.lmdb_config import LmdbTierConfig
 from tiercache.tiers.lmdb_env import open_or_recover
 from tiercache.tiers.lmdb_io import (
+    DiskFullError,
     ReadOutcome,
+    StoredValue,
     check_dsts,
     check_ids,
     delete_corrupt,
@@ -99,32 +103,35 @@ class LmdbTier(StorageTier):
             config.path,
             map_size_bytes=config.effective_map_size_bytes,
             durable=config.durable,
-            preallocate_bytes=min(config.effective_map_size_bytes, self._capacity + self._capacity // 4),
+            preallocate_bytes=config.preallocate_bytes,
             recover_damaged=config.recover_damaged,
         )
+        try:
+            self._capacity = config.fitted_capacity(opened.disk_room_bytes)
+        except BaseException:
+            opened.env.close()
+            raise
         self._env = opened.env
         self._dbs = opened.dbs
         self._max_key = opened.max_key_bytes
         self._order = AccessOrder(opened.last_seq)
         self._corrupt_reads = opened.dropped
+        self._depth_source: DepthSource | None = None
+        self._stored_depths = {c.chunk_id: c.depth for c in opened.chunks if c.depth is not None}
         self._index: OrderedDict[bytes, tuple[int, int]] = OrderedDict(
             (c.chunk_id, (c.stored_bytes, c.nbytes)) for c in opened.chunks
         )
         self._used = sum(c.stored_bytes for c in opened.chunks)
         if self._used > self._capacity:
-            logger.warning(
-                "L3 at %s holds %d bytes, over its capacity of %d bytes",
-                config.path,
-                self._used,
-                self._capacity,
-            )
+            logger.warning("L3 at %s holds %d bytes > capacity %d", config.path, self._used, self._capacity)
         logger.info(
-            "opened L3 tier at %s: %d chunks, %d bytes (capacity %d, codec %s)",
+            "opened L3 tier at %s: %d chunks, %d bytes (capacity %d, codec %s, %s)",
             config.path,
             len(self._index),
             self._used,
             self._capacity,
             config.codec.value,
+            "writemap" if opened.writemap else "no writemap",
         )
 
     @property
@@ -168,6 +175,14 @@ class LmdbTier(StorageTier):
             self._used -= entry[0]
         self._order.forget(chunk_id)
 
+    def bind_depths(self, source: DepthSource) -> None:
+        """Store ``source(chunk_id)`` with each later commit (called outside this tier's locks)."""
+        self._depth_source = source
+
+    def stored_depths(self) -> dict[bytes, int]:
+        """The chain depths found when the environment was opened (chunks stored without one are absent)."""
+        return dict(self._stored_depths)
+
     # ------------------------------------------------------------------------------------------ protocol
 
     def charge(self, nbytes: int) -> int:
@@ -178,7 +193,7 @@ class LmdbTier(StorageTier):
         Raises:
             InvalidArgumentError: ``nbytes`` is not a positive integer or can never fit in this tier.
         """
-        return self._config.charge(nbytes, "nbytes")
+        return self._config.charge(nbytes, "nbytes", self._capacity)
 
     def reserve(self, chunk_ids: Sequence[bytes], sizes: Sequence[int]) -> list[WriteSlot]:
         """Reserve staging buffers (1-D ``uint8`` CPU tensors) for new chunks; all or nothing.
@@ -204,7 +219,7 @@ class LmdbTier(StorageTier):
                 raise InvalidArgumentError(
                     "chunk_ids", f"[{i}] must be 1..{self._max_key} bytes (LMDB's key limit), got {len(cid)}"
                 )
-        charges = [self._config.charge(size, "sizes") for size in sizes]
+        charges = [self._config.charge(size, "sizes", self._capacity) for size in sizes]
         total = sum(charges)
         if not chunk_ids:
             return []
@@ -260,6 +275,8 @@ class LmdbTier(StorageTier):
         if self._config.codec is Codec.ZSTD:
             cctx = zstandard.ZstdCompressor(level=self._config.zstd_level)
         values = [encode_staged(res.staging.numpy().data, cctx) for res in reservations]
+        source = self._depth_source
+        depths = [source(res.chunk_id) if source is not None else None for res in reservations]
         with self._write_lock:
             with self._lock:
                 self._check_open()
@@ -269,17 +286,17 @@ class LmdbTier(StorageTier):
                 write_values(
                     self._env,
                     self._dbs,
-                    [(r.chunk_id, v) for r, v in zip(reservations, values)],
+                    [StoredValue(r.chunk_id, v, d) for r, v, d in zip(reservations, values, depths)],
                     first,
                     pending,
                 )
-            except lmdb.MapFullError as exc:
+            except (lmdb.MapFullError, lmdb.DiskError) as exc:
                 with self._lock:
                     self._order.restore(pending, self._index)
-                stored = sum(len(v) for v in values)
-                raise CapacityError(
-                    f"L3 LMDB map ({self._config.effective_map_size_bytes} bytes) is full; "
-                    f"{len(values)} chunks ({stored} bytes) were not committed"
+                full = CapacityError if isinstance(exc, lmdb.MapFullError) else DiskFullError
+                raise full(
+                    f"L3 LMDB map ({self._config.effective_map_size_bytes} bytes) or disk is full ({exc}); "
+                    f"{len(values)} chunks ({sum(len(v) for v in values)} bytes) were not committed"
                 ) from exc
             except BaseException:
                 with self._lock:

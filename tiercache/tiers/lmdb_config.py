@@ -15,11 +15,13 @@ Users import :class:`LmdbTierConfig` from :mod:`tiercache.tiers.lmdb`, next to t
 
 Primitives:
     LmdbTierConfig: path, capacity, codec, zstd level, durability, map size, damage recovery and read-fault
-        injection of one L3 tier; ``read_faults``, ``effective_map_size_bytes``, ``charge``.
+        injection of one L3 tier; ``read_faults``, ``effective_map_size_bytes``, ``preallocate_bytes``,
+        ``fitted_capacity`` (the capacity within the map and the disk), ``charge``.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from tiercache.codec import Codec
@@ -27,9 +29,13 @@ from tiercache.errors import InvalidArgumentError
 from tiercache.tiers.faults import ReadFaults
 from tiercache.tiers.values import HEADER_BYTES, MAX_ZSTD_LEVEL, MIN_ZSTD_LEVEL
 
+logger = logging.getLogger(__name__)
+
 _MAX_VALUE_BYTES = 0xFFFFFFFF
 """LMDB's largest value (``MDB_MAXDATASIZE``)."""
 _MIN_EXTRA_MAP_BYTES = 1 << 30
+_MIN_FITTED_BYTES = 1 << 20
+"""Smallest L3 a disk that is too small for the configured capacity may shrink it to."""
 
 
 def _is_int(value: object) -> bool:
@@ -105,8 +111,56 @@ class LmdbTierConfig:
             return self.map_size_bytes
         return max(4 * self.capacity_bytes, self.capacity_bytes + _MIN_EXTRA_MAP_BYTES)
 
-    def charge(self, nbytes: int, field: str = "nbytes") -> int:
+    @property
+    def preallocate_bytes(self) -> int:
+        """Disk bytes allocated for the data file at open: the capacity and a quarter, within the map."""
+        return min(self.effective_map_size_bytes, self.capacity_bytes + self.capacity_bytes // 4)
+
+    def fitted_capacity(self, disk_room_bytes: int | None) -> int:
+        """The capacity a tier runs with: the configured one, within the map and the disk's room.
+
+        A capacity above the LMDB map size can never be reached (a full map stops commits before L3
+        evicts): it is kept (a full map is a clean CapacityError) but logged. When the filesystem cannot hold
+        the preallocation (``disk_room_bytes``: the bytes the data file can still grow to), the capacity is
+        lowered to three quarters of that room (LMDB needs headroom for the pages a write frees only later),
+        or refused when that is under 1 MiB. Each change is logged.
+
+        Raises:
+            InvalidArgumentError: (field ``capacity_bytes``) the disk has no room for a useful L3.
+        """
+        capacity, map_bytes = self.capacity_bytes, self.effective_map_size_bytes
+        if capacity > map_bytes:
+            logger.warning(
+                "L3 at %s: capacity %d bytes exceeds the LMDB map of %d bytes: a full map will refuse "
+                "commits before L3 evicts (raise map_size_bytes or lower the capacity)",
+                self.path,
+                capacity,
+                map_bytes,
+            )
+        fit = capacity if disk_room_bytes is None else disk_room_bytes * 3 // 4
+        if fit >= capacity:
+            return capacity
+        if fit < _MIN_FITTED_BYTES:
+            raise InvalidArgumentError(
+                "capacity_bytes",
+                f"the filesystem of {self.path!r} has room for {disk_room_bytes} bytes, too little for an L3 "
+                f"of {capacity} bytes (or the smallest of {_MIN_FITTED_BYTES}); free disk space, lower the "
+                "L3 capacity (--l3-bytes) or move L3 (--l3-path)",
+            )
+        logger.warning(
+            "L3 at %s: the filesystem has room for %d bytes, too little for the capacity of %d bytes; "
+            "running with an L3 of %d bytes (lower --l3-bytes to silence this)",
+            self.path,
+            disk_room_bytes,
+            capacity,
+            fit,
+        )
+        return fit
+
+    def charge(self, nbytes: int, field: str = "nbytes", capacity_bytes: int | None = None) -> int:
         """Capacity one chunk of ``nbytes`` payload bytes takes while reserved: header + ``nbytes``.
+
+        ``capacity_bytes``: the capacity to check against (a tier's fitted one); None: the configured one.
 
         Raises:
             InvalidArgumentError: (named ``field``) ``nbytes`` is not a positive integer, or the chunk can
@@ -115,10 +169,10 @@ class LmdbTierConfig:
         if not _is_int(nbytes) or nbytes <= 0:
             raise InvalidArgumentError(field, f"must be a positive integer, got {nbytes!r}")
         total = HEADER_BYTES + nbytes
-        if total > self.capacity_bytes:
+        capacity = self.capacity_bytes if capacity_bytes is None else capacity_bytes
+        if total > capacity:
             raise InvalidArgumentError(
-                field,
-                f"{nbytes} bytes (+{HEADER_BYTES} header) exceed the capacity of {self.capacity_bytes} bytes",
+                field, f"{nbytes} bytes (+{HEADER_BYTES} header) exceed the capacity of {capacity} bytes"
             )
         if total > _MAX_VALUE_BYTES:
             raise InvalidArgumentError(field, f"{nbytes} bytes exceed LMDB's largest value")

@@ -1,8 +1,10 @@
 """Opening the L3 tier's LMDB environment: create or reopen it, scan what it holds, recover from damage.
 
-One environment (a directory) holds two sub-databases: ``values`` (chunk id -> stored value, see
-:mod:`tiercache.tiers.values`) and ``order`` (chunk id -> access sequence number, see
-:mod:`tiercache.tiers.lmdb_order`). Opening it checks every value's header (not the payloads), drops
+One environment (a directory) holds three sub-databases: ``values`` (chunk id -> stored value, see
+:mod:`tiercache.tiers.values`), ``order`` (chunk id -> access sequence number, see
+:mod:`tiercache.tiers.lmdb_order`) and ``meta`` (chunk id -> chain depth and value checksum, see
+:mod:`tiercache.tiers.lmdb_meta`; an environment written before it had one simply has no records).
+Opening it checks every value's header (not the payloads), drops
 malformed or truncated values and stale order records, and sorts the chunks by their last use, so that a
 restart finds the index and the order the last process left. It also allocates the disk blocks of the
 capacity up front (see :func:`open_environment`).
@@ -12,8 +14,8 @@ An environment whose files are damaged (an OS crash without ``durable`` may do t
 
 Primitives:
     DAMAGE: the LMDB errors that mean damaged files.
-    LmdbDatabases: the two databases of an open environment.
-    StoredChunk: one committed chunk found at open (id, stored bytes, payload bytes).
+    LmdbDatabases: the three databases of an open environment.
+    StoredChunk: one committed chunk found at open (id, stored bytes, payload bytes, depth if stored).
     OpenedEnvironment: the open environment, its databases and what they hold.
     open_environment: open (or create) and scan, failing on damage.
     open_or_recover: the same, moving a damaged environment aside and starting empty when allowed.
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 import lmdb
 
 from tiercache.errors import InvalidArgumentError
+from tiercache.tiers.lmdb_meta import unpack_meta
 from tiercache.tiers.lmdb_order import unpack_seq
 from tiercache.tiers.values import parse_header
 
@@ -39,6 +42,8 @@ VALUES_DB = b"values"
 """Sub-database of the stored values."""
 ORDER_DB = b"order"
 """Sub-database of the access sequence numbers."""
+META_DB = b"meta"
+"""Sub-database of the per-chunk records (depth, value checksum)."""
 DAMAGE = (lmdb.CorruptedError, lmdb.InvalidError, lmdb.PageNotFoundError, lmdb.VersionMismatchError)
 """LMDB errors that mean the environment's files are damaged (e.g. by an OS crash without ``durable``)."""
 
@@ -50,10 +55,12 @@ class LmdbDatabases:
     Attributes:
         values: the ``values`` database.
         order: the ``order`` database.
+        meta: the ``meta`` database.
     """
 
     values: lmdb._Database
     order: lmdb._Database
+    meta: lmdb._Database
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,11 +71,13 @@ class StoredChunk:
         chunk_id: its id.
         stored_bytes: bytes of its stored value (header + payload, possibly compressed).
         nbytes: its payload bytes once decoded.
+        depth: its chain depth as stored with it, None when none was.
     """
 
     chunk_id: bytes
     stored_bytes: int
     nbytes: int
+    depth: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +92,9 @@ class OpenedEnvironment:
             first, in key order).
         last_seq: the highest stored sequence number (0 if none).
         dropped: malformed values found and deleted.
+        writemap: whether writes go through the shared writable map (only when it is backed by disk).
+        disk_room_bytes: when the filesystem could not hold the preallocation, the bytes the data file can
+            still grow to (its allocated blocks plus the free space); None otherwise.
     """
 
     env: lmdb.Environment
@@ -91,6 +103,29 @@ class OpenedEnvironment:
     chunks: tuple[StoredChunk, ...]
     last_seq: int
     dropped: int
+    writemap: bool = False
+    disk_room_bytes: int | None = None
+
+
+def _open(path: str, map_size_bytes: int, durable: bool, writemap: bool) -> lmdb.Environment:
+    try:
+        return lmdb.open(
+            path,
+            map_size=map_size_bytes,
+            subdir=True,
+            max_dbs=3,
+            sync=durable,
+            metasync=durable,
+            readahead=False,
+            meminit=False,
+            writemap=writemap,
+            lock=True,
+            create=True,
+        )
+    except DAMAGE:
+        raise
+    except lmdb.Error as exc:
+        raise InvalidArgumentError("path", f"cannot open LMDB environment at {path!r}: {exc}") from exc
 
 
 def open_environment(
@@ -98,9 +133,12 @@ def open_environment(
 ) -> OpenedEnvironment:
     """Open (or create) the environment at ``path``, scan it and reserve ``preallocate_bytes`` of disk.
 
-    Writes go through a shared writable map (``writemap``, which halves the copies of a store): on a sparse
-    file a full disk would surface as SIGBUS in the middle of a store. Reserving the blocks at start turns
-    a disk too small for the configured capacity into a clear error now.
+    Writes go through a shared writable map (``writemap``, which saves a copy per store) only when the
+    whole map is backed by allocated disk blocks: on a sparse region a full disk surfaces as SIGBUS in the
+    middle of a store. Otherwise (a map larger than the preallocation, the default; a filesystem without
+    ``fallocate``; a disk too small for the preallocation) LMDB writes with ``pwrite``, and a full disk is
+    an error of that commit (the store fails cleanly, reads go on). A disk too small for the preallocation
+    is reported in ``disk_room_bytes`` so that the tier can shrink to it.
 
     Args:
         path: directory of the environment (created if missing).
@@ -110,32 +148,15 @@ def open_environment(
 
     Raises:
         lmdb.Error: one of :data:`DAMAGE`: the files are damaged.
-        InvalidArgumentError: the environment cannot be opened or read (field ``path``), or the filesystem
-            cannot hold ``preallocate_bytes`` (field ``capacity_bytes``).
+        InvalidArgumentError: the environment cannot be opened or read (field ``path``).
     """
-    try:
-        env = lmdb.open(
-            path,
-            map_size=map_size_bytes,
-            subdir=True,
-            max_dbs=2,
-            sync=durable,
-            metasync=durable,
-            readahead=False,
-            meminit=False,
-            writemap=True,
-            lock=True,
-            create=True,
-        )
-    except DAMAGE:
-        raise
-    except lmdb.Error as exc:
-        raise InvalidArgumentError("path", f"cannot open LMDB environment at {path!r}: {exc}") from exc
+    writemap = preallocate_bytes >= map_size_bytes
+    env = _open(path, map_size_bytes, durable, writemap)
     try:
         max_key = int(env.max_key_size())
-        dbs = LmdbDatabases(env.open_db(VALUES_DB), env.open_db(ORDER_DB))
+        dbs = LmdbDatabases(env.open_db(VALUES_DB), env.open_db(ORDER_DB), env.open_db(META_DB))
         chunks, last_seq, dropped = _scan(env, dbs, path)
-        _preallocate(path, preallocate_bytes)
+        reserved = _preallocate(path, preallocate_bytes)
     except DAMAGE:
         env.close()
         raise
@@ -145,7 +166,16 @@ def open_environment(
     except BaseException:
         env.close()
         raise
-    return OpenedEnvironment(env, dbs, max_key, chunks, last_seq, dropped)
+    room = None if isinstance(reserved, bool) else reserved
+    if writemap and reserved is not True:
+        env.close()  # the map is not backed by disk blocks: no shared writable map
+        writemap = False
+        env = _open(path, map_size_bytes, durable, writemap)
+        dbs = LmdbDatabases(env.open_db(VALUES_DB), env.open_db(ORDER_DB), env.open_db(META_DB))
+    logger.info(
+        "L3 at %s: map %d bytes, %s", path, map_size_bytes, "writemap" if writemap else "pwrite (no writemap)"
+    )
+    return OpenedEnvironment(env, dbs, max_key, chunks, last_seq, dropped, writemap, room)
 
 
 def open_or_recover(
@@ -178,6 +208,7 @@ def _scan(env: lmdb.Environment, dbs: LmdbDatabases, path: str) -> tuple[tuple[S
     bad: list[bytes] = []
     seqs: dict[bytes, int] = {}
     stale_order: list[bytes] = []
+    stale_meta: list[bytes] = []
     with env.begin(buffers=True) as txn:
         for key, value in txn.cursor(db=dbs.values):
             cid = bytes(key)
@@ -194,14 +225,24 @@ def _scan(env: lmdb.Environment, dbs: LmdbDatabases, path: str) -> tuple[tuple[S
                 stale_order.append(cid)
             else:
                 seqs[cid] = seq
-    if bad or stale_order:
+        for key, value in txn.cursor(db=dbs.meta):
+            cid = bytes(key)
+            meta = unpack_meta(value) if cid in found else None
+            if meta is None:
+                stale_meta.append(cid)
+            elif meta.depth is not None:
+                found[cid] = StoredChunk(cid, found[cid].stored_bytes, found[cid].nbytes, meta.depth)
+    if bad or stale_order or stale_meta:
         try:
             with env.begin(write=True) as txn:
                 for cid in bad:
                     txn.delete(cid, db=dbs.values)
                     txn.delete(cid, db=dbs.order)
+                    txn.delete(cid, db=dbs.meta)
                 for cid in stale_order:
                     txn.delete(cid, db=dbs.order)
+                for cid in stale_meta:
+                    txn.delete(cid, db=dbs.meta)
         except lmdb.MapFullError:
             logger.exception("L3 at %s: map full while dropping malformed values", path)
     # Chunks without a recorded sequence number go first (key order among them).
@@ -209,19 +250,27 @@ def _scan(env: lmdb.Environment, dbs: LmdbDatabases, path: str) -> tuple[tuple[S
     return tuple(found[c] for c in ordered), max(seqs.values(), default=0), len(bad)
 
 
-def _preallocate(path: str, want: int) -> None:
-    """Allocate ``want`` bytes of disk blocks for the data file unless it has them already."""
+def _preallocate(path: str, want: int) -> bool | int:
+    """Allocate ``want`` bytes of disk blocks for the data file unless it has them already.
+
+    Returns True when the blocks are allocated; when the filesystem is too small, the bytes the data file
+    can grow to (its allocated blocks plus the free space); False when the filesystem cannot allocate
+    (no ``fallocate``).
+    """
     data = os.path.join(path, "data.mdb")
     fd = os.open(data, os.O_RDWR)
     try:
         if os.fstat(fd).st_blocks * 512 >= want:
-            return
+            return True
         os.posix_fallocate(fd, 0, want)
+        return True
     except OSError as exc:
         if exc.errno == errno.ENOSPC:
-            raise InvalidArgumentError(
-                "capacity_bytes", f"the filesystem of {path!r} cannot hold {want} bytes for L3: {exc}"
-            ) from None
+            fs = os.fstatvfs(fd)
+            room = os.fstat(fd).st_blocks * 512 + fs.f_bavail * fs.f_frsize
+            logger.warning("L3 at %s: the disk cannot hold %d bytes (%s); room %d", path, want, exc, room)
+            return room
         logger.info("L3 at %s: no preallocation (%s); stores may run slower", path, exc)
+        return False
     finally:
         os.close(fd)

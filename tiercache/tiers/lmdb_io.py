@@ -2,18 +2,22 @@
 
 The tier decides what to read, write or delete and keeps the books (index, usage, access order,
 reservations, corrupt counts) under its locks; this module checks the caller's buffers and runs one LMDB
-transaction per call. Reads: raw payloads are checksummed and copied straight out of the memory map; zstd
+transaction per call. A value whose per-chunk record (:mod:`tiercache.tiers.lmdb_meta`) names another
+checksum is corrupt (a value of another key). Reads: raw payloads are checksummed and copied straight out of the memory map; zstd
 payloads are decompressed, then checksummed, then copied; a non-CPU destination is staged through a CPU
 tensor. Writes land with their access sequence numbers in the same transaction.
 
 Primitives:
+    DiskFullError: a commit found the disk full (both the ``lmdb.DiskError`` it is and a CapacityError).
+    StoredValue: one value to write (id, value, chain depth if known).
     check_ids: every chunk id is ``bytes``.
     check_dsts: destinations are strided 1-D ``uint8`` tensors, one per id.
     ReadOutcome: per chunk whether it was copied, and which values were corrupt.
     read_values: decode, verify and copy the values of a batch in one read transaction.
-    write_values: store values and their sequence numbers (and pending order updates) in one transaction.
+    write_values: store values, their sequence numbers and records (and pending order updates) in one
+        transaction.
     write_order: store pending access-order updates.
-    delete_values: delete chunks (values and order records) in one transaction.
+    delete_values: delete chunks (values, order and meta records) in one transaction.
     delete_corrupt: delete the chunks whose stored value is (still) corrupt; returns them.
 """
 
@@ -22,18 +26,42 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import lmdb
 import numpy as np
 import torch
 import zstandard
 
-from tiercache.errors import InvalidArgumentError
+from tiercache.errors import CapacityError, InvalidArgumentError
 from tiercache.tiers.lmdb_env import LmdbDatabases
+from tiercache.tiers.lmdb_meta import foreign, record_of
 from tiercache.tiers.lmdb_order import pack_seq
 from tiercache.tiers.values import decode
 
 logger = logging.getLogger(__name__)
+
+
+class DiskFullError(CapacityError, lmdb.DiskError):
+    """A write transaction found the filesystem full (ENOSPC): nothing of it was committed.
+
+    To the cache it is a capacity error (the chunk is not stored, the drop is counted, reads go on); to a
+    caller of LMDB it is still the ``lmdb.DiskError`` it was.
+    """
+
+
+class StoredValue(NamedTuple):
+    """One value to write.
+
+    Attributes:
+        chunk_id: its id.
+        value: header + payload (see :mod:`tiercache.tiers.values`).
+        depth: its chain depth, None when not known.
+    """
+
+    chunk_id: bytes
+    value: memoryview | bytes
+    depth: int | None = None
 
 
 def check_ids(chunk_ids: Sequence[bytes], field: str = "chunk_ids") -> None:
@@ -96,7 +124,7 @@ def read_values(
             value = txn.get(cid)
             if value is None:  # deleted since the index was consulted
                 continue
-            raw = decode(value, dctx)
+            raw = foreign(value, txn.get(cid, db=dbs.meta)) or decode(value, dctx)
             if isinstance(raw, str):
                 logger.warning("L3 chunk %s is corrupt (%s); dropping it", cid.hex(), raw)
                 corrupt.append(cid)
@@ -111,22 +139,26 @@ def read_values(
 def write_values(
     env: lmdb.Environment,
     dbs: LmdbDatabases,
-    values: Sequence[tuple[bytes, memoryview | bytes]],
+    values: Sequence[StoredValue],
     first_seq: int,
     pending: Mapping[bytes, int],
 ) -> None:
-    """Store ``(chunk_id, value)`` pairs with sequence numbers ``first_seq, first_seq + 1, ...``.
+    """Store values with sequence numbers ``first_seq, first_seq + 1, ...`` and their records.
 
     The pending access-order updates of earlier reads land in the same transaction, first.
 
     Raises:
         lmdb.MapFullError: the map is full; nothing is stored.
+        lmdb.DiskError: the filesystem is full (only without ``writemap``); nothing is stored.
     """
     with env.begin(write=True) as txn:
         _put_order(txn, dbs, pending)
-        for i, (cid, value) in enumerate(values):
-            txn.put(cid, value, db=dbs.values)
-            txn.put(cid, pack_seq(first_seq + i), db=dbs.order)
+        for i, item in enumerate(values):
+            txn.put(item.chunk_id, item.value, db=dbs.values)
+            txn.put(item.chunk_id, pack_seq(first_seq + i), db=dbs.order)
+            record = record_of(item.value, item.depth)
+            if record is not None:
+                txn.put(item.chunk_id, record, db=dbs.meta)
 
 
 def write_order(env: lmdb.Environment, dbs: LmdbDatabases, pending: Mapping[bytes, int]) -> None:
@@ -141,7 +173,7 @@ def _put_order(txn: lmdb.Transaction, dbs: LmdbDatabases, seqs: Mapping[bytes, i
 
 
 def delete_values(env: lmdb.Environment, dbs: LmdbDatabases, chunk_ids: Sequence[bytes]) -> None:
-    """Delete chunks (values and order records) in one transaction; absent ones are ignored.
+    """Delete chunks (values, order and meta records) in one transaction; absent ones are ignored.
 
     Raises:
         lmdb.MapFullError: the map is too full even for a delete; nothing is deleted.
@@ -150,6 +182,7 @@ def delete_values(env: lmdb.Environment, dbs: LmdbDatabases, chunk_ids: Sequence
         for cid in chunk_ids:
             txn.delete(cid, db=dbs.values)
             txn.delete(cid, db=dbs.order)
+            txn.delete(cid, db=dbs.meta)
 
 
 def delete_corrupt(env: lmdb.Environment, dbs: LmdbDatabases, chunk_ids: Sequence[bytes]) -> list[bytes]:
@@ -168,10 +201,13 @@ def delete_corrupt(env: lmdb.Environment, dbs: LmdbDatabases, chunk_ids: Sequenc
     with env.begin(write=True, buffers=True) as txn:
         for cid in dict.fromkeys(chunk_ids):
             value = txn.get(cid, db=dbs.values)
-            if value is not None and not isinstance(decode(value, dctx), str):
-                continue  # replaced by a good value meanwhile
+            if value is not None:
+                why = foreign(value, txn.get(cid, db=dbs.meta)) or decode(value, dctx)
+                if not isinstance(why, str):
+                    continue  # replaced by a good value meanwhile
             txn.delete(cid, db=dbs.values)
             txn.delete(cid, db=dbs.order)
+            txn.delete(cid, db=dbs.meta)
             removed.append(cid)
     return removed
 
