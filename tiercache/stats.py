@@ -127,6 +127,13 @@ class TierStats:
             "evicting tier) or a failed write-down (counted at the target tier)"
         ),
     )
+    errors: int = field(
+        default=0,
+        metadata=counter(
+            "Calls to a tier's remote store that failed (unreachable, too slow, refused): each turns the "
+            "shared tier off for a backoff; always 0 for local tiers"
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)

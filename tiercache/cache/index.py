@@ -137,6 +137,7 @@ class Index:
             demotions=c.demotions,
             corrupt_reads=usage.corrupt_reads,
             dropped_chunks=c.dropped_chunks,
+            errors=usage.errors,
         )
 
     # ------------------------------------------------------------------ lookups

@@ -23,6 +23,7 @@ class Tier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TIER_L1: _ClassVar[Tier]
     TIER_L2: _ClassVar[Tier]
     TIER_L3: _ClassVar[Tier]
+    TIER_SHARED: _ClassVar[Tier]
 
 class Codec(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -46,6 +47,7 @@ TIER_UNSPECIFIED: Tier
 TIER_L1: Tier
 TIER_L2: Tier
 TIER_L3: Tier
+TIER_SHARED: Tier
 CODEC_RAW: Codec
 CODEC_ZSTD: Codec
 LOAD_POLICY_WAIT_COMPLETE: LoadPolicy
@@ -356,7 +358,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TierStats(_message.Message):
-    __slots__ = ("tier", "chunks", "used_bytes", "capacity_bytes", "hits", "misses", "evictions", "promotions", "demotions", "corrupt_reads", "lookup_hit_tokens", "load_success_tokens", "effective_hit_tokens", "latency_s", "bytes_per_s", "dropped_chunks")
+    __slots__ = ("tier", "chunks", "used_bytes", "capacity_bytes", "hits", "misses", "evictions", "promotions", "demotions", "corrupt_reads", "lookup_hit_tokens", "load_success_tokens", "effective_hit_tokens", "latency_s", "bytes_per_s", "dropped_chunks", "errors")
     TIER_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     USED_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -373,6 +375,7 @@ class TierStats(_message.Message):
     LATENCY_S_FIELD_NUMBER: _ClassVar[int]
     BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
     DROPPED_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
     tier: Tier
     chunks: int
     used_bytes: int
@@ -389,7 +392,8 @@ class TierStats(_message.Message):
     latency_s: float
     bytes_per_s: float
     dropped_chunks: int
-    def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., chunks: _Optional[int] = ..., used_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., promotions: _Optional[int] = ..., demotions: _Optional[int] = ..., corrupt_reads: _Optional[int] = ..., lookup_hit_tokens: _Optional[int] = ..., load_success_tokens: _Optional[int] = ..., effective_hit_tokens: _Optional[int] = ..., latency_s: _Optional[float] = ..., bytes_per_s: _Optional[float] = ..., dropped_chunks: _Optional[int] = ...) -> None: ...
+    errors: int
+    def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., chunks: _Optional[int] = ..., used_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., promotions: _Optional[int] = ..., demotions: _Optional[int] = ..., corrupt_reads: _Optional[int] = ..., lookup_hit_tokens: _Optional[int] = ..., load_success_tokens: _Optional[int] = ..., effective_hit_tokens: _Optional[int] = ..., latency_s: _Optional[float] = ..., bytes_per_s: _Optional[float] = ..., dropped_chunks: _Optional[int] = ..., errors: _Optional[int] = ...) -> None: ...
 
 class PrefillStats(_message.Message):
     __slots__ = ("active_claims", "claimed_chunks", "waits", "takeovers", "expired_claims")
