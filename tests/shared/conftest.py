@@ -6,9 +6,12 @@ Every test files its keys under a key prefix of its own, so tests never see each
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -79,3 +82,30 @@ def make_cache(tmp_path: Path, key_prefix: str) -> Iterator[CacheFactory]:
     yield make
     for cache in built:
         cache.close()
+
+
+def _daemons_module() -> Any:
+    spec = importlib.util.spec_from_file_location("shared_daemons", Path(__file__).with_name("daemons.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+daemons = _daemons_module()
+
+
+@pytest.fixture
+def hosts(tmp_path: Path) -> Iterator[Callable[[str, str], Any]]:
+    """A factory of :class:`daemons.Host` (not started) in ``tmp_path``; every one is stopped after."""
+    made: list[Any] = []
+
+    def make(name: str, url: str) -> Any:
+        host = daemons.Host(name, tmp_path / name, url)
+        made.append(host)
+        return host
+
+    yield make
+    for host in made:
+        host.stop()

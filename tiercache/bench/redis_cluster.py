@@ -9,7 +9,8 @@ node away mid-run. Everything is stopped, and the working directory is left to t
 Primitives:
     RedisToolsMissing: redis-server / redis-cli are not installed.
     RedisNode: one running node (port, process).
-    RedisDeployment: the nodes, the seed ``url``, ``kill(i)``, ``restart(i)``, ``wait_ok()``, ``flush()``.
+    RedisDeployment: the nodes, the seed ``url``, ``kill(i)``, ``restart(i)``, ``wait_ok()``, ``owner(key)``,
+        ``flush()``.
     redis_cluster: context manager yielding a ready cluster.
     redis_single: context manager yielding one plain (non-cluster) server.
 """
@@ -172,6 +173,22 @@ class RedisDeployment:
                     return "cluster_state:ok" in text and "cluster_slots_ok:16384" in text
 
                 _wait(f"cluster state at {node.port}", ok)
+
+    def owner(self, key: bytes) -> int:
+        """The index of the node serving ``key``'s hash slot (0 for a single server)."""
+        if not self.cluster:
+            return 0
+        c = self.nodes[0].client()
+        try:
+            slot = int(c.execute_command("CLUSTER", "KEYSLOT", key))  # type: ignore[no-untyped-call]
+            ranges = c.execute_command("CLUSTER", "SLOTS")  # type: ignore[no-untyped-call]
+        finally:
+            c.close()
+        ports = [n.port for n in self.nodes]
+        for start, end, master, *_ in ranges:
+            if int(start) <= slot <= int(end):
+                return ports.index(int(master[1]))
+        raise LookupError(f"no node serves slot {slot}")
 
     def flush(self) -> None:
         """Empty every node (FLUSHALL on each master)."""
