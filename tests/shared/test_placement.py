@@ -57,7 +57,8 @@ def test_a_chunk_stored_by_one_cache_is_a_shared_hit_of_another(
     keys = chunk_keys(namespace, tokens)
     found = host2.lookup(ns_id, keys, count=True)
     assert found.chunks == 4 and found.by_tier[TierLevel.SHARED] == 4 and found.by_tier[TierLevel.L2] == 0
-    assert [(e.kind, e.level) for e in events] == [(EventKind.STORED, TierLevel.SHARED)] * 4
+    found_there = (EventKind.STORED, TierLevel.SHARED, None)  # another daemon stored it: no local source
+    assert [(e.kind, e.level, e.source) for e in events] == [found_there] * 4
 
     ticket = host2.acquire(ns_id, keys)
     try:
@@ -66,6 +67,8 @@ def test_a_chunk_stored_by_one_cache_is_a_shared_hit_of_another(
             assert torch.equal(chunk.view, payload)
     finally:
         host2.release(ticket.lease_id)
+    arrived = [(e.level, e.source) for e in events[4:] if e.kind is EventKind.STORED]
+    assert arrived == [(TierLevel.L2, TierLevel.SHARED)] * 4  # the events say they came through SHARED
     stats = host2.stats()
     shared, l2 = stats.tier(TierLevel.SHARED), stats.tier(TierLevel.L2)
     assert shared.hits == 4 and l2.promotions == 4 and shared.lookup_hit_tokens == 4 * 16

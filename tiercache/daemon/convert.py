@@ -164,4 +164,5 @@ def event_to_proto(event: HubEvent) -> pb.CacheEvent:
         handle=event.handle,
         key=event.key,
         evicted=event.evicted,
+        source=tier_to_proto(event.source),
     )

@@ -56,6 +56,7 @@ class HubEvent:
         handle: the namespace id.
         key: the chunk key, empty for CLEARED.
         evicted: for REMOVED, whether it was evicted for room.
+        source: for STORED, the tier the copy came from (SHARED: it arrived through the shared tier).
     """
 
     sequence: int
@@ -64,6 +65,7 @@ class HubEvent:
     handle: bytes
     key: bytes
     evicted: bool
+    source: TierLevel | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +171,7 @@ class EventHub:
                 event.namespace_id,
                 event.key,
                 event.evicted,
+                event.source,
             )
         except RuntimeError:  # the loop is closed: the daemon is gone
             logger.debug("event after the event loop closed: %s", event)
@@ -180,12 +183,13 @@ class EventHub:
         handle: bytes,
         key: bytes = b"",
         evicted: bool = False,
+        source: TierLevel | None = None,
     ) -> HubEvent | None:
         """Number an event, retain it and queue it for every subscriber that accepts it (None once closed)."""
         if self._closed:
             return None
         self._sequence += 1
-        event = HubEvent(self._sequence, kind, level, bytes(handle), bytes(key), evicted)
+        event = HubEvent(self._sequence, kind, level, bytes(handle), bytes(key), evicted, source)
         self._retained.append(event)
         for sub in list(self._subscribers):
             sub._offer(event)

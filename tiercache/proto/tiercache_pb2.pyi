@@ -508,7 +508,7 @@ class WatchEventsRequest(_message.Message):
     def __init__(self, after_sequence: _Optional[int] = ...) -> None: ...
 
 class CacheEvent(_message.Message):
-    __slots__ = ("sequence", "kind", "tier", "handle", "key", "evicted")
+    __slots__ = ("sequence", "kind", "tier", "handle", "key", "evicted", "source")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[CacheEvent.Kind]
@@ -525,13 +525,15 @@ class CacheEvent(_message.Message):
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     EVICTED_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     kind: CacheEvent.Kind
     tier: Tier
     handle: bytes
     key: bytes
     evicted: bool
-    def __init__(self, sequence: _Optional[int] = ..., kind: _Optional[_Union[CacheEvent.Kind, str]] = ..., tier: _Optional[_Union[Tier, str]] = ..., handle: _Optional[bytes] = ..., key: _Optional[bytes] = ..., evicted: _Optional[bool] = ...) -> None: ...
+    source: Tier
+    def __init__(self, sequence: _Optional[int] = ..., kind: _Optional[_Union[CacheEvent.Kind, str]] = ..., tier: _Optional[_Union[Tier, str]] = ..., handle: _Optional[bytes] = ..., key: _Optional[bytes] = ..., evicted: _Optional[bool] = ..., source: _Optional[_Union[Tier, str]] = ...) -> None: ...
 
 class StreamStoreMessage(_message.Message):
     __slots__ = ("handle", "start_depth", "key", "index", "offset", "data", "codec", "last", "chunk_bytes")
