@@ -57,7 +57,7 @@ __all__ = ["SharedTier", "SharedTierConfig", "store_key"]
 
 logger = logging.getLogger(__name__)
 
-_STAGING_CACHE_BYTES = 64 << 20
+_STAGING_CACHE_BYTES = 256 << 20
 """Staging buffers kept for reuse after commit or abort."""
 
 

@@ -27,8 +27,10 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import redis
+from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
+from redis.retry import Retry
 
 from tiercache.errors import UnavailableError
 from tiercache.tiers.shared_config import SharedTierConfig
@@ -47,9 +49,12 @@ class StoreRefused(UnavailableError):
 
 
 def _kwargs(config: SharedTierConfig) -> dict[str, Any]:
+    """Client options: the tier's timeouts, and no retries inside redis-py (the breaker decides when to
+    try again, so that one call never waits longer than its timeouts)."""
     return {
         "socket_timeout": config.op_timeout_s,
         "socket_connect_timeout": config.connect_timeout_s,
+        "retry": Retry(NoBackoff(), 0),
     }
 
 
