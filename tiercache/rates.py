@@ -44,6 +44,7 @@ DEFAULT_PRIORS: Mapping[TierLevel, TierRate] = {
     TierLevel.L1: TierRate(20e-6, 10e9, 0),
     TierLevel.L2: TierRate(20e-6, 8e9, 0),
     TierLevel.L3: TierRate(200e-6, 1e9, 0),
+    TierLevel.SHARED: TierRate(500e-6, 0.5e9, 0),
 }
 """Conservative starting points, replaced as soon as a tier has been measured."""
 

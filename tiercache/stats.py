@@ -127,6 +127,13 @@ class TierStats:
             "evicting tier) or a failed write-down (counted at the target tier)"
         ),
     )
+    errors: int = field(
+        default=0,
+        metadata=counter(
+            "Calls to a tier's remote store that failed (unreachable, too slow, refused): each turns the "
+            "shared tier off for a backoff; always 0 for local tiers"
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +206,9 @@ class ChunkEvent:
         namespace_id: the chunk's namespace.
         key: the chunk key.
         evicted: for REMOVED, whether it was evicted for room (False: deleted, corrupt or purged).
+        source: for STORED, the tier the copy was made from (a promotion, write-down or demotion: a chunk
+            that arrived through the shared tier says SHARED); None for an engine's store, or a chunk
+            found in the shared tier (stored there by another daemon).
     """
 
     kind: EventKind
@@ -206,3 +216,4 @@ class ChunkEvent:
     namespace_id: bytes
     key: bytes
     evicted: bool = False
+    source: TierLevel | None = None

@@ -39,6 +39,7 @@ _NAMES = {
     "tiercache_prefill_waits": "counter",
     "tiercache_prefill_takeovers": "counter",
     "tiercache_prefill_expired_claims": "counter",
+    "tiercache_tier_errors": "counter",  # the shared tier's failed store calls (added with it)
 }
 """The families the daemon exported before the schema drove them (names operators' dashboards use)."""
 

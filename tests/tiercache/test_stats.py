@@ -74,7 +74,7 @@ def _sample() -> CacheStats:
 def test_stats_round_trip_through_the_wire_exactly() -> None:
     stats = _sample()
     msg = stats_to_proto(stats)
-    assert [t.tier for t in msg.tiers] == [pb.TIER_L1, pb.TIER_L2, pb.TIER_L3]
+    assert [t.tier for t in msg.tiers] == [pb.TIER_L1, pb.TIER_L2, pb.TIER_L3, pb.TIER_SHARED]
     assert msg.tiers[2].corrupt_reads == stats.tier(TierLevel.L3).corrupt_reads
     assert msg.tiers[0].latency_s == stats.tiers[0].latency_s
     assert msg.prefill.expired_claims == stats.prefill.expired_claims

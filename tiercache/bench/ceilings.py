@@ -43,6 +43,8 @@ class CeilingKind(enum.Enum):
     DISK_WRITE = "disk_write"
     DISK_READ = "disk_read"
     ECHO_STREAM = "echo_stream"
+    REDIS_SET = "redis_set"
+    REDIS_GET = "redis_get"
 
 
 @dataclass(frozen=True, slots=True)

@@ -95,6 +95,11 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "engine", ".engine", "time to first token of a real model with and without tiercache", required=False
     ),
+    Command(
+        "fleet",
+        ".cmd_fleet",
+        "a trace spread over several hosts' caches, the shared (Redis Cluster) tier off vs on",
+    ),
 )
 """Every subcommand, in ``--help`` order."""
 

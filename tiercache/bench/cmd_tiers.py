@@ -1,5 +1,5 @@
-"""``tiercache-bench tiers``: put/get GB/s and per-call latency of L1, L2 and L3 against the machine's
-memcpy and disk ceilings, measured in the same run.
+"""``tiercache-bench tiers``: put/get GB/s and per-call latency of L1, L2, L3 (and, asked for, the shared
+tier) against the machine's memcpy and disk ceilings and raw redis-py SET/GET, measured in the same run.
 
 Primitives:
     configure_parser: the subcommand's flags.
@@ -72,6 +72,15 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         help="torch intra-op threads for the run (torch's default)",
     )
     p.add_argument("--seed", type=int, default=0, help="payload seed (0)")
+    p.add_argument(
+        "--shared-url",
+        default="",
+        help="with --tiers ...,SHARED: the Redis Cluster / server to measure on (default: a private "
+        "three-master cluster started on loopback ports for the run; needs redis-server and redis-cli)",
+    )
+    p.add_argument(
+        "--shared-codec", type=parse_codec, default=parse_codec("raw"), help="SHARED codec: raw or zstd (raw)"
+    )
     add_output_flags(p, "plot GB/s vs chunk size per tier and op, ceilings dashed (PNG)")
 
 
@@ -83,6 +92,8 @@ def _config(args: argparse.Namespace) -> TiersBenchConfig:
         durable=args.durable,
         batch=args.batch,
         warmup_rounds=args.warmup,
+        shared_url=args.shared_url,
+        shared_codec=args.shared_codec,
     )
     return TiersBenchConfig(
         levels=args.tiers,

@@ -23,7 +23,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -32,6 +32,8 @@ from tiercache.tiers.base import TierLevel
 
 from .ceilings import CeilingResult, MachineInfo, describe_machine, measure_disk, measure_memcpy
 from .payload import Payload, make_destinations, make_payload
+from .redis_cluster import redis_cluster
+from .shared_ceiling import measure_redis
 from .targets import Comparison, compare
 from .tiers import TierOpResult, TierOptions, measure_tier, open_tier, tier_device
 
@@ -144,6 +146,8 @@ def _measure_size(
     if TierLevel.L3 in config.levels:
         cpu = torch.device("cpu")
         ceilings.extend(measure_disk(payload.chunks(), list(dsts[cpu].unbind(0)), work, opts.batch))
+    if TierLevel.SHARED in config.levels:
+        ceilings.extend(measure_redis(opts.shared_url, payload.chunks(), opts.batch, opts.warmup_rounds))
     rows: list[TierRow] = []
     for level in config.levels:
         device = tier_device(level, opts)
@@ -165,6 +169,19 @@ def _measure_size(
     return ceilings, rows
 
 
+@contextlib.contextmanager
+def shared_store(config: TiersBenchConfig, work: Path) -> Iterator[TiersBenchConfig]:
+    """The config with a shared store to measure on: the given one, or a private three-master Redis
+    Cluster on loopback ports (started in ``work``, stopped at exit) when SHARED is measured without one."""
+    if TierLevel.SHARED not in config.levels or config.options.shared_url:
+        yield config
+        return
+    maxmemory = f"{max(1 << 30, 4 * config.bytes_per_size) >> 20}mb"
+    with redis_cluster(work / "redis", maxmemory=maxmemory) as cluster:
+        logger.info("started a Redis Cluster %s (3 masters) for the shared tier", cluster.version)
+        yield replace(config, options=replace(config.options, shared_url=cluster.url))
+
+
 def run_tiers(config: TiersBenchConfig) -> TiersReport:
     """Measure the ceilings and the tiers at every chunk size; see the module docstring.
 
@@ -176,7 +193,7 @@ def run_tiers(config: TiersBenchConfig) -> TiersReport:
     start = time.perf_counter()
     ceilings: list[CeilingResult] = []
     rows: list[TierRow] = []
-    with work_directory(config.work_root) as work:
+    with work_directory(config.work_root) as work, shared_store(config, work) as config:
         machine = describe_machine(torch.device(config.options.l1_device), work)
         for chunk_bytes in config.chunk_sizes:
             logger.info(

@@ -3,7 +3,8 @@
 Targets (from the design's performance goals):
     L2 put and get >= 0.8x memcpy for chunks of 1 MiB and more;
     L3 put >= 0.7x the buffered disk write (final fsync included);
-    L3 hot get (data in the page cache) >= 0.7x memcpy; it is also shown against the disk read, untargeted.
+    L3 hot get (data in the page cache) >= 0.7x memcpy; it is also shown against the disk read, untargeted;
+    SHARED put and get >= 0.8x raw redis-py SET / GET of the same bytes on the same store.
 L1 is shown against memcpy on its own device, untargeted.
 
 Primitives:
@@ -21,9 +22,11 @@ from dataclasses import dataclass
 from tiercache.tiers.base import TierLevel
 
 from .ceilings import DISK_DEVICE, CeilingKind, CeilingResult
+from .shared_ceiling import REDIS_DEVICE
 from .tiers import Op, TierOpResult
 
 _MIB = 1 << 20
+_CEILING_DEVICES = {CeilingKind.REDIS_SET: REDIS_DEVICE, CeilingKind.REDIS_GET: REDIS_DEVICE}
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +56,8 @@ RULES: tuple[Rule, ...] = (
     Rule(TierLevel.L3, Op.PUT, CeilingKind.DISK_WRITE, 0.7),
     Rule(TierLevel.L3, Op.GET, CeilingKind.MEMCPY, 0.7),
     Rule(TierLevel.L3, Op.GET, CeilingKind.DISK_READ),
+    Rule(TierLevel.SHARED, Op.PUT, CeilingKind.REDIS_SET, 0.8),
+    Rule(TierLevel.SHARED, Op.GET, CeilingKind.REDIS_GET, 0.8),
 )
 """Every comparison the benchmark makes."""
 
@@ -99,7 +104,9 @@ def compare(result: TierOpResult, ceilings: Sequence[CeilingResult]) -> tuple[Co
     for rule in RULES:
         if rule.level is not result.level or rule.op is not result.op:
             continue
-        device = result.device if rule.kind is CeilingKind.MEMCPY else DISK_DEVICE
+        device = (
+            result.device if rule.kind is CeilingKind.MEMCPY else _CEILING_DEVICES.get(rule.kind, DISK_DEVICE)
+        )
         ceiling = _find(ceilings, rule.kind, device, result.chunk_bytes)
         ratio = result.timing.gbps / ceiling.timing.gbps
         target = rule.target if result.chunk_bytes >= rule.min_chunk_bytes else None

@@ -35,6 +35,7 @@ from tiercache.tiers.base import StorageTier, TierLevel
 from tiercache.tiers.hbm import HbmTier, HbmTierConfig
 from tiercache.tiers.host import HostTier, HostTierConfig
 from tiercache.tiers.lmdb import LmdbTier, LmdbTierConfig
+from tiercache.tiers.shared import SharedTier, SharedTierConfig
 
 from .payload import Payload, batch_ranges
 from .timing import Timing, time_calls
@@ -65,6 +66,8 @@ class TierOptions:
         batch: chunks per put/get call.
         warmup_rounds: untimed put/get/delete rounds before the timed one.
         shm_prefix: L2 shared-memory segment prefix (distinct from a daemon's).
+        shared_url: the shared tier's store (a Redis Cluster / server seed URL); set by the run.
+        shared_codec: the shared tier's payload codec.
     """
 
     l1_device: str = "cpu"
@@ -74,6 +77,8 @@ class TierOptions:
     batch: int = 8
     warmup_rounds: int = 1
     shm_prefix: str = "tiercache-bench-l2"
+    shared_url: str = ""
+    shared_codec: Codec = Codec.RAW
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,11 +165,17 @@ def _open_l3(options: TierOptions, chunk_bytes: int, num_chunks: int, directory:
     return LmdbTier(config)
 
 
+def _open_shared(options: TierOptions, chunk_bytes: int, num_chunks: int, directory: Path) -> StorageTier:
+    prefix = f"tiercache-bench-{directory.name}:"
+    return SharedTier(SharedTierConfig(url=options.shared_url, codec=options.shared_codec, key_prefix=prefix))
+
+
 _TierFactory = Callable[[TierOptions, int, int, Path], StorageTier]
 _FACTORIES: Mapping[TierLevel, _TierFactory] = {
     TierLevel.L1: _open_l1,
     TierLevel.L2: _open_l2,
     TierLevel.L3: _open_l3,
+    TierLevel.SHARED: _open_shared,
 }
 
 

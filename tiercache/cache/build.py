@@ -22,6 +22,7 @@ from tiercache.tiers.base import StorageTier
 from tiercache.tiers.hbm import HbmTier, HbmTierConfig
 from tiercache.tiers.host import HostTier, HostTierConfig
 from tiercache.tiers.lmdb import LmdbTier, LmdbTierConfig
+from tiercache.tiers.shared import SharedTier, SharedTierConfig
 
 logger = logging.getLogger(__name__)
 
@@ -35,12 +36,14 @@ class CacheBuildConfig:
         l1: the L1 device pool, or None for none.
         l2: the L2 shared-memory slab, or None for none.
         l3: the L3 LMDB store (its directory is created), or None for none.
+        shared: the shared tier (a Redis Cluster or server every daemon reads and writes), or None.
     """
 
     cache: CacheConfig = field(default_factory=CacheConfig)
     l1: HbmTierConfig | None = None
     l2: HostTierConfig | None = None
     l3: LmdbTierConfig | None = None
+    shared: SharedTierConfig | None = None
 
 
 def _open_l3(config: LmdbTierConfig) -> LmdbTier:
@@ -68,6 +71,8 @@ def build_cache(config: CacheBuildConfig, clock: Callable[[], float] = time.mono
         steps.append(partial(HostTier, l2))
     if l3 is not None:
         steps.append(partial(_open_l3, l3))
+    if config.shared is not None:
+        steps.append(partial(SharedTier, config.shared))
     if not steps:
         raise InvalidArgumentError("tiers", "at least one tier is needed")
     built: list[StorageTier] = []

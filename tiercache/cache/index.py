@@ -155,6 +155,7 @@ class Index:
             demotions=c.demotions,
             corrupt_reads=usage.corrupt_reads,
             dropped_chunks=c.dropped_chunks,
+            errors=usage.errors,
         )
 
     # ------------------------------------------------------------------ lookups
@@ -231,9 +232,17 @@ class Index:
     # ------------------------------------------------------------------ changes
 
     def add_residency(
-        self, cid: bytes, entry: ChunkEntry, level: TierLevel, now: float, tick: int | None = None
+        self,
+        cid: bytes,
+        entry: ChunkEntry,
+        level: TierLevel,
+        now: float,
+        tick: int | None = None,
+        source: TierLevel | None = None,
     ) -> ChunkEntry:
         """Record that ``level`` now holds a chunk; returns the entry filed under ``cid``.
+
+        ``source``: the tier the copy was made from (announced in the event), None for a store.
 
         When another entry is filed under ``cid`` already (the chunk was stored anew while a copy of it ran),
         the copy joins that entry.
@@ -241,7 +250,7 @@ class Index:
         entry = self._entries.setdefault(cid, entry)
         entry.res[level] = Residency(self.tick if tick is None else tick, now)
         self._space.refresh(cid, entry)
-        self._emit(ChunkEvent(EventKind.STORED, level, entry.namespace_id, entry.key))
+        self._emit(ChunkEvent(EventKind.STORED, level, entry.namespace_id, entry.key, source=source))
         return entry
 
     def touch(self, cid: bytes, entry: ChunkEntry, level: TierLevel) -> None:

@@ -46,6 +46,7 @@ import torch
 from tiercache.cache import checks
 from tiercache.cache.claims import PrefillClaims
 from tiercache.cache.config import CacheConfig
+from tiercache.cache.discovery import Discovery
 from tiercache.cache.index import Index
 from tiercache.cache.leases import LeaseTable
 from tiercache.cache.listeners import Listeners
@@ -87,7 +88,7 @@ class CacheManager:
     ) -> None:
         """Take ownership of the tiers and rebuild the index from the persistent ones (warm restart).
 
-        ``tiers``: one to three, of distinct levels, in any order; ``config``: policies and timing (defaults
+        ``tiers``: one to four, of distinct levels, in any order; ``config``: policies and timing (defaults
         when None); ``clock``: monotonic seconds that leases, tickets and minimum residency are measured
         with. Raises InvalidArgumentError for no tiers, or two tiers of one level.
         """
@@ -118,6 +119,7 @@ class CacheManager:
         self._loads = Loads(parts, rates)
         self._claims = PrefillClaims(lock, index, prefill)
         self._prefetcher = Prefetcher(cfg.prefetch_workers, cfg.prefetch_inflight_bytes, mover.move)
+        self._discovery = Discovery(lock, by_level, index, mover, clock)
         index.rebuild(by_level)
 
     # ------------------------------------------------------------------ registration and lookup
@@ -149,7 +151,7 @@ class CacheManager:
         ``count``: count the hit in the token-weighted lookup statistics (an engine's request; internal and
         diagnostic lookups leave the counters alone).
         """
-        cids = self._namespaces.chunk_ids(namespace_id, keys)
+        cids = self._chain(namespace_id, keys)
         chunk_tokens = self.namespace(namespace_id).layout.chunk_tokens if count else 0
         with self._lock:
             return self._index.lookup(cids, chunk_tokens)
@@ -240,7 +242,7 @@ class CacheManager:
         InvalidArgumentError for a bad TTL (above ``max_ttl_s``: refused, not clamped) or wait, or a
         ``level`` that is not a slot tier.
         """
-        cids = self._namespaces.chunk_ids(namespace_id, keys)
+        cids = self._chain(namespace_id, keys)
         target = checks.slot_level(self._tiers, level)
         ttl = self._ttl(ttl_s)
         deadline = None
@@ -261,7 +263,7 @@ class CacheManager:
         Promotions of one chunk coalesce with any other in flight (one read), and the bytes in flight are
         bounded by ``prefetch_inflight_bytes``. Raises InvalidArgumentError if ``level`` is not a slot tier.
         """
-        cids = self._namespaces.chunk_ids(namespace_id, keys)
+        cids = self._chain(namespace_id, keys)
         target = checks.slot_level(self._tiers, level)
         with self._lock:
             self._check_open()
@@ -281,7 +283,7 @@ class CacheManager:
         out of ``level`` into the engine, from the tiers' measured rates. Raises InvalidArgumentError if
         ``level`` is not a slot tier.
         """
-        cids = self._namespaces.chunk_ids(namespace_id, keys)
+        cids = self._chain(namespace_id, keys)
         target = checks.slot_level(self._tiers, level)
         return self._loads.plan(cids, target, self.namespace(namespace_id).layout, prefill)
 
@@ -315,7 +317,7 @@ class CacheManager:
         Reads come from the fastest tier holding each chunk; a chunk only in a slower tier is read once for
         all concurrent callers.
         """
-        cids = self._namespaces.chunk_ids(namespace_id, keys)
+        cids = self._chain(namespace_id, keys)
         return [self._loads.read(cid, self._check_open) for cid in cids]
 
     # ------------------------------------------------------------------ explicit movement and pinning
@@ -443,6 +445,12 @@ class CacheManager:
     def _check_open(self) -> None:
         if self._closed:
             raise ConflictError("the cache manager is closed")
+
+    def _chain(self, namespace_id: bytes, keys: Sequence[bytes]) -> list[bytes]:
+        """The storage ids of a chain, after indexing what only the shared tier holds of it (if any)."""
+        cids = self._namespaces.chunk_ids(namespace_id, keys)
+        self._discovery.extend(namespace_id, cids, self.namespace(namespace_id).layout.chunk_bytes)
+        return cids
 
     def _ttl(self, ttl_s: float | None) -> float:
         """The lifetime of a lease, ticket or claim: every requested TTL is resolved and capped here."""

@@ -349,7 +349,7 @@ class Mover:
                 if entry.purged:  # purged while the copy ran: the new copy must not appear
                     self._tiers[dst].delete([cid])
                     return MoveOutcome.ABSENT
-                self._index.add_residency(cid, entry, dst, self._clock())
+                self._index.add_residency(cid, entry, dst, self._clock(), source=src)
                 counters = self._index.counters
                 if dst < src:
                     counters[dst].promotions += 1

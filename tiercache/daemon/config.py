@@ -30,6 +30,7 @@ from tiercache.policies import EvictionPolicyKind, WritePolicyKind
 from tiercache.tiers.hbm import HbmTierConfig
 from tiercache.tiers.host import HostTierConfig
 from tiercache.tiers.lmdb import LmdbTierConfig
+from tiercache.tiers.shared import SharedTierConfig
 from tiercache.tiers.values import HEADER_BYTES
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
@@ -291,6 +292,9 @@ class Options:
     stream_chunk_bytes: int
     torch_threads: int
     log_level: str
+    shared_url: str = ""
+    shared_codec: Codec = Codec.RAW
+    shared_timeout_s: float = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,11 +342,13 @@ class MetricsConfig:
 
 @dataclass(frozen=True, slots=True)
 class TierConfigs:
-    """The tiers to build: L1 when ``l1`` is set, L2 always, L3 when ``l3`` is set."""
+    """The tiers to build: L1 when ``l1`` is set, L2 always, L3 when ``l3`` is set, the shared tier when
+    ``shared`` is set."""
 
     l1: HbmTierConfig | None
     l2: HostTierConfig
     l3: LmdbTierConfig | None
+    shared: SharedTierConfig | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -425,6 +431,7 @@ class DaemonConfig:
                     capacity_bytes=opts.l2_bytes, slot_bytes=opts.slot_bytes, segment_prefix=opts.l2_prefix
                 ),
                 l3=_l3_config(opts),
+                shared=_shared_config(opts),
             ),
             cache=cache,
             stream=StreamConfig(opts.max_message_bytes, opts.stream_chunk_bytes),
@@ -470,3 +477,18 @@ def _l3_config(opts: Options) -> LmdbTierConfig | None:
         )
     except InvalidArgumentError as exc:
         raise reraise_as_option(exc, fields.get(exc.field, "l3_" + exc.field)) from None
+
+
+def _shared_config(opts: Options) -> SharedTierConfig | None:
+    if not opts.shared_url:
+        return None
+    fields = {"url": "shared_url", "codec": "shared_codec", "op_timeout_s": "shared_timeout_s"}
+    try:
+        return SharedTierConfig(
+            url=opts.shared_url,
+            codec=opts.shared_codec,
+            op_timeout_s=opts.shared_timeout_s,
+            connect_timeout_s=opts.shared_timeout_s,
+        )
+    except InvalidArgumentError as exc:
+        raise reraise_as_option(exc, fields.get(exc.field, "shared_" + exc.field)) from None

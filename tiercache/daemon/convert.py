@@ -166,4 +166,5 @@ def event_to_proto(event: HubEvent) -> pb.CacheEvent:
         key=event.key,
         evicted=event.evicted,
         epoch=event.epoch,
+        source=tier_to_proto(event.source),
     )

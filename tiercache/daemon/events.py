@@ -68,6 +68,7 @@ class HubEvent:
         key: the chunk key, empty for CLEARED.
         evicted: for REMOVED, whether it was evicted for room.
         epoch: the hub's epoch (one per daemon process).
+        source: for STORED, the tier the copy came from (SHARED: it arrived through the shared tier).
     """
 
     sequence: int
@@ -77,6 +78,7 @@ class HubEvent:
     key: bytes
     evicted: bool
     epoch: int = 0
+    source: TierLevel | None = None
 
 
 def new_epoch() -> int:
@@ -214,6 +216,7 @@ class EventHub:
                 event.namespace_id,
                 event.key,
                 event.evicted,
+                event.source,
             )
         except RuntimeError:  # the loop is closed: the daemon is gone
             logger.debug("event after the event loop closed: %s", event)
@@ -225,12 +228,15 @@ class EventHub:
         handle: bytes,
         key: bytes = b"",
         evicted: bool = False,
+        source: TierLevel | None = None,
     ) -> HubEvent | None:
         """Number an event, retain it and queue it for every subscriber that accepts it (None once closed)."""
         if self._closed:
             return None
         self._sequence += 1
-        event = HubEvent(self._sequence, kind, level, bytes(handle), bytes(key), evicted, self.epoch)
+        event = HubEvent(
+            self._sequence, kind, level, bytes(handle), bytes(key), evicted, epoch=self.epoch, source=source
+        )
         self._retained.append(event)
         for sub in list(self._subscribers):
             sub._offer(event)

@@ -314,6 +314,28 @@ OPTIONS: tuple[Option, ...] = (
         "INT",
     ),
     Option("log_level", parse_log_level, *_fixed("INFO"), "DEBUG, INFO, WARNING, ERROR or CRITICAL", "LEVEL"),
+    Option(
+        "shared_url",
+        parse_str,
+        *_fixed("", '"" (off)'),
+        "the shared tier: a redis:// or rediss:// URL of one Redis Cluster / Valkey node or plain server "
+        '(comma-separated seeds also work; cluster or server is detected; "" for no shared tier)',
+        "URL",
+    ),
+    Option(
+        "shared_codec",
+        parse_choice(Codec),
+        *_fixed(Codec.RAW, "raw"),
+        "shared-tier payload codec: raw or zstd",
+        "CODEC",
+    ),
+    Option(
+        "shared_timeout_s",
+        parse_float,
+        *_fixed(0.5, "0.5"),
+        "socket timeout of one shared-tier call, seconds: a slower store is turned off with backoff",
+        "FLOAT",
+    ),
 )
 _BY_NAME = {opt.name: opt for opt in OPTIONS}
 

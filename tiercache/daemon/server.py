@@ -65,7 +65,9 @@ def build_daemon_cache(tiers: TierConfigs, cache: CacheConfig) -> tuple[CacheMan
     Raises:
         InvalidArgumentError, OSError: a tier could not be built (those built are closed again).
     """
-    manager = build_cache(CacheBuildConfig(cache=cache, l1=tiers.l1, l2=tiers.l2, l3=tiers.l3))
+    manager = build_cache(
+        CacheBuildConfig(cache=cache, l1=tiers.l1, l2=tiers.l2, l3=tiers.l3, shared=tiers.shared)
+    )
     host = manager.tier(TierLevel.L2)
     assert isinstance(host, HostTier)
     return manager, host

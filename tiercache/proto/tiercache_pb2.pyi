@@ -23,6 +23,7 @@ class Tier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TIER_L1: _ClassVar[Tier]
     TIER_L2: _ClassVar[Tier]
     TIER_L3: _ClassVar[Tier]
+    TIER_SHARED: _ClassVar[Tier]
 
 class Codec(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -46,6 +47,7 @@ TIER_UNSPECIFIED: Tier
 TIER_L1: Tier
 TIER_L2: Tier
 TIER_L3: Tier
+TIER_SHARED: Tier
 CODEC_RAW: Codec
 CODEC_ZSTD: Codec
 LOAD_POLICY_WAIT_COMPLETE: LoadPolicy
@@ -358,7 +360,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TierStats(_message.Message):
-    __slots__ = ("tier", "chunks", "used_bytes", "capacity_bytes", "hits", "misses", "evictions", "promotions", "demotions", "corrupt_reads", "lookup_hit_tokens", "load_success_tokens", "effective_hit_tokens", "latency_s", "bytes_per_s", "dropped_chunks")
+    __slots__ = ("tier", "chunks", "used_bytes", "capacity_bytes", "hits", "misses", "evictions", "promotions", "demotions", "corrupt_reads", "lookup_hit_tokens", "load_success_tokens", "effective_hit_tokens", "latency_s", "bytes_per_s", "dropped_chunks", "errors")
     TIER_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     USED_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -375,6 +377,7 @@ class TierStats(_message.Message):
     LATENCY_S_FIELD_NUMBER: _ClassVar[int]
     BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
     DROPPED_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
     tier: Tier
     chunks: int
     used_bytes: int
@@ -391,7 +394,8 @@ class TierStats(_message.Message):
     latency_s: float
     bytes_per_s: float
     dropped_chunks: int
-    def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., chunks: _Optional[int] = ..., used_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., promotions: _Optional[int] = ..., demotions: _Optional[int] = ..., corrupt_reads: _Optional[int] = ..., lookup_hit_tokens: _Optional[int] = ..., load_success_tokens: _Optional[int] = ..., effective_hit_tokens: _Optional[int] = ..., latency_s: _Optional[float] = ..., bytes_per_s: _Optional[float] = ..., dropped_chunks: _Optional[int] = ...) -> None: ...
+    errors: int
+    def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., chunks: _Optional[int] = ..., used_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., promotions: _Optional[int] = ..., demotions: _Optional[int] = ..., corrupt_reads: _Optional[int] = ..., lookup_hit_tokens: _Optional[int] = ..., load_success_tokens: _Optional[int] = ..., effective_hit_tokens: _Optional[int] = ..., latency_s: _Optional[float] = ..., bytes_per_s: _Optional[float] = ..., dropped_chunks: _Optional[int] = ..., errors: _Optional[int] = ...) -> None: ...
 
 class PrefillStats(_message.Message):
     __slots__ = ("active_claims", "claimed_chunks", "waits", "takeovers", "expired_claims")
@@ -508,7 +512,7 @@ class WatchEventsRequest(_message.Message):
     def __init__(self, after_sequence: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class CacheEvent(_message.Message):
-    __slots__ = ("sequence", "kind", "tier", "handle", "key", "evicted", "epoch")
+    __slots__ = ("sequence", "kind", "tier", "handle", "key", "evicted", "epoch", "source")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[CacheEvent.Kind]
@@ -528,6 +532,7 @@ class CacheEvent(_message.Message):
     KEY_FIELD_NUMBER: _ClassVar[int]
     EVICTED_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     kind: CacheEvent.Kind
     tier: Tier
@@ -535,7 +540,8 @@ class CacheEvent(_message.Message):
     key: bytes
     evicted: bool
     epoch: int
-    def __init__(self, sequence: _Optional[int] = ..., kind: _Optional[_Union[CacheEvent.Kind, str]] = ..., tier: _Optional[_Union[Tier, str]] = ..., handle: _Optional[bytes] = ..., key: _Optional[bytes] = ..., evicted: _Optional[bool] = ..., epoch: _Optional[int] = ...) -> None: ...
+    source: Tier
+    def __init__(self, sequence: _Optional[int] = ..., kind: _Optional[_Union[CacheEvent.Kind, str]] = ..., tier: _Optional[_Union[Tier, str]] = ..., handle: _Optional[bytes] = ..., key: _Optional[bytes] = ..., evicted: _Optional[bool] = ..., epoch: _Optional[int] = ..., source: _Optional[_Union[Tier, str]] = ...) -> None: ...
 
 class StreamStoreMessage(_message.Message):
     __slots__ = ("handle", "start_depth", "key", "index", "offset", "data", "codec", "last", "chunk_bytes")

@@ -12,7 +12,8 @@ All methods are thread-safe. They may block (LMDB I/O, large copies): a caller o
 in an executor.
 
 Primitives:
-    TierLevel: L1 (device HBM), L2 (shared host memory), L3 (LMDB on SSD); lower is faster.
+    TierLevel: L1 (device HBM), L2 (shared host memory), L3 (LMDB on SSD), SHARED (a Redis / Valkey
+        cluster every daemon reads and writes); lower is faster.
     WriteSlot: a reserved, writable buffer for one chunk.
     TierUsage: a snapshot of a tier's space and error counters.
     StorageTier: the protocol (reserve, commit, abort, read_into, contains, delete, entries, usage, close).
@@ -49,6 +50,7 @@ class TierLevel(enum.IntEnum):
     L1 = 1
     L2 = 2
     L3 = 3
+    SHARED = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +83,7 @@ class TierUsage:
         reserved_bytes: bytes held by reservations not yet committed or aborted.
         capacity_bytes: the bound on ``used_bytes + reserved_bytes``.
         corrupt_reads: reads that found a torn or corrupt value (reported as misses, value deleted).
+        errors: calls to a remote store that failed (unreachable, too slow, refused); 0 for local tiers.
     """
 
     level: TierLevel
@@ -89,6 +92,7 @@ class TierUsage:
     reserved_bytes: int
     capacity_bytes: int
     corrupt_reads: int = 0
+    errors: int = 0
 
     @property
     def free_bytes(self) -> int:

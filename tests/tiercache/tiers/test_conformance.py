@@ -1,7 +1,9 @@
-"""One conformance suite for the tier protocol, run against L1 (CPU device), L2 (shared memory) and L3 (LMDB)."""
+"""One conformance suite for the tier protocol, run against L1 (CPU device), L2 (shared memory), L3 (LMDB)
+and the shared tier (a real Redis Cluster started by ``conftest.shared_url``)."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,25 +18,39 @@ from tiercache.tiers.base import SlotTier, StorageTier, TierLevel
 from tiercache.tiers.hbm import HbmTier, HbmTierConfig
 from tiercache.tiers.host import HostTier, HostTierConfig
 from tiercache.tiers.lmdb import LmdbTier, LmdbTierConfig
+from tiercache.tiers.shared import SharedTier, SharedTierConfig
 from tiercache.tiers.values import HEADER_BYTES
 
 SLOT = 4096
 CHUNKS = 8
 
 
-def make_tier(kind: str, tmp: Path) -> StorageTier:
+def make_tier(kind: str, tmp: Path, shared_url: str = "") -> StorageTier:
     if kind == "L1":
         return HbmTier(HbmTierConfig(capacity_bytes=CHUNKS * SLOT, slot_bytes=SLOT, device="cpu"))
     if kind == "L2":
         return HostTier(
             HostTierConfig(capacity_bytes=CHUNKS * SLOT, slot_bytes=SLOT, segment_prefix="tiercache-conf")
         )
+    if kind == "SHARED":  # a key prefix of its own: every tier starts empty on the one cluster
+        return SharedTier(
+            SharedTierConfig(
+                url=shared_url,
+                capacity_bytes=CHUNKS * (SLOT + HEADER_BYTES),
+                key_prefix=f"conf-{uuid.uuid4().hex}:",
+            )
+        )
     return LmdbTier(LmdbTierConfig(path=str(tmp / "l3"), capacity_bytes=CHUNKS * (SLOT + HEADER_BYTES)))
 
 
-@pytest.fixture(params=["L1", "L2", "L3"])
+def _shared_url(kind: str, request: pytest.FixtureRequest) -> str:
+    """The cluster's seed URL for the shared tier (the cluster starts only when a SHARED case runs)."""
+    return str(request.getfixturevalue("shared_url")) if kind == "SHARED" else ""
+
+
+@pytest.fixture(params=["L1", "L2", "L3", "SHARED"])
 def tier(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StorageTier]:
-    t = make_tier(request.param, tmp_path)
+    t = make_tier(request.param, tmp_path, _shared_url(request.param, request))
     yield t
     t.close()
 
@@ -141,24 +157,28 @@ def test_short_chunks_keep_their_length(tier: StorageTier) -> None:
     assert got is not None and torch.equal(got, data(5, 1000))
 
 
-def test_level_and_slot_views(tier: StorageTier) -> None:
-    assert tier.level in (TierLevel.L1, TierLevel.L2, TierLevel.L3)
+def test_level_and_slot_views(tier: StorageTier, request: pytest.FixtureRequest) -> None:
+    assert tier.level in (TierLevel.L1, TierLevel.L2, TierLevel.L3, TierLevel.SHARED)
+    assert tier.level == TierLevel[request.node.callspec.params["tier"]]
     write(tier, [7])
     if isinstance(tier, SlotTier):
         view = tier.view(cid(7))
         assert view is not None and torch.equal(view, data(7))
         assert tier.slot_of(cid(7)) is not None and tier.view(cid(8)) is None
     else:
-        assert tier.level == TierLevel.L3
+        assert tier.level in (TierLevel.L3, TierLevel.SHARED)
 
 
-@pytest.mark.parametrize("kind", ["L1", "L2", "L3"])
+@pytest.mark.parametrize("kind", ["L1", "L2", "L3", "SHARED"])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(st.tuples(st.sampled_from(["put", "del", "read"]), st.integers(0, 11)), max_size=40))
 def test_capacity_is_never_exceeded(
-    kind: str, tmp_path_factory: pytest.TempPathFactory, ops: list[tuple[str, int]]
+    kind: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
+    ops: list[tuple[str, int]],
 ) -> None:
-    tier = make_tier(kind, tmp_path_factory.mktemp("cap"))
+    tier = make_tier(kind, tmp_path_factory.mktemp("cap"), _shared_url(kind, request))
     present: set[int] = set()
     try:
         for op, i in ops:

@@ -68,8 +68,8 @@ def test_the_pairings_are_the_ones_the_messages_use() -> None:
 @pytest.mark.parametrize(
     ("pair", "value", "message"),
     [
-        (TIERS, pb.TIER_UNSPECIFIED, "0 is not a tier; valid: TIER_L1, TIER_L2, TIER_L3"),
-        (TIERS, 7, "7 is not a tier; valid: TIER_L1, TIER_L2, TIER_L3"),
+        (TIERS, pb.TIER_UNSPECIFIED, "0 is not a tier; valid: TIER_L1, TIER_L2, TIER_L3, TIER_SHARED"),
+        (TIERS, 7, "7 is not a tier; valid: TIER_L1, TIER_L2, TIER_L3, TIER_SHARED"),
         (CODECS, 9, "9 is not a codec; valid: CODEC_RAW, CODEC_ZSTD"),
         (
             DTYPES,
@@ -112,13 +112,15 @@ class _Shuffled(enum.Enum):
     L3 = 1
     L1 = 2
     L2 = 3
+    SHARED = 0
 
 
 class _ExtraMember(enum.Enum):
     L1 = 1
     L2 = 2
     L3 = 3
-    L4 = 4
+    SHARED = 4
+    L4 = 5
 
 
 class _MissingMember(enum.Enum):
@@ -136,7 +138,7 @@ def test_pairing_goes_by_name_not_by_number() -> None:
 def test_a_member_or_wire_value_on_one_side_only_fails_loudly() -> None:
     with pytest.raises(SchemaError, match=r"_ExtraMember\.L4 has no tiercache\.v1\.Tier TIER_L4"):
         pair_enum(_ExtraMember, pb.Tier.DESCRIPTOR)
-    with pytest.raises(SchemaError, match=r"\['TIER_L3'\] have no _MissingMember member"):
+    with pytest.raises(SchemaError, match=r"\['TIER_L3', 'TIER_SHARED'\] have no _MissingMember member"):
         pair_enum(_MissingMember, pb.Tier.DESCRIPTOR)
     with pytest.raises(SchemaError, match=r"TierLevel\.L1 has no tiercache\.v1\.Codec CODEC_L1"):
         pair_enum(TierLevel, pb.Codec.DESCRIPTOR)

@@ -1,0 +1,210 @@
+"""The shared tier inside the cache core: two caches (two hosts' daemons, in one process) on one real
+Redis Cluster. What one stores the other finds, loads bit-exactly and reports as a shared-tier load;
+contiguity, write policies, chunks the cluster loses, corrupt values, tenants and a single server."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import redis
+import torch
+
+from tiercache.bench.redis_cluster import RedisDeployment
+from tiercache.cache import CacheManager
+from tiercache.codec import Codec
+from tiercache.keys import Namespace, chunk_id, chunk_keys
+from tiercache.policies import WritePolicyKind
+from tiercache.stats import ChunkEvent, EventKind
+from tiercache.tiers.base import TierLevel
+from tiercache.tiers.shared import store_key
+
+Payload = Callable[[int, int], torch.Tensor]
+
+
+def store_prompt(
+    cache: CacheManager, ns: Namespace, tokens: list[int], random_kv: Payload
+) -> list[torch.Tensor]:
+    ns_id = cache.register_namespace(ns)
+    keys = chunk_keys(ns, tokens)
+    payloads = [random_kv(ns.layout.chunk_bytes, seed) for seed in range(len(keys))]
+    assert cache.put(ns_id, keys, payloads) == len(keys)
+    cache.flush(30)  # the write-through copies reach the cluster on the write-back worker
+    return payloads
+
+
+def client(deployment: RedisDeployment) -> redis.Redis | redis.RedisCluster:
+    if deployment.cluster:
+        return redis.RedisCluster(host="127.0.0.1", port=deployment.nodes[0].port)
+    return redis.Redis(host="127.0.0.1", port=deployment.nodes[0].port)
+
+
+def test_a_chunk_stored_by_one_cache_is_a_shared_hit_of_another(
+    cluster: RedisDeployment,
+    make_cache: Callable[..., CacheManager],
+    namespace: Namespace,
+    random_kv: Payload,
+) -> None:
+    nbytes = namespace.layout.chunk_bytes
+    host1 = make_cache(cluster.url, nbytes, name="h1")
+    host2 = make_cache(cluster.url, nbytes, name="h2")
+    tokens = list(range(4 * namespace.layout.chunk_tokens))
+    payloads = store_prompt(host1, namespace, tokens, random_kv)
+    assert host1.stats().tier(TierLevel.SHARED).chunks == 4
+
+    events: list[ChunkEvent] = []
+    host2.subscribe(events.append)
+    ns_id = host2.register_namespace(namespace)
+    keys = chunk_keys(namespace, tokens)
+    found = host2.lookup(ns_id, keys, count=True)
+    assert found.chunks == 4 and found.by_tier[TierLevel.SHARED] == 4 and found.by_tier[TierLevel.L2] == 0
+    found_there = (EventKind.STORED, TierLevel.SHARED, None)  # another daemon stored it: no local source
+    assert [(e.kind, e.level, e.source) for e in events] == [found_there] * 4
+
+    ticket = host2.acquire(ns_id, keys)
+    try:
+        assert [c.source for c in ticket.chunks] == [TierLevel.SHARED] * 4
+        for chunk, payload in zip(ticket.chunks, payloads, strict=True):
+            assert torch.equal(chunk.view, payload)
+    finally:
+        host2.release(ticket.lease_id)
+    arrived = [(e.level, e.source) for e in events[4:] if e.kind is EventKind.STORED]
+    assert arrived == [(TierLevel.L2, TierLevel.SHARED)] * 4  # the events say they came through SHARED
+    stats = host2.stats()
+    shared, l2 = stats.tier(TierLevel.SHARED), stats.tier(TierLevel.L2)
+    assert shared.hits == 4 and l2.promotions == 4 and shared.lookup_hit_tokens == 4 * 16
+    assert shared.load_success_tokens == 4 * 16 and shared.errors == 0
+    assert host2.lookup(ns_id, keys).by_tier[TierLevel.L2] == 4  # promoted into L2 like an L3 hit
+
+
+def test_a_gap_in_the_cluster_ends_the_prefix(
+    cluster: RedisDeployment,
+    make_cache: Callable[..., CacheManager],
+    namespace: Namespace,
+    random_kv: Payload,
+    key_prefix: str,
+) -> None:
+    nbytes = namespace.layout.chunk_bytes
+    host1 = make_cache(cluster.url, nbytes, name="h1")
+    host2 = make_cache(cluster.url, nbytes, name="h2")
+    tokens = list(range(4 * namespace.layout.chunk_tokens))
+    store_prompt(host1, namespace, tokens, random_kv)
+    ns_id = host2.register_namespace(namespace)
+    keys = chunk_keys(namespace, tokens)
+    rc = client(cluster)
+    try:
+        assert rc.delete(store_key(key_prefix, chunk_id(ns_id, keys[1]))) == 1  # as the cluster's LRU would
+    finally:
+        rc.close()
+    assert host2.lookup(ns_id, keys).chunks == 1
+    ticket = host2.acquire(ns_id, keys)
+    assert len(ticket.chunks) == 1
+    host2.release(ticket.lease_id)
+
+
+def test_a_chunk_the_cluster_evicted_after_the_lookup_is_a_miss(
+    cluster: RedisDeployment,
+    make_cache: Callable[..., CacheManager],
+    namespace: Namespace,
+    random_kv: Payload,
+    key_prefix: str,
+) -> None:
+    nbytes = namespace.layout.chunk_bytes
+    host1 = make_cache(cluster.url, nbytes, name="h1")
+    host2 = make_cache(cluster.url, nbytes, name="h2")
+    tokens = list(range(3 * namespace.layout.chunk_tokens))
+    store_prompt(host1, namespace, tokens, random_kv)
+    ns_id = host2.register_namespace(namespace)
+    keys = chunk_keys(namespace, tokens)
+    assert host2.lookup(ns_id, keys).chunks == 3
+    rc = client(cluster)
+    try:
+        rc.delete(store_key(key_prefix, chunk_id(ns_id, keys[2])))
+    finally:
+        rc.close()
+    ticket = host2.acquire(ns_id, keys)
+    assert len(ticket.chunks) == 2  # the vanished chunk is a miss, never a torn copy
+    host2.release(ticket.lease_id)
+    assert host2.lookup(ns_id, keys).chunks == 2  # and the index forgot it
+    assert host2.stats().tier(TierLevel.SHARED).misses == 1
+
+
+def test_a_corrupt_value_is_a_counted_miss_and_is_deleted(
+    cluster: RedisDeployment,
+    make_cache: Callable[..., CacheManager],
+    namespace: Namespace,
+    random_kv: Payload,
+    key_prefix: str,
+) -> None:
+    nbytes = namespace.layout.chunk_bytes
+    host1 = make_cache(cluster.url, nbytes, name="h1")
+    host2 = make_cache(cluster.url, nbytes, name="h2")
+    tokens = list(range(2 * namespace.layout.chunk_tokens))
+    payloads = store_prompt(host1, namespace, tokens, random_kv)
+    ns_id = host2.register_namespace(namespace)
+    keys = chunk_keys(namespace, tokens)
+    key = store_key(key_prefix, chunk_id(ns_id, keys[1]))
+    rc = client(cluster)
+    try:
+        value = bytearray(rc.get(key))  # type: ignore[arg-type]
+        value[-1] ^= 0xFF  # one flipped payload bit: the checksum no longer matches
+        rc.set(key, bytes(value))
+        got = host2.get(ns_id, keys)
+        assert got[0] is not None and torch.equal(got[0], payloads[0])
+        assert got[1] is None
+        assert host2.stats().tier(TierLevel.SHARED).corrupt_reads == 1
+        assert rc.exists(key) == 0
+    finally:
+        rc.close()
+
+
+def test_tenants_never_see_each_others_shared_chunks(
+    cluster: RedisDeployment,
+    make_cache: Callable[..., CacheManager],
+    namespace: Namespace,
+    random_kv: Payload,
+) -> None:
+    nbytes = namespace.layout.chunk_bytes
+    host1 = make_cache(cluster.url, nbytes, name="h1")
+    host2 = make_cache(cluster.url, nbytes, name="h2")
+    tokens = list(range(2 * namespace.layout.chunk_tokens))
+    ns_a = host1.register_namespace(namespace, tenant="alice")
+    keys = chunk_keys(namespace, tokens)
+    host1.put(ns_a, keys, [random_kv(nbytes, s) for s in range(2)])
+    host1.flush(30)
+    assert host2.lookup(host2.register_namespace(namespace, tenant="alice"), keys).chunks == 2
+    ns_b = host2.register_namespace(namespace, tenant="bob")
+    assert host2.lookup(ns_b, keys).chunks == 0
+    assert host2.get(ns_b, keys) == [None, None]
+
+
+def test_on_evict_writes_to_the_cluster_only_when_l3_evicts(
+    cluster: RedisDeployment,
+    make_cache: Callable[..., CacheManager],
+    namespace: Namespace,
+    random_kv: Payload,
+) -> None:
+    nbytes = namespace.layout.chunk_bytes
+    host1 = make_cache(cluster.url, nbytes, name="h1", write_policy=WritePolicyKind.ON_EVICT)
+    host2 = make_cache(cluster.url, nbytes, name="h2")
+    ns1, ns2 = host1.register_namespace(namespace), host2.register_namespace(namespace)
+    first = chunk_keys(namespace, list(range(namespace.layout.chunk_tokens)))
+    host1.put(ns1, first, [random_kv(nbytes, 0)])
+    host1.flush(30)
+    assert host2.lookup(ns2, first).chunks == 0  # on-evict: nothing written down yet
+    assert host1.demote(ns1, first, TierLevel.SHARED) == 1  # an explicit demotion goes through the cluster
+    assert host2.lookup(ns2, first).by_tier[TierLevel.SHARED] == 1
+
+
+def test_the_tier_works_on_a_single_server(
+    single: RedisDeployment, make_cache: Callable[..., CacheManager], namespace: Namespace, random_kv: Payload
+) -> None:
+    nbytes = namespace.layout.chunk_bytes
+    host1 = make_cache(single.url, nbytes, name="h1")
+    host2 = make_cache(single.url, nbytes, name="h2", codec=Codec.ZSTD)
+    tokens = list(range(2 * namespace.layout.chunk_tokens))
+    payloads = store_prompt(host1, namespace, tokens, random_kv)
+    ns_id = host2.register_namespace(namespace)
+    got = host2.get(ns_id, chunk_keys(namespace, tokens))
+    assert all(g is not None and torch.equal(g, p) for g, p in zip(got, payloads, strict=True))
+    assert host2.tier(TierLevel.SHARED).store_kind == "server"  # type: ignore[attr-defined]
+    assert host1.tier(TierLevel.SHARED).store_kind == "server"  # type: ignore[attr-defined]

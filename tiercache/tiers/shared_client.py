@@ -1,0 +1,190 @@
+"""The shared tier's connection to Redis / Valkey: one seed URL, cluster or single server detected.
+
+The store is reached with redis-py (``redis.cluster.RedisCluster`` for a cluster, ``redis.Redis`` for a
+plain server); no protocol is written here. The first seed that answers decides what the store is: a node
+whose ``INFO cluster`` says ``cluster_enabled:1`` is a cluster node, and the cluster client starts from
+every seed given (it discovers the rest of the nodes and the slot map itself). Passwords and TLS come from
+the URL as redis-py reads them (``rediss://``, ``?ssl_ca_certs=...``).
+
+Every batch is one pipeline (no transaction: a cluster pipeline splits it by node), bounded by the socket
+timeout. Failures are raised as two errors of this module only, so that the tier needs to know nothing of
+redis-py: :class:`StoreUnavailable` (connection refused or lost, timeout, cluster down or reconfiguring)
+and :class:`StoreRefused` (the store answered with an error, e.g. out of memory under ``noeviction``).
+
+Connecting is lazy and retried: a store that is down when the daemon starts is connected to once it is up.
+
+Primitives:
+    StoreUnavailable, StoreRefused: what a call can fail with.
+    SharedStore: get_many, set_many, exists_many, delete_many, kind, close.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import redis
+from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
+from redis.retry import Retry
+
+from tiercache.errors import UnavailableError
+from tiercache.tiers.shared_config import SharedTierConfig
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class StoreUnavailable(UnavailableError):
+    """The store could not be reached in time (down, too slow, cluster reconfiguring)."""
+
+
+class StoreRefused(UnavailableError):
+    """The store answered a command with an error (e.g. ``OOM command not allowed``)."""
+
+
+def _kwargs(config: SharedTierConfig) -> dict[str, Any]:
+    """Client options: the tier's timeouts, and no retries inside redis-py (the breaker decides when to
+    try again, so that one call never waits longer than its timeouts)."""
+    return {
+        "socket_timeout": config.op_timeout_s,
+        "socket_connect_timeout": config.connect_timeout_s,
+        "retry": Retry(NoBackoff(), 0),
+    }
+
+
+class SharedStore:
+    """A thread-safe handle on the store (cluster or single server); connects on first use."""
+
+    def __init__(self, config: SharedTierConfig) -> None:
+        """Args: config: the tier's configuration (seed URLs, timeouts). Nothing is contacted yet."""
+        self._config = config
+        self._lock = threading.Lock()
+        self._client: redis.Redis | RedisCluster | None = None
+        self._closed = False
+
+    @property
+    def kind(self) -> str:
+        """``"cluster"``, ``"server"``, or ``"unconnected"``."""
+        with self._lock:
+            client = self._client
+        if client is None:
+            return "unconnected"
+        return "cluster" if isinstance(client, RedisCluster) else "server"
+
+    def _connect(self) -> redis.Redis | RedisCluster:
+        """The client, connecting (and detecting the store's kind) on first use."""
+        with self._lock:
+            if self._closed:
+                raise StoreUnavailable("the shared store handle is closed")
+            if self._client is not None:
+                return self._client
+            seeds = self._config.seeds
+            errors: list[str] = []
+            for seed in seeds:
+                probe = redis.Redis.from_url(seed, **_kwargs(self._config))
+                try:
+                    cluster = int(probe.info("cluster").get("cluster_enabled", 0)) == 1
+                except (RedisError, OSError) as exc:
+                    errors.append(f"{_safe(seed)}: {exc}")
+                    continue
+                finally:
+                    probe.close()
+                self._client = self._open(seed, seeds, cluster)
+                logger.info(
+                    "shared tier connected to a %s through %s",
+                    "cluster" if cluster else "server",
+                    _safe(seed),
+                )
+                return self._client
+            raise StoreUnavailable("no seed answered: " + "; ".join(errors))
+
+    def _open(self, seed: str, seeds: Sequence[str], cluster: bool) -> redis.Redis | RedisCluster:
+        if not cluster:
+            return redis.Redis.from_url(seed, **_kwargs(self._config))
+        nodes = []
+        for url in seeds:
+            parts = urlsplit(url)
+            nodes.append(ClusterNode(parts.hostname or "localhost", parts.port or 6379))  # type: ignore[no-untyped-call]
+        try:
+            return RedisCluster.from_url(seed, startup_nodes=nodes, **_kwargs(self._config))
+        except (RedisError, RedisClusterException, OSError) as exc:
+            raise StoreUnavailable(f"cluster through {_safe(seed)}: {exc}") from exc
+
+    def _call(self, run: Callable[[redis.Redis | RedisCluster], T]) -> T:
+        client = self._connect()
+        try:
+            return run(client)
+        except ResponseError as exc:
+            raise StoreRefused(str(exc)) from exc
+        except (RedisError, RedisClusterException, OSError) as exc:
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
+
+    def _pipeline(self, add: Callable[[Any], None]) -> list[Any]:
+        def run(client: redis.Redis | RedisCluster) -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            add(pipe)
+            replies = pipe.execute(raise_on_error=False)
+            for reply in replies:
+                if isinstance(reply, ResponseError):
+                    raise reply
+                if isinstance(reply, Exception):
+                    raise StoreUnavailable(f"{type(reply).__name__}: {reply}")
+            return list(replies)
+
+        return self._call(run)
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """The values of ``keys`` (None where absent), in one pipeline."""
+
+        def add(pipe: Any) -> None:
+            for key in keys:
+                pipe.get(key)
+
+        return [None if v is None else bytes(v) for v in self._pipeline(add)]
+
+    def set_many(self, items: Sequence[tuple[bytes, bytes | memoryview]]) -> None:
+        """Write ``(key, value)`` pairs in one pipeline (each SET is atomic: a reader sees old or new)."""
+
+        def add(pipe: Any) -> None:
+            for key, value in items:
+                pipe.set(key, value)
+
+        self._pipeline(add)
+
+    def exists_many(self, keys: Sequence[bytes]) -> list[bool]:
+        """Per key, whether it is present, in one pipeline."""
+
+        def add(pipe: Any) -> None:
+            for key in keys:
+                pipe.exists(key)
+
+        return [bool(v) for v in self._pipeline(add)]
+
+    def delete_many(self, keys: Sequence[bytes]) -> int:
+        """Delete keys (one DEL each: a cluster's keys live on many nodes); returns how many existed."""
+
+        def add(pipe: Any) -> None:
+            for key in keys:
+                pipe.delete(key)
+
+        return sum(int(v) for v in self._pipeline(add))
+
+    def close(self) -> None:
+        """Close the connections (idempotent); later calls fail with StoreUnavailable."""
+        with self._lock:
+            client, self._client, self._closed = self._client, None, True
+        if client is not None:
+            client.close()
+
+
+def _safe(url: str) -> str:
+    """A URL without its password, for log lines."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    return f"{parts.scheme}://{host}:{parts.port or 6379}"
