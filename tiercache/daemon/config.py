@@ -20,7 +20,7 @@ import enum
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from tiercache.cache import CacheConfig
@@ -31,6 +31,8 @@ from tiercache.tiers.hbm import HbmTierConfig
 from tiercache.tiers.host import HostTierConfig
 from tiercache.tiers.lmdb import LmdbTierConfig
 from tiercache.tiers.values import HEADER_BYTES
+
+from .tls import TlsConfig
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -267,6 +269,10 @@ class Options:
     socket_mode: int
     tcp: str
     tokens_file: str
+    tls_cert: str
+    tls_key: str
+    tls_client_ca: str
+    allow_plaintext_tcp: bool
     slot_bytes: int
     l1_device: str
     l1_bytes: int
@@ -302,12 +308,14 @@ class ListenConfig:
         socket_mode: permission bits of the socket file.
         tcp: ``HOST:PORT``, empty for none.
         tokens_file: TOML file of bearer tokens, empty for no authentication.
+        tls: TLS of the TCP listener (off: plaintext).
     """
 
     socket: str
     socket_mode: int
     tcp: str
     tokens_file: str
+    tls: TlsConfig = field(default_factory=TlsConfig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -418,7 +426,7 @@ class DaemonConfig:
         except InvalidArgumentError as exc:
             raise reraise_as_option(exc, exc.field) from None
         return cls(
-            listen=ListenConfig(opts.socket, opts.socket_mode, opts.tcp, opts.tokens_file),
+            listen=ListenConfig(opts.socket, opts.socket_mode, opts.tcp, opts.tokens_file, _tls_config(opts)),
             tiers=TierConfigs(
                 l1=_l1_config(opts, cuda_devices),
                 l2=HostTierConfig(
@@ -470,3 +478,21 @@ def _l3_config(opts: Options) -> LmdbTierConfig | None:
         )
     except InvalidArgumentError as exc:
         raise reraise_as_option(exc, fields.get(exc.field, "l3_" + exc.field)) from None
+
+
+def _tls_config(opts: Options) -> TlsConfig:
+    """The TLS files, checked across each other and against the tokens (plaintext TCP + tokens refused)."""
+    if bool(opts.tls_cert) != bool(opts.tls_key):
+        missing = "tls_key" if opts.tls_cert else "tls_cert"
+        raise ConfigError(missing, "--tls-cert and --tls-key go together: set both or neither")
+    if opts.tls_client_ca and not opts.tls_cert:
+        raise ConfigError("tls_client_ca", "mutual TLS needs --tls-cert and --tls-key as well")
+    if opts.tls_cert and not opts.tcp:
+        raise ConfigError("tls_cert", "set, but --tcp is empty: TLS applies to the TCP listener only")
+    if opts.tcp and opts.tokens_file and not opts.tls_cert and not opts.allow_plaintext_tcp:
+        raise ConfigError(
+            "allow_plaintext_tcp",
+            f"refusing a plaintext TCP listener on {opts.tcp} with a tokens file: bearer tokens would cross "
+            "the network in clear text; set --tls-cert and --tls-key, or --allow-plaintext-tcp to accept that",
+        )
+    return TlsConfig(opts.tls_cert, opts.tls_key, opts.tls_client_ca)

@@ -173,6 +173,30 @@ OPTIONS: tuple[Option, ...] = (
         "PATH",
     ),
     Option(
+        "tls_cert",
+        parse_str,
+        *_fixed("", '"" (off)'),
+        "PEM certificate chain of the TCP listener: with --tls-key, TCP speaks TLS",
+        "PATH",
+    ),
+    Option("tls_key", parse_str, *_fixed("", '"" (off)'), "PEM private key of --tls-cert", "PATH"),
+    Option(
+        "tls_client_ca",
+        parse_str,
+        *_fixed("", '"" (off)'),
+        "PEM CA certificates of the clients: set, TCP clients must present a certificate it signed "
+        "(mutual TLS)",
+        "PATH",
+    ),
+    Option(
+        "allow_plaintext_tcp",
+        parse_bool,
+        *_fixed(False, "false"),
+        "start a plaintext TCP listener although a tokens file is set (the tokens then cross the network "
+        "in clear text)",
+        boolean=True,
+    ),
+    Option(
         "slot_bytes",
         parse_size,
         *_fixed(32 << 20, "32M"),
