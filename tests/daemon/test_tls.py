@@ -128,3 +128,17 @@ def test_client_tls_checked(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgumentError) as info:
         ClientTls(ca_file=str(tmp_path / "missing.pem")).credentials()
     assert info.value.field == "ca_file"
+
+
+def test_an_unreadable_certificate_stops_the_start(tmp_path: Path, pki: Pki) -> None:
+    args = [
+        *base_args(tmp_path, "tiercache-test-badcert", tmp_path / "l3"),
+        "--tcp", f"127.0.0.1:{free_port()}", "--tls-cert", str(tmp_path / "missing.pem"),
+        "--tls-key", str(pki.server_key),
+    ]  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "tiercache.daemon", *args], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 1, out.stderr
+    assert f"--tls-cert: cannot read {tmp_path / 'missing.pem'}" in out.stderr
+    assert not list(Path("/dev/shm").glob("tiercache-test-badcert.*"))

@@ -198,13 +198,12 @@ class CacheManager:
         checks.count(start_depth, "start_depth")
         target = checks.tier_level(self._tiers, level)
         ttl = self._ttl(self._tenants.ttl(namespace_id, ttl_s))
-        self._tenants.check_store(namespace_id, cids)
-        self._tenants.trim(namespace_id, cids, target)
-        with self._tenants.placing(namespace_id):
+        with self._tenants.storing(namespace_id, cids):
+            self._tenants.trim(namespace_id, cids, target)
             ticket = self._stores.begin(
                 namespace_id, keys, cids, layout.chunk_bytes, target, ttl, start_depth, self._check_open
             )
-        self._tenants.opened_ticket(namespace_id, ticket.ticket_id, cids)
+            self._tenants.opened_ticket(namespace_id, ticket.ticket_id, cids)
         return ticket
 
     def commit_store(self, ticket_id: int, indices: Sequence[int] | None = None) -> int:
@@ -269,18 +268,17 @@ class CacheManager:
         cids = self._namespaces.chunk_ids(namespace_id, keys)
         target = checks.slot_level(self._tiers, level)
         ttl = self._ttl(self._tenants.ttl(namespace_id, ttl_s))
-        self._tenants.check_lease(namespace_id)
         deadline = None
         if wait_s is not None:
             wait_s = checks.seconds(wait_s, "wait_s", message="must be None or a non-negative number")
             deadline = time.monotonic() + wait_s if wait_s else 0.0
         background = self.prefetch(namespace_id, keys, target) if wait_s else None
         chunk_tokens = self.namespace(namespace_id).layout.chunk_tokens
-        with self._tenants.placing(namespace_id):
+        with self._tenants.leasing(namespace_id):
             ticket = self._loads.acquire(
                 namespace_id, keys, cids, target, ttl, chunk_tokens, deadline, background, self._check_open
             )
-        self._tenants.opened_lease(ticket, chunk_tokens)
+            self._tenants.opened_lease(ticket, chunk_tokens)
         return ticket
 
     def prefetch(

@@ -15,8 +15,8 @@ Every method runs under the cache's index lock unless it says otherwise.
 
 Primitives:
     Tenants: set_quotas, register, on_event (the listener), protected (the eviction guard), placing,
-        ttl, check_store / check_lease / check_pin, trim, opened_lease / opened_ticket, count_lookup /
-        count_load / count_usage, stats, tenants.
+        ttl, storing / leasing (admission of a store / an acquire), check_pin, trim, committed,
+        opened_lease / opened_ticket, count_lookup / count_usage, stats, tenants.
 """
 
 from __future__ import annotations
@@ -64,6 +64,8 @@ class TenantBooks:
     tiers: dict[TierLevel, TenantTier] = field(default_factory=lambda: defaultdict(TenantTier))
     leases: set[int] = field(default_factory=set)
     tickets: set[int] = field(default_factory=set)
+    pending_leases: int = 0  # acquires admitted and not booked yet
+    pending_tickets: int = 0  # stores admitted and not booked yet
     recomputed_tokens: int = 0
 
 
@@ -85,6 +87,7 @@ class Tenants:
         self._quotas = QuotaTable()
         self._tenant: dict[bytes, str] = {}
         self._charge: dict[bytes, dict[TierLevel, int]] = {}
+        self._chunk_bytes: dict[bytes, int] = {}
         self._ns_chunks: dict[bytes, dict[TierLevel, int]] = defaultdict(lambda: defaultdict(int))
         self._books: dict[str, TenantBooks] = defaultdict(TenantBooks)
         self._ticket_cids: dict[int, tuple[bytes, list[bytes]]] = {}
@@ -109,6 +112,7 @@ class Tenants:
             charge = {level: tier.charge(chunk_bytes) for level, tier in self._tiers.items()}
             self._tenant[namespace_id] = tenant
             self._charge[namespace_id] = charge
+            self._chunk_bytes[namespace_id] = chunk_bytes
             books = self._books[tenant]
             books.namespaces.add(namespace_id)
             for level, chunks in self._ns_chunks.get(namespace_id, {}).items():
@@ -240,31 +244,55 @@ class Tenants:
             )
         return ttl_s
 
-    def check_store(self, namespace_id: bytes, cids: Sequence[bytes]) -> None:
-        """Refuse a store beyond the tenant's open tickets or (into a pinned namespace) its pinned bytes."""
-        tenant = self._tenant.get(namespace_id)
-        if tenant is None:
-            return
-        quota = self.quota(tenant)
-        with self._lock:
-            if quota.tickets and self._open(self._books[tenant].tickets, self._leases.store) >= quota.tickets:
-                raise QuotaExceededError(tenant, "tickets", quota.tickets, "that many store tickets are open")
-            if quota.pinned_bytes and namespace_id in self._index.pinned_namespaces:
-                need = self._charge[namespace_id][self._levels[0]] * sum(
-                    1 for c in cids if not self._mover.known(c)
-                )
-                self._check_pinned(tenant, quota.pinned_bytes, need)
-
-    def check_lease(self, namespace_id: bytes) -> None:
-        """Refuse a load lease beyond the tenant's open leases."""
+    @contextlib.contextmanager
+    def storing(self, namespace_id: bytes, cids: Sequence[bytes]) -> Iterator[None]:
+        """A context for one ``begin_store`` (no lock held): refuses it beyond the tenant's open tickets or,
+        into a pinned namespace, its pinned bytes; holds a place among the tenant's tickets until the ticket
+        is booked (:meth:`opened_ticket`), so that concurrent stores cannot overrun the limit; and makes the
+        room its reservation needs as the tenant's (:meth:`placing`)."""
         tenant = self._tenant.get(namespace_id)
         quota = self.quota(tenant) if tenant is not None else NO_QUOTA
-        if tenant is None or not quota.leases:
-            return
-        with self._lock:
-            self._reap(self._clock())
-            if self._open(self._books[tenant].leases, self._leases.lease) >= quota.leases:
-                raise QuotaExceededError(tenant, "leases", quota.leases, "that many load leases are open")
+        books = self._books[tenant] if tenant is not None and quota.limited else None
+        if tenant is not None and books is not None:
+            with self._lock:
+                self._reap(self._clock())
+                open_now = self._open(books.tickets, self._leases.store) + books.pending_tickets
+                if quota.tickets and open_now >= quota.tickets:
+                    raise QuotaExceededError(
+                        tenant, "tickets", quota.tickets, "that many store tickets are open"
+                    )
+                if quota.pinned_bytes and namespace_id in self._index.pinned_namespaces:
+                    new = sum(1 for c in cids if not self._mover.known(c))
+                    self._check_pinned(tenant, quota.pinned_bytes, new * self._chunk_bytes[namespace_id])
+                books.pending_tickets += 1
+        try:
+            with self.placing(namespace_id):
+                yield
+        finally:
+            if books is not None:
+                with self._lock:
+                    books.pending_tickets -= 1
+
+    @contextlib.contextmanager
+    def leasing(self, namespace_id: bytes) -> Iterator[None]:
+        """A context for one ``acquire`` (no lock held): refuses it beyond the tenant's open leases, holds a
+        place among them until the lease is booked (:meth:`opened_lease`), and makes room as the tenant's."""
+        tenant = self._tenant.get(namespace_id)
+        quota = self.quota(tenant) if tenant is not None else NO_QUOTA
+        books = self._books[tenant] if tenant is not None and quota.leases else None
+        if tenant is not None and books is not None:
+            with self._lock:
+                self._reap(self._clock())
+                if self._open(books.leases, self._leases.lease) + books.pending_leases >= quota.leases:
+                    raise QuotaExceededError(tenant, "leases", quota.leases, "that many load leases are open")
+                books.pending_leases += 1
+        try:
+            with self.placing(namespace_id):
+                yield
+        finally:
+            if books is not None:
+                with self._lock:
+                    books.pending_leases -= 1
 
     def check_pin(self, namespace_id: bytes, cids: Iterable[bytes] | None) -> None:
         """Refuse a pin that would take the tenant over its pinned bytes (``cids`` None: the namespace)."""
