@@ -11,8 +11,8 @@ import pytest
 
 from tiercache.codec import Codec
 from tiercache.daemon.cli import main
-from tiercache.daemon.config import format_size, parse_size
 from tiercache.daemon.options import OPTIONS, default_l2_bytes, load_config, resolve_options
+from tiercache.daemon.parsers import format_size, parse_size
 from tiercache.policies import EvictionPolicyKind, WritePolicyKind
 
 

@@ -31,7 +31,8 @@ Locks, and what runs outside them:
 Primitives:
     CacheManager: register_namespace, lookup, begin_store / commit_store / abort_store, put, acquire /
         release, prefetch, plan_load, rates, report_usage, get, promote, demote, pin / unpin, purge,
-        claim_prefill / wait_prefill / release_prefill, subscribe, stats, flush, close.
+        claim_prefill / wait_prefill / release_prefill, subscribe, stats, set_quotas / tenants (per-tenant
+        books and quotas: :mod:`tiercache.cache.tenants`), flush, close.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from tiercache.cache import checks
 from tiercache.cache.claims import PrefillClaims
 from tiercache.cache.config import CacheConfig
 from tiercache.cache.discovery import Discovery
-from tiercache.cache.index import Index
+from tiercache.cache.index import ChunkEntry, Index
 from tiercache.cache.leases import LeaseTable
 from tiercache.cache.listeners import Listeners
 from tiercache.cache.loads import Loads
@@ -55,9 +56,11 @@ from tiercache.cache.mover import Mover
 from tiercache.cache.namespaces import Namespaces
 from tiercache.cache.parts import Parts
 from tiercache.cache.prefetch import Prefetcher
+from tiercache.cache.quotas import QuotaTable
 from tiercache.cache.results import Listener, LoadTicket, LookupResult, Prefetch, StoreTicket
 from tiercache.cache.space import Space
 from tiercache.cache.stores import Stores
+from tiercache.cache.tenants import Tenants
 from tiercache.cache.writeback import WriteBack
 from tiercache.errors import ConflictError, InvalidArgumentError
 from tiercache.keys import Namespace
@@ -106,7 +109,10 @@ class CacheManager:
         self._namespaces = Namespaces(lock, by_level)
         self._closed = False
         writes = make_write_policy(cfg.write_policy, cfg.selective_min_hits)
-        self._space = Space(self._levels, make_eviction_policy(cfg.eviction_policy), cfg.min_residency_s)
+        guard = self._protected  # tenants within their guaranteed share (self._tenants, set below)
+        self._space = Space(
+            self._levels, make_eviction_policy(cfg.eviction_policy), cfg.min_residency_s, guard
+        )
         self._index = index = Index(self._levels, self._space, self._listeners.emit)
         self._leases = leases = LeaseTable()
         self._rates = RateEstimator()
@@ -120,6 +126,8 @@ class CacheManager:
         self._claims = PrefillClaims(lock, index, prefill)
         self._prefetcher = Prefetcher(cfg.prefetch_workers, cfg.prefetch_inflight_bytes, mover.move)
         self._discovery = Discovery(lock, by_level, index, mover, clock)
+        self._tenants = Tenants(parts, self._space, cfg.lease_ttl_s)
+        self._listeners.add(self._tenants.on_event)
         index.rebuild(by_level)
 
     # ------------------------------------------------------------------ registration and lookup
@@ -130,7 +138,17 @@ class CacheManager:
         ``tenant`` is the authenticated tenant: each tenant's chunks are filed under an id of its own.
         Raises InvalidArgumentError (``layout``) when its chunks do not fit the tiers.
         """
-        return self._namespaces.register(namespace, tenant, self._check_open)
+        ns_id = self._namespaces.register(namespace, tenant, self._check_open)
+        self._tenants.register(ns_id, tenant, namespace.layout.chunk_bytes)
+        return ns_id
+
+    def set_quotas(self, quotas: QuotaTable) -> None:
+        """Set the tenants' quotas (:mod:`tiercache.cache.quotas`: limits, and how capacity is shared)."""
+        self._tenants.set_quotas(quotas)
+
+    def tenants(self) -> list[str]:
+        """The tenants that registered a namespace."""
+        return self._tenants.tenants()
 
     @property
     def levels(self) -> tuple[TierLevel, ...]:
@@ -154,6 +172,7 @@ class CacheManager:
         cids = self._chain(namespace_id, keys)
         chunk_tokens = self.namespace(namespace_id).layout.chunk_tokens if count else 0
         with self._lock:
+            self._tenants.count_lookup(namespace_id, cids, chunk_tokens)
             return self._index.lookup(cids, chunk_tokens)
 
     # ------------------------------------------------------------------ stores
@@ -180,10 +199,14 @@ class CacheManager:
             raise InvalidArgumentError("keys", "a key appears twice in one chain")
         checks.count(start_depth, "start_depth")
         target = checks.tier_level(self._tiers, level)
-        ttl = self._ttl(ttl_s)
-        return self._stores.begin(
-            namespace_id, keys, cids, layout.chunk_bytes, target, ttl, start_depth, self._check_open
-        )
+        ttl = self._ttl(self._tenants.ttl(namespace_id, ttl_s))
+        with self._tenants.storing(namespace_id, cids):
+            self._tenants.trim(namespace_id, cids, target)
+            ticket = self._stores.begin(
+                namespace_id, keys, cids, layout.chunk_bytes, target, ttl, start_depth, self._check_open
+            )
+            self._tenants.opened_ticket(namespace_id, ticket.ticket_id, cids)
+        return ticket
 
     def commit_store(self, ticket_id: int, indices: Sequence[int] | None = None) -> int:
         """Make a ticket's chunks visible and apply the write policy. Returns how many chunks it added.
@@ -195,7 +218,9 @@ class CacheManager:
         """
         with self._lock:
             self._check_open()
-            return self._stores.commit(ticket_id, indices)
+            added = self._stores.commit(ticket_id, indices)
+        self._tenants.committed(ticket_id)
+        return added
 
     def abort_store(self, ticket_id: int) -> bool:
         """Discard a ticket's reservations. Returns False when the ticket was unknown or already finished."""
@@ -244,16 +269,19 @@ class CacheManager:
         """
         cids = self._chain(namespace_id, keys)
         target = checks.slot_level(self._tiers, level)
-        ttl = self._ttl(ttl_s)
+        ttl = self._ttl(self._tenants.ttl(namespace_id, ttl_s))
         deadline = None
         if wait_s is not None:
             wait_s = checks.seconds(wait_s, "wait_s", message="must be None or a non-negative number")
             deadline = time.monotonic() + wait_s if wait_s else 0.0
         background = self.prefetch(namespace_id, keys, target) if wait_s else None
         chunk_tokens = self.namespace(namespace_id).layout.chunk_tokens
-        return self._loads.acquire(
-            namespace_id, keys, cids, target, ttl, chunk_tokens, deadline, background, self._check_open
-        )
+        with self._tenants.leasing(namespace_id):
+            ticket = self._loads.acquire(
+                namespace_id, keys, cids, target, ttl, chunk_tokens, deadline, background, self._check_open
+            )
+            self._tenants.opened_lease(ticket, chunk_tokens)
+        return ticket
 
     def prefetch(
         self, namespace_id: bytes, keys: Sequence[bytes], level: TierLevel | None = None
@@ -306,6 +334,7 @@ class CacheManager:
             checks.count(tokens, "effective_by_tier", "token counts must be non-negative")
         with self._lock:
             self._index.report_usage(effective_by_tier, recomputed_tokens)
+            self._tenants.count_usage(namespace_id, effective_by_tier, recomputed_tokens)
 
     def release(self, lease_id: int) -> bool:
         """End a lease. Returns False when it was unknown, already released or expired."""
@@ -353,6 +382,9 @@ class CacheManager:
             return chunks
 
     def _set_pin(self, namespace_id: bytes, keys: Sequence[bytes] | None, pinned: bool) -> int:
+        if pinned:
+            cids = None if keys is None else self._namespaces.chunk_ids(namespace_id, keys)
+            self._tenants.check_pin(namespace_id, cids)
         if keys is None:
             self.namespace(namespace_id)
             with self._lock:
@@ -374,7 +406,7 @@ class CacheManager:
         InvalidArgumentError for a bad TTL (above ``max_ttl_s``: refused, not clamped).
         """
         cids = self._namespaces.chunk_ids(namespace_id, keys)
-        ttl = self._ttl(ttl_s)
+        ttl = self._ttl(self._tenants.ttl(namespace_id, ttl_s))
         return self._claims.claim(cids, ttl)
 
     def wait_prefill(
@@ -403,15 +435,16 @@ class CacheManager:
         """
         return self._listeners.add(listener)
 
-    def stats(self) -> CacheStats:
-        """A consistent snapshot of every tier and cache-wide counter."""
+    def stats(self, tenant: str | None = None) -> CacheStats:
+        """A consistent snapshot of every tier and cache-wide counter; with ``tenant``, that tenant's own
+        view (its chunks, bytes and traffic only: :meth:`Tenants.stats`)."""
         with self._lock:
             self._reap(self._clock())
             tiers = tuple(
                 self._index.tier_stats(level, tier.usage(), self._rates.rate(level))
                 for level, tier in self._tiers.items()
             )
-            return CacheStats(
+            full = CacheStats(
                 tiers=tiers,
                 namespaces=len(self._namespaces),
                 active_leases=self._leases.active_leases,
@@ -422,6 +455,7 @@ class CacheManager:
                 prefill=self._prefill.stats(),
                 recomputed_tokens=self._index.recomputed_tokens,
             )
+            return full if tenant is None else self._tenants.stats(tenant, full)
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Wait until every write-down queued so far has finished."""
@@ -441,6 +475,9 @@ class CacheManager:
                 tier.close()
 
     # ------------------------------------------------------------------ internals: checks and wiring
+
+    def _protected(self, level: TierLevel, entry: ChunkEntry) -> bool:
+        return self._tenants.protected(level, entry)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -110,11 +110,20 @@ class VictimQueue:
 class Space:
     """The victim queues of a cache's tiers, fed by the eviction policy."""
 
-    def __init__(self, levels: Iterable[TierLevel], policy: EvictionPolicy, min_residency_s: float) -> None:
-        """Args: levels: the cache's tiers; policy: ranks candidates; min_residency_s: protection of new chunks."""
+    def __init__(
+        self,
+        levels: Iterable[TierLevel],
+        policy: EvictionPolicy,
+        min_residency_s: float,
+        protected: Callable[[TierLevel, ChunkEntry], bool] | None = None,
+    ) -> None:
+        """Args: levels: the cache's tiers; policy: ranks candidates; min_residency_s: protection of new
+        chunks; protected: chunks a victim search must skip besides (tenants within their guaranteed share,
+        :mod:`tiercache.cache.quotas`)."""
         self._queues = {level: VictimQueue() for level in levels}
         self._policy = policy
         self._min_residency_s = min_residency_s
+        self._protected = protected
 
     def queue(self, level: TierLevel) -> VictimQueue:
         """The victim queue of one tier."""
@@ -139,15 +148,23 @@ class Space:
         now: float,
         entries: Mapping[bytes, ChunkEntry],
         pinned_namespaces: set[bytes],
+        accept: Callable[[ChunkEntry], bool] | None = None,
     ) -> bytes | None:
         """Take the next victim of ``level`` out of its queue, or None when nothing is evictable.
 
-        A chunk of a pinned namespace, or younger than the minimum residency, is skipped and stays queued.
+        A chunk of a pinned namespace, or younger than the minimum residency, is skipped and stays queued;
+        so is a protected one, unless ``accept`` is given: then only the chunks it accepts are candidates
+        (a tenant trimming its own chunks).
         """
 
         def eligible(cid: bytes) -> bool:
             entry = entries[cid]
             if entry.namespace_id in pinned_namespaces:
+                return False
+            if accept is not None:
+                if not accept(entry):
+                    return False
+            elif self._protected is not None and self._protected(level, entry):
                 return False
             return now - entry.res[level].stored_at >= self._min_residency_s
 

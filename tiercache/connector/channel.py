@@ -6,8 +6,8 @@ Addresses: ``unix:/path``, ``unix:///path``, a bare filesystem path (``/run/tc.s
 Primitives:
     Endpoint: a parsed address (``target`` is what gRPC dials).
     parse_address: parse and validate an address string.
-    ChannelConfig: message size limits and reconnect timing of a channel.
-    open_channel: a ``grpc.Channel`` to an endpoint.
+    ChannelConfig: message size limits, reconnect timing and TLS of a channel.
+    open_channel: a ``grpc.Channel`` to an endpoint (TLS on TCP when the config says so).
     auth_metadata: the ``authorization: Bearer <token>`` call metadata (empty without a token).
 """
 
@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import grpc
 
 from tiercache.errors import InvalidArgumentError
+
+from .config import ClientTls
 
 _UNIX = "unix:"
 _TCP = "tcp://"
@@ -117,12 +119,15 @@ class ChannelConfig:
         max_connect_backoff_s: gRPC's reconnect backoff ceiling (keep it short so that a restarted daemon
             is found again quickly).
         keepalive_s: interval of keepalive pings on TCP (0: off).
+        tls: TLS of a TCP channel (None: plaintext); needed for a daemon whose TCP listener speaks TLS,
+            which it does whenever it has tokens (unless its operator allowed plaintext).
     """
 
     max_message_bytes: int = 64 * 1024 * 1024
     connect_backoff_s: float = 0.05
     max_connect_backoff_s: float = 1.0
     keepalive_s: float = 0.0
+    tls: ClientTls | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_message_bytes, bool) or self.max_message_bytes <= 0:
@@ -135,6 +140,8 @@ class ChannelConfig:
             )
         if not self.keepalive_s >= 0:
             raise InvalidArgumentError("keepalive_s", f"must be >= 0, got {self.keepalive_s!r}")
+        if self.tls is not None and not isinstance(self.tls, ClientTls):
+            raise InvalidArgumentError("tls", f"must be a ClientTls or None, got {self.tls!r}")
 
     def options(self) -> list[tuple[str, int]]:
         """The gRPC channel arguments."""
@@ -153,11 +160,20 @@ class ChannelConfig:
 
 
 def open_channel(endpoint: Endpoint, config: ChannelConfig) -> grpc.Channel:
-    """An insecure channel to ``endpoint`` (unix sockets are protected by file mode; TCP by bearer token).
+    """A channel to ``endpoint``: TLS on TCP when ``config.tls`` is set, else plaintext (a unix socket is
+    protected by its file mode and never carries TLS).
 
     The channel connects lazily: a daemon that is down makes the first call fail, not this one.
+
+    Raises:
+        InvalidArgumentError: naming the ``tls`` field, when a TLS file cannot be read.
     """
-    return grpc.insecure_channel(endpoint.target, options=config.options())
+    if config.tls is None or endpoint.is_unix:
+        return grpc.insecure_channel(endpoint.target, options=config.options())
+    options: list[tuple[str, int | str]] = [*config.options()]
+    if config.tls.server_name:
+        options.append(("grpc.ssl_target_name_override", config.tls.server_name))
+    return grpc.secure_channel(endpoint.target, config.tls.credentials(), options=options)
 
 
 def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:

@@ -1,13 +1,17 @@
 """How a connector moves bytes: the data-plane choice, the byte stream's codec, lease and ticket TTLs and
-the engine's cost models.
+the engine's cost models; and how its channel is secured on TCP.
 
 Primitives:
     ConnectorConfig: the options of one :class:`~.engine.KVConnector`.
+    ClientTls: TLS of a TCP channel: the CA that signs the daemon's certificate, and the client certificate
+        and key of mutual TLS (used by :class:`~.channel.ChannelConfig`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import grpc
 
 from tiercache.codec import Codec
 from tiercache.errors import InvalidArgumentError
@@ -51,3 +55,51 @@ class ConnectorConfig:
             raise InvalidArgumentError("prefill", f"must be a PrefillModel, got {self.prefill!r}")
         if self.deadline is not None and not isinstance(self.deadline, DeadlineModel):
             raise InvalidArgumentError("deadline", f"must be a DeadlineModel, got {self.deadline!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ClientTls:
+    """TLS of a channel to a daemon's TCP listener (PEM files; empty strings: not set).
+
+    Attributes:
+        ca_file: CA certificates that sign the daemon's certificate (empty: the system's roots).
+        cert_file: the client's certificate chain, for a daemon that demands mutual TLS.
+        key_file: the private key of ``cert_file``.
+        server_name: the name to check the daemon's certificate against, when it is not the address's host.
+    """
+
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    server_name: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("ca_file", "cert_file", "key_file", "server_name"):
+            if not isinstance(getattr(self, name), str):
+                raise InvalidArgumentError(name, f"must be a string, got {getattr(self, name)!r}")
+        if bool(self.cert_file) != bool(self.key_file):
+            raise InvalidArgumentError(
+                "key_file" if self.cert_file else "cert_file", "cert_file and key_file go together"
+            )
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        """The channel credentials (files read now).
+
+        Raises:
+            InvalidArgumentError: naming the field, when a file cannot be read or holds no PEM block.
+        """
+        ca = _pem(self.ca_file, "ca_file") if self.ca_file else None
+        key = _pem(self.key_file, "key_file") if self.key_file else None
+        cert = _pem(self.cert_file, "cert_file") if self.cert_file else None
+        return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+
+def _pem(path: str, field: str) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        raise InvalidArgumentError(field, f"cannot read {path}: {exc.strerror or exc}") from None
+    if b"-----BEGIN " not in data:
+        raise InvalidArgumentError(field, f"{path} holds no PEM block")
+    return data

@@ -8,11 +8,14 @@ The tokens file is TOML with one table, ``[tokens]``, mapping token strings to t
 
 Without a tokens file every caller is the default tenant ``""``. With one, every call (health checks
 excepted) carries the metadata ``authorization: Bearer <token>``. Tokens are kept as SHA-256 digests only.
+The same file may hold the tenants' quotas (``[quotas.*]`` tables, read by :mod:`.limits`); a tenant over
+its RPC rate is refused here, right after its token is checked.
 
 Primitives:
     UnauthenticatedError: a missing, malformed or unknown token (gRPC ``UNAUTHENTICATED``).
     load_tokens: read a tokens file into a token-digest -> tenant map.
-    Authenticator: ``tenant(metadata)`` for every call; ``enabled`` tells whether tokens are checked.
+    Authenticator: ``tenant(metadata)`` for every call (the RPC rate limit applied); ``enabled`` tells
+        whether tokens are checked.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from types import MappingProxyType
 from tiercache.errors import PermissionDeniedError
 
 from .config import ConfigError
+from .limits import RateLimiter
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -69,9 +73,11 @@ def load_tokens(path: str) -> Mapping[bytes, str]:
         raise ConfigError("tokens_file", f"cannot read {path}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("tokens_file", f"{path} is not valid TOML: {exc}") from None
-    extra = sorted(set(table) - {"tokens"})
+    extra = sorted(set(table) - {"tokens", "quotas"})
     if extra:
-        raise ConfigError("tokens_file", f"{path}: unknown key(s) {extra}; expected one [tokens] table")
+        raise ConfigError(
+            "tokens_file", f"{path}: unknown key(s) {extra}; expected one [tokens] table (and [quotas.*])"
+        )
     tokens = table.get("tokens")
     if not isinstance(tokens, dict) or not tokens:
         raise ConfigError("tokens_file", f'{path}: needs a non-empty [tokens] table of "token" = "tenant"')
@@ -91,9 +97,11 @@ def load_tokens(path: str) -> Mapping[bytes, str]:
 class Authenticator:
     """Maps the metadata of a call to its tenant."""
 
-    def __init__(self, tokens: Mapping[bytes, str] | None) -> None:
-        """Args: tokens: token digest -> tenant (from :func:`load_tokens`); None turns authentication off."""
+    def __init__(self, tokens: Mapping[bytes, str] | None, limiter: RateLimiter | None = None) -> None:
+        """Args: tokens: token digest -> tenant (from :func:`load_tokens`), None turns authentication off;
+        limiter: the tenants' RPC rate limit (None: none)."""
         self._tokens = tokens
+        self._limiter = limiter
 
     @property
     def enabled(self) -> bool:
@@ -108,7 +116,14 @@ class Authenticator:
 
         Raises:
             UnauthenticatedError: authentication is on and the token is missing, malformed or unknown.
+            QuotaExceededError: the tenant is over its RPC rate (``rpc_rate``).
         """
+        tenant = self._resolve(metadata)
+        if self._limiter is not None:
+            self._limiter.admit(tenant)
+        return tenant
+
+    def _resolve(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
         if self._tokens is None:
             return DEFAULT_TENANT
         values = [v for k, v in (metadata or ()) if k.lower() == METADATA_KEY]

@@ -20,6 +20,7 @@ from tiercache.errors import InvalidArgumentError
 
 from .auth import load_tokens
 from .config import ConfigError
+from .limits import load_quotas
 from .listen import StartupError
 from .options import load_config
 from .server import Daemon
@@ -47,8 +48,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = load_config(argv)
         _configure_logging(config.log_level)
         tokens: Mapping[bytes, str] | None = None
+        quotas = None
         if config.listen.tokens_file:
             tokens = load_tokens(config.listen.tokens_file)
+            quotas = load_quotas(config.listen.tokens_file, set(tokens.values()))
     except SystemExit as exc:  # argparse: --help, or a usage error (already printed)
         return exc.code if isinstance(exc.code, int) else EXIT_CONFIG
     except ConfigError as exc:
@@ -56,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
     torch.set_num_threads(config.torch_threads)
     try:
-        return asyncio.run(Daemon(config, tokens).run())
+        return asyncio.run(Daemon(config, tokens, quotas).run())
     except StartupError as exc:
         logger.error("%s", exc)
         return EXIT_FAILURE

@@ -1,27 +1,19 @@
-"""The daemon's configuration: value parsers, one frozen dataclass per component, and their validation.
+"""The daemon's configuration: one frozen dataclass per component, and their validation.
 
 Values arrive as strings (CLI flags, ``TIERCACHE_*`` environment variables) or TOML scalars; each option has
-one parser that accepts both and raises :class:`ConfigError` naming the option. :mod:`.options` decides which
+one parser (:mod:`.parsers`) that accepts both and raises :class:`ConfigError` naming the option. :mod:`.options` decides which
 source wins; this module turns the resolved flat :class:`Options` into the per-component configs.
 
 Primitives:
     ConfigError: a bad option value; names the option (and where the value came from).
-    parse_size, format_size, parse_int, parse_float, parse_bool, parse_octal, parse_tcp, parse_choice:
-        value parsers.
     Options: every option, resolved and typed (flat; what the CLI documents).
     ListenConfig, StreamConfig, MetricsConfig, TierConfigs: daemon sub-configs.
     DaemonConfig: all sub-configs (core ``CacheConfig`` and tier configs included), validated.
-    L1Device: how ``--l1-device`` is spelled.
 """
 
 from __future__ import annotations
 
-import enum
-import math
-import re
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TypeVar
+from dataclasses import dataclass, field
 
 from tiercache.cache import CacheConfig
 from tiercache.codec import Codec
@@ -33,16 +25,11 @@ from tiercache.tiers.lmdb import LmdbTierConfig
 from tiercache.tiers.shared import SharedTierConfig
 from tiercache.tiers.values import HEADER_BYTES
 
-_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-"""Valid ``--log-level`` values."""
+from .parsers import L1Device
+from .tls import TlsConfig
+
 MESSAGE_OVERHEAD_BYTES = 4096
 """Room a stream message needs besides its data bytes (keys, offsets, framing)."""
-
-_E = TypeVar("_E", bound=enum.Enum)
 
 
 class ConfigError(InvalidArgumentError):
@@ -80,180 +67,6 @@ def reraise_as_option(exc: InvalidArgumentError, option: str) -> ConfigError:
 # ---------------------------------------------------------------------------------------------- parsers
 
 
-def parse_size(raw: object) -> int:
-    """A byte size: a non-negative integer, or a string with an optional binary suffix K/M/G/T.
-
-    ``"64K"``, ``"32M"``, ``"2GiB"``, ``"1t"`` and ``"4096"`` are accepted.
-
-    Raises:
-        ValueError: not a size.
-    """
-    if isinstance(raw, bool):
-        raise ValueError(f"expected a size such as 512M or 2G, got {raw!r}")
-    if isinstance(raw, int):
-        if raw < 0:
-            raise ValueError(f"must not be negative, got {raw}")
-        return raw
-    if isinstance(raw, str):
-        match = _SIZE.match(raw)
-        if match:
-            return int(match.group(1)) * _UNITS[match.group(2).lower()]
-    raise ValueError(f"expected a size such as 512M or 2G (binary K/M/G/T suffixes), got {raw!r}")
-
-
-def format_size(nbytes: int) -> str:
-    """The shortest exact spelling of a size with a binary suffix (``33554432`` -> ``32M``)."""
-    for suffix, unit in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if nbytes >= unit and nbytes % unit == 0:
-            return f"{nbytes // unit}{suffix}"
-    return str(nbytes)
-
-
-def parse_int(raw: object) -> int:
-    """An integer (TOML int or decimal string).
-
-    Raises:
-        ValueError: not an integer.
-    """
-    if isinstance(raw, int) and not isinstance(raw, bool):
-        return raw
-    if isinstance(raw, str):
-        try:
-            return int(raw.strip(), 10)
-        except ValueError:
-            pass
-    raise ValueError(f"expected an integer, got {raw!r}")
-
-
-def parse_float(raw: object) -> float:
-    """A finite number (TOML int/float or a string).
-
-    Raises:
-        ValueError: not a finite number.
-    """
-    value: float | None = None
-    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-        value = float(raw)
-    elif isinstance(raw, str):
-        try:
-            value = float(raw.strip())
-        except ValueError:
-            value = None
-    if value is None or not math.isfinite(value):
-        raise ValueError(f"expected a finite number, got {raw!r}")
-    return value
-
-
-def parse_bool(raw: object) -> bool:
-    """A boolean: TOML bool, or one of 1/0, true/false, yes/no, on/off.
-
-    Raises:
-        ValueError: not a boolean.
-    """
-    if isinstance(raw, bool):
-        return raw
-    if isinstance(raw, str):
-        text = raw.strip().lower()
-        if text in _TRUE:
-            return True
-        if text in _FALSE:
-            return False
-    raise ValueError(f"expected true or false, got {raw!r}")
-
-
-def parse_str(raw: object) -> str:
-    """A string (TOML strings only; CLI and environment values are strings already).
-
-    Raises:
-        ValueError: not a string.
-    """
-    if isinstance(raw, str):
-        return raw
-    raise ValueError(f"expected a string, got {raw!r}")
-
-
-def parse_octal(raw: object) -> int:
-    """A file mode: an octal string (``0600``, ``600``, ``0o600``) or a TOML integer such as ``0o600``.
-
-    Raises:
-        ValueError: not a mode in ``[0, 0o777]``.
-    """
-    value: int | None = None
-    if isinstance(raw, int) and not isinstance(raw, bool):
-        value = raw
-    elif isinstance(raw, str):
-        text = raw.strip().lower().removeprefix("0o")
-        try:
-            value = int(text, 8)
-        except ValueError:
-            value = None
-    if value is None or not 0 <= value <= 0o777:
-        raise ValueError(f"expected an octal file mode such as 0600, got {raw!r}")
-    return value
-
-
-def parse_tcp(raw: object) -> str:
-    """``HOST:PORT`` (``[v6addr]:PORT`` for IPv6) or empty for off.
-
-    Raises:
-        ValueError: malformed address or port.
-    """
-    text = parse_str(raw).strip()
-    if not text:
-        return ""
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"expected HOST:PORT (port 0-65535), got {text!r}")
-    return text
-
-
-def parse_choice(enum_type: type[_E]) -> Callable[[object], _E]:
-    """A parser of an Enum's values (case-insensitive); the error lists the valid names."""
-
-    def parse(raw: object) -> _E:
-        text = parse_str(raw).strip().lower()
-        for member in enum_type:
-            if str(member.value).lower() == text:
-                return member
-        valid = ", ".join(str(m.value) for m in enum_type)
-        raise ValueError(f"unknown value {raw!r}; valid: {valid}")
-
-    return parse
-
-
-def parse_log_level(raw: object) -> str:
-    """A logging level name.
-
-    Raises:
-        ValueError: not one of :data:`LOG_LEVELS`.
-    """
-    text = parse_str(raw).strip().upper()
-    if text not in LOG_LEVELS:
-        raise ValueError(f"unknown level {raw!r}; valid: {', '.join(LOG_LEVELS)}")
-    return text
-
-
-def parse_device(raw: object) -> str:
-    """``auto``, ``none``, ``cpu``, ``cuda`` or ``cuda:N`` (resolved later, when torch is asked).
-
-    Raises:
-        ValueError: none of those.
-    """
-    text = parse_str(raw).strip().lower()
-    if text in {d.value for d in L1Device} or re.fullmatch(r"cuda:\d+", text):
-        return text
-    raise ValueError(f"expected auto, none, cpu, cuda or cuda:N, got {raw!r}")
-
-
-class L1Device(enum.Enum):
-    """The spellings of ``--l1-device`` besides ``cuda:N``."""
-
-    AUTO = "auto"
-    NONE = "none"
-    CPU = "cpu"
-    CUDA = "cuda"
-
-
 # ---------------------------------------------------------------------------------------------- configs
 
 
@@ -268,6 +81,10 @@ class Options:
     socket_mode: int
     tcp: str
     tokens_file: str
+    tls_cert: str
+    tls_key: str
+    tls_client_ca: str
+    allow_plaintext_tcp: bool
     slot_bytes: int
     l1_device: str
     l1_bytes: int
@@ -306,12 +123,14 @@ class ListenConfig:
         socket_mode: permission bits of the socket file.
         tcp: ``HOST:PORT``, empty for none.
         tokens_file: TOML file of bearer tokens, empty for no authentication.
+        tls: TLS of the TCP listener (off: plaintext).
     """
 
     socket: str
     socket_mode: int
     tcp: str
     tokens_file: str
+    tls: TlsConfig = field(default_factory=TlsConfig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -424,7 +243,7 @@ class DaemonConfig:
         except InvalidArgumentError as exc:
             raise reraise_as_option(exc, exc.field) from None
         return cls(
-            listen=ListenConfig(opts.socket, opts.socket_mode, opts.tcp, opts.tokens_file),
+            listen=ListenConfig(opts.socket, opts.socket_mode, opts.tcp, opts.tokens_file, _tls_config(opts)),
             tiers=TierConfigs(
                 l1=_l1_config(opts, cuda_devices),
                 l2=HostTierConfig(
@@ -492,3 +311,21 @@ def _shared_config(opts: Options) -> SharedTierConfig | None:
         )
     except InvalidArgumentError as exc:
         raise reraise_as_option(exc, fields.get(exc.field, "shared_" + exc.field)) from None
+
+
+def _tls_config(opts: Options) -> TlsConfig:
+    """The TLS files, checked across each other and against the tokens (plaintext TCP + tokens refused)."""
+    if bool(opts.tls_cert) != bool(opts.tls_key):
+        missing = "tls_key" if opts.tls_cert else "tls_cert"
+        raise ConfigError(missing, "--tls-cert and --tls-key go together: set both or neither")
+    if opts.tls_client_ca and not opts.tls_cert:
+        raise ConfigError("tls_client_ca", "mutual TLS needs --tls-cert and --tls-key as well")
+    if opts.tls_cert and not opts.tcp:
+        raise ConfigError("tls_cert", "set, but --tcp is empty: TLS applies to the TCP listener only")
+    if opts.tcp and opts.tokens_file and not opts.tls_cert and not opts.allow_plaintext_tcp:
+        raise ConfigError(
+            "allow_plaintext_tcp",
+            f"refusing a plaintext TCP listener on {opts.tcp} with a tokens file: bearer tokens would cross "
+            "the network in clear text; set --tls-cert and --tls-key, or --allow-plaintext-tcp to accept that",
+        )
+    return TlsConfig(opts.tls_cert, opts.tls_key, opts.tls_client_ca)

@@ -153,8 +153,9 @@ class NamespaceRpcs(ServicerBase):
 
     @unary_tenant
     async def Stats(self, request: pb.StatsRequest, tenant: str, context: Any) -> pb.StatsResponse:
-        """A snapshot of the cache's counters."""
-        return stats_to_proto(await self.run(self._manager.stats))
+        """A snapshot of the cache's counters: with tenants (a tokens file), the caller's own only."""
+        own = tenant if self._deps.auth.enabled else None
+        return stats_to_proto(await self.run(self._manager.stats, own))
 
     @server_stream_tenant
     async def WatchEvents(

@@ -3,8 +3,12 @@
 Cache-wide figures are read from one :meth:`CacheManager.stats` snapshot at scrape time: one family per
 figure of the stats schema (:mod:`tiercache.stats`: every field with a ``StatInfo``, which gives its help
 text and whether it is a gauge or a counter), named ``tiercache_<group><field>`` (groups: ``tier_`` with a
-``tier`` label, none for cache-wide figures, ``prefill_``) unless the schema names it. The servicer records
-what only it sees: RPC latency per method and status code, and bytes moved per data path and direction.
+``tier`` label, none for cache-wide figures, ``prefill_``) unless the schema names it. With tenants (a
+tokens file), every tenant's own figures follow, labelled ``tenant``: ``tiercache_tenant_<name>`` for each
+per-tier and cache-wide figure a tenant's view carries (tier rates describe the host and are left out), and
+``tiercache_tenant_rpcs_refused`` (over the RPC rate). The operator's ``/metrics`` is the one place where
+every tenant is shown; a tenant's ``Stats`` shows it only its own. The servicer records what only it sees:
+RPC latency per method and status code, and bytes moved per data path and direction.
 
 Primitives:
     DaemonMetrics: the registry, ``observe_rpc``, ``add_bytes``, ``serve`` / ``stop`` of the HTTP endpoint.
@@ -17,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
 
@@ -79,14 +83,29 @@ def figures(cls: type) -> tuple[Figure, ...]:
 _TIER_FIGURES = figures(TierStats)
 _CACHE_FIGURES = figures(CacheStats)
 _PREFILL_FIGURES = figures(PrefillStats)
+_HOST_FIGURES = {"latency_s", "bytes_per_s"}
+"""Per-tier figures that describe the host, not a tenant (left out of the tenant families)."""
+
+TenantSnapshots = Callable[[], tuple[Mapping[str, CacheStats], Mapping[str, int]]]
+"""Each tenant's own stats, and the RPCs refused per tenant for its rate."""
+
+
+def _tenant_figure(figure: Figure) -> Figure:
+    return Figure(figure.field, "tiercache_tenant_" + figure.metric.removeprefix("tiercache_"), figure.info)
+
+
+_TENANT_TIER_FIGURES = tuple(_tenant_figure(f) for f in _TIER_FIGURES if f.field not in _HOST_FIGURES)
+_TENANT_CACHE_FIGURES = tuple(_tenant_figure(f) for f in _CACHE_FIGURES)
 
 
 class StatsCollector(Collector):
     """Turns one cache stats snapshot into metric families at each scrape (one per figure of the schema)."""
 
-    def __init__(self, snapshot: Callable[[], CacheStats]) -> None:
-        """Args: snapshot: returns the current stats (thread-safe; called on the HTTP server's thread)."""
+    def __init__(self, snapshot: Callable[[], CacheStats], tenants: TenantSnapshots | None = None) -> None:
+        """Args: snapshot: returns the current stats (thread-safe; called on the HTTP server's thread);
+        tenants: every tenant's own stats and rate refusals (None: no tenant families)."""
         self._snapshot = snapshot
+        self._tenants = tenants
 
     def collect(self) -> Iterator[Metric]:
         """The metric families of the current snapshot."""
@@ -101,19 +120,44 @@ class StatsCollector(Collector):
                 family = figure.family()
                 family.add_metric([], getattr(values, figure.field))
                 yield family
+        if self._tenants is not None:
+            yield from self._tenant_families(*self._tenants())
+
+    @staticmethod
+    def _tenant_families(
+        per_tenant: Mapping[str, CacheStats], refused: Mapping[str, int]
+    ) -> Iterator[Metric]:
+        for figure in _TENANT_TIER_FIGURES:
+            family = figure.family(["tenant", "tier"])
+            for tenant, stats in sorted(per_tenant.items()):
+                for tier in stats.tiers:
+                    family.add_metric([tenant, tier.level.name], getattr(tier, figure.field))
+            yield family
+        for figure in _TENANT_CACHE_FIGURES:
+            family = figure.family(["tenant"])
+            for tenant, stats in sorted(per_tenant.items()):
+                family.add_metric([tenant], getattr(stats, figure.field))
+            yield family
+        family = CounterMetricFamily(
+            "tiercache_tenant_rpcs_refused", "RPCs refused for a tenant's RPC rate quota", labels=["tenant"]
+        )
+        for tenant in sorted(set(per_tenant) | set(refused)):
+            family.add_metric([tenant], refused.get(tenant, 0))
+        yield family
 
 
 class DaemonMetrics:
     """The daemon's metrics and their optional HTTP endpoint."""
 
-    def __init__(self, snapshot: Callable[[], CacheStats]) -> None:
+    def __init__(self, snapshot: Callable[[], CacheStats], tenants: TenantSnapshots | None = None) -> None:
         """Create the registry and the metrics.
 
         Args:
             snapshot: the cache manager's ``stats``.
+            tenants: every tenant's own stats and rate refusals (None: no tenant families).
         """
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(StatsCollector(snapshot))
+        self.registry.register(StatsCollector(snapshot, tenants))
         self._rpc_seconds = Histogram(
             "tiercache_rpc_duration_seconds",
             "Latency of RPCs by method and status code",

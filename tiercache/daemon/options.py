@@ -26,11 +26,9 @@ from typing import Any, cast
 from tiercache.codec import Codec
 from tiercache.policies import EvictionPolicyKind, WritePolicyKind
 
-from .config import (
-    ConfigError,
-    DaemonConfig,
+from .config import ConfigError, DaemonConfig, Options
+from .parsers import (
     L1Device,
-    Options,
     format_size,
     parse_bool,
     parse_choice,
@@ -171,6 +169,30 @@ OPTIONS: tuple[Option, ...] = (
         'TOML file with a [tokens] table of "token" = "tenant"; every call then needs '
         '"authorization: Bearer <token>"',
         "PATH",
+    ),
+    Option(
+        "tls_cert",
+        parse_str,
+        *_fixed("", '"" (off)'),
+        "PEM certificate chain of the TCP listener: with --tls-key, TCP speaks TLS",
+        "PATH",
+    ),
+    Option("tls_key", parse_str, *_fixed("", '"" (off)'), "PEM private key of --tls-cert", "PATH"),
+    Option(
+        "tls_client_ca",
+        parse_str,
+        *_fixed("", '"" (off)'),
+        "PEM CA certificates of the clients: set, TCP clients must present a certificate it signed "
+        "(mutual TLS)",
+        "PATH",
+    ),
+    Option(
+        "allow_plaintext_tcp",
+        parse_bool,
+        *_fixed(False, "false"),
+        "start a plaintext TCP listener although a tokens file is set (the tokens then cross the network "
+        "in clear text)",
+        boolean=True,
     ),
     Option(
         "slot_bytes",

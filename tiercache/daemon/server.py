@@ -3,7 +3,8 @@
 Start: check the socket path (a live daemon there is an error, a stale file is removed), build the tiers (L1
 when configured, L2 always, L3 unless disabled; a warm L3 is re-indexed) and the cache manager in the
 executor, register the servicers (through :mod:`.decode`: an undecodable request answers INVALID_ARGUMENT),
-start ``/metrics`` when configured, bind the unix socket (then chmod it) and/or TCP, mark the
+start ``/metrics`` when configured, bind the unix socket (then chmod it) and/or TCP (TLS when
+configured: :mod:`.tls`), mark the
 health service SERVING and log ``tiercache-daemon listening on ...``.
 
 Stop (SIGTERM or SIGINT): health NOT_SERVING, event streams ended, ``server.stop(grace)`` refuses new calls
@@ -23,7 +24,7 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -31,7 +32,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from tiercache.cache import CacheBuildConfig, CacheConfig, CacheManager, build_cache
+from tiercache.cache.quotas import QuotaTable
 from tiercache.proto import tiercache_pb2 as pb
+from tiercache.stats import CacheStats
 from tiercache.tiers.base import TierLevel
 from tiercache.tiers.host import HostTier
 
@@ -41,10 +44,12 @@ from .decode import add_servicer
 from .diagnostics import DiagnosticsServicer
 from .events import EventHub
 from .handles import HandleRegistry
+from .limits import RateLimiter
 from .listen import SocketFile, StartupError, prepare_socket_path, restrictive_umask
 from .metrics import DaemonMetrics
 from .rpc import DataPlaneInfo, ServiceDeps
 from .servicer import KVCacheServicer
+from .tls import server_credentials
 
 logger = logging.getLogger(__name__)
 
@@ -76,10 +81,15 @@ def build_daemon_cache(tiers: TierConfigs, cache: CacheConfig) -> tuple[CacheMan
 class Daemon:
     """One daemon: serves until SIGTERM/SIGINT (or :meth:`stop`), then drains and cleans up."""
 
-    def __init__(self, config: DaemonConfig, tokens: Mapping[bytes, str] | None) -> None:
-        """Args: config: the validated configuration; tokens: from the tokens file, None for no auth."""
+    def __init__(
+        self, config: DaemonConfig, tokens: Mapping[bytes, str] | None, quotas: QuotaTable | None = None
+    ) -> None:
+        """Args: config: the validated configuration; tokens: from the tokens file, None for no auth;
+        quotas: the tenants' quotas from the same file (None: none)."""
         self._config = config
-        self._auth = Authenticator(tokens)
+        self._quotas = quotas or QuotaTable()
+        self._limiter = RateLimiter(self._quotas) if self._quotas.active else None
+        self._auth = Authenticator(tokens, self._limiter)
         self._stop: asyncio.Event | None = None
 
     def stop(self) -> None:
@@ -143,7 +153,10 @@ class Daemon:
         cfg = self._config
         hub = EventHub(loop)
         detach = hub.attach(manager)
-        metrics = DaemonMetrics(manager.stats)
+        manager.set_quotas(self._quotas)
+        metrics = DaemonMetrics(
+            manager.stats, self._tenant_snapshots(manager) if self._auth.enabled else None
+        )
         deps = ServiceDeps(
             manager=manager,
             executor=executor,
@@ -191,6 +204,18 @@ class Daemon:
             if socket_file is not None:
                 socket_file.remove()
 
+    def _tenant_snapshots(
+        self, manager: CacheManager
+    ) -> Callable[[], tuple[Mapping[str, CacheStats], Mapping[str, int]]]:
+        """Every tenant's own stats and RPC-rate refusals, for ``/metrics``."""
+        limiter = self._limiter
+
+        def snapshot() -> tuple[Mapping[str, CacheStats], Mapping[str, int]]:
+            refused = limiter.refusals if limiter is not None else {}
+            return {t: manager.stats(t) for t in manager.tenants()}, refused
+
+        return snapshot
+
     def _bind(self, server: grpc.aio.Server) -> tuple[list[str], SocketFile | None]:
         """Add the configured listeners; returns their addresses and the unix socket file."""
         listen = self._config.listen
@@ -206,9 +231,13 @@ class Daemon:
             addresses.append("unix:" + listen.socket)
         if listen.tcp:
             try:
-                port = server.add_insecure_port(listen.tcp)
+                if listen.tls.enabled:
+                    port = server.add_secure_port(listen.tcp, server_credentials(listen.tls))
+                else:
+                    port = server.add_insecure_port(listen.tcp)
             except RuntimeError as exc:
                 raise StartupError(f"--tcp: cannot listen on {listen.tcp}: {exc}") from None
             host = listen.tcp.rpartition(":")[0]
-            addresses.append(f"tcp:{host}:{port}")
+            scheme = ("mtls" if listen.tls.mutual else "tls") if listen.tls.enabled else "tcp"
+            addresses.append(f"{scheme}:{host}:{port}")
         return addresses, socket_file

@@ -1,0 +1,253 @@
+"""Per-tenant quotas in the cache core, over real tiers (L2 in shared memory, L3 in LMDB): each limit is
+refused with the limit named, a greedy tenant trims itself and never evicts another below its share, and a
+tenant's stats show its own chunks only."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+import torch
+
+from tiercache.cache import CacheManager
+from tiercache.cache.quotas import QuotaExceededError, QuotaTable, TenantQuota
+from tiercache.errors import CapacityError, InvalidArgumentError
+from tiercache.keys import Namespace, chunk_keys
+from tiercache.tiers.base import TierLevel
+from tiercache.tiers.host import HostTier, HostTierConfig
+from tiercache.tiers.lmdb import LmdbTier, LmdbTierConfig
+from tiercache.tiers.values import HEADER_BYTES
+
+L2, L3 = TierLevel.L2, TierLevel.L3
+L2_SLOTS = 6
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Shared:
+    """One cache shared by tenants ``a`` and ``b``, registered with the same namespace."""
+
+    def __init__(self, tmp: Path, namespace: Namespace, quotas: QuotaTable | None) -> None:
+        self.ns = namespace
+        self.nbytes = namespace.layout.chunk_bytes
+        self.clock = Clock()
+        l2 = HostTier(
+            HostTierConfig(
+                capacity_bytes=L2_SLOTS * self.nbytes, slot_bytes=self.nbytes, segment_prefix="tiercache-test"
+            )
+        )
+        l3 = LmdbTier(LmdbTierConfig(path=str(tmp / "l3"), capacity_bytes=40 * (HEADER_BYTES + self.nbytes)))
+        self.cache = CacheManager([l2, l3], clock=self.clock)
+        if quotas is not None:
+            self.cache.set_quotas(quotas)
+        self.ids = {t: self.cache.register_namespace(namespace, t) for t in ("a", "b")}
+
+    def keys(self, n: int, seed: int) -> list[bytes]:
+        return chunk_keys(self.ns, [seed * 1_000_003 + i for i in range(n * self.ns.layout.chunk_tokens)])
+
+    def put(self, tenant: str, keys: Sequence[bytes]) -> int:
+        payloads = [_payload(k, self.nbytes) for k in keys]
+        stored = self.cache.put(self.ids[tenant], keys, payloads)
+        self.cache.flush()
+        return stored
+
+    def in_l2(self, tenant: str, keys: Sequence[bytes]) -> int:
+        return sum(self.cache.lookup(self.ids[tenant], [k]).by_tier[L2] for k in keys)
+
+
+def _payload(key: bytes, nbytes: int) -> torch.Tensor:
+    seed = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") & 0x7FFF_FFFF
+    return torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture
+def shared(tmp_path: Path, namespace: Namespace) -> Iterator[type[Shared]]:
+    made: list[Shared] = []
+
+    def make(quotas: QuotaTable | None = None) -> Shared:
+        (tmp_path / f"c{len(made)}").mkdir()
+        s = Shared(tmp_path / f"c{len(made)}", namespace, quotas)
+        made.append(s)
+        return s
+
+    yield make  # type: ignore[misc]
+    for s in made:
+        s.cache.close()
+
+
+def _slots(n: int, namespace: Namespace) -> int:
+    return n * namespace.layout.chunk_bytes
+
+
+def _limit(exc: pytest.ExceptionInfo[QuotaExceededError], limit: str, value: float) -> None:
+    assert isinstance(exc.value, CapacityError)  # RESOURCE_EXHAUSTED on the wire
+    assert (exc.value.limit, exc.value.value) == (limit, value)
+    assert f"quota {limit} = " in str(exc.value)
+
+
+def test_without_quotas_a_greedy_tenant_evicts_the_other(shared: type[Shared]) -> None:
+    s = shared()
+    a_keys = s.keys(3, seed=1)
+    s.put("a", a_keys)
+    for seed in range(10, 14):  # b stores 12 chunks through a 6-slot L2
+        s.put("b", s.keys(3, seed=seed))
+    assert s.in_l2("a", a_keys) == 0  # the baseline the share prevents
+
+
+def test_a_greedy_tenant_trims_itself_and_keeps_the_others_share(
+    shared: type[Shared], namespace: Namespace
+) -> None:
+    share = TenantQuota(l2_bytes=_slots(3, namespace))
+    s = shared(QuotaTable(default=share))
+    a_keys = s.keys(3, seed=1)
+    assert s.put("a", a_keys) == 3
+    for seed in range(10, 16):  # b stores 18 chunks: each store beyond its share evicts b's own chunks
+        assert s.put("b", s.keys(3, seed=seed)) == 3
+        assert s.cache.stats("b").tier(L2).used_bytes <= share.l2_bytes
+    assert s.in_l2("a", a_keys) == 3
+    assert s.in_l2("b", s.keys(3, seed=15)) == 3  # b's newest chunks are in L2
+    assert s.cache.stats("b").tier(L2).evictions >= 15  # b's own, evicted for b
+    assert s.cache.stats("a").tier(L2).evictions == 0
+    for seed in range(10, 15):  # b's trimmed chunks went down to L3, not away
+        assert s.cache.lookup(s.ids["b"], s.keys(3, seed=seed)).by_tier[L3] == 3
+
+
+def test_more_than_the_l2_quota_at_once_is_refused(shared: type[Shared], namespace: Namespace) -> None:
+    s = shared(QuotaTable(default=TenantQuota(l2_bytes=_slots(2, namespace))))
+    with pytest.raises(QuotaExceededError) as exc:
+        s.put("a", s.keys(3, seed=1))
+    _limit(exc, "l2_bytes", _slots(2, namespace))
+    assert "wanted at once" in str(exc.value) and "'a'" in str(exc.value)
+
+
+def test_an_l2_quota_full_of_leased_chunks_refuses_the_store(
+    shared: type[Shared], namespace: Namespace
+) -> None:
+    s = shared(QuotaTable(default=TenantQuota(l2_bytes=_slots(2, namespace))))
+    keys = s.keys(2, seed=1)
+    s.put("a", keys)
+    lease = s.cache.acquire(s.ids["a"], keys, L2, wait_s=0)
+    assert len(lease.chunks) == 2
+    with pytest.raises(QuotaExceededError) as exc:
+        s.put("a", s.keys(1, seed=2))
+    _limit(exc, "l2_bytes", _slots(2, namespace))
+    s.cache.release(lease.lease_id)
+    assert s.put("a", s.keys(1, seed=2)) == 1  # now one of its own can go
+
+
+def test_the_l3_quota_trims_the_tenants_own_l3_chunks(shared: type[Shared], namespace: Namespace) -> None:
+    cap = 4 * (HEADER_BYTES + namespace.layout.chunk_bytes)
+    s = shared(QuotaTable(default=TenantQuota(l3_bytes=cap)))
+    b_keys = s.keys(4, seed=50)
+    s.put("b", b_keys)
+    for seed in range(1, 5):
+        s.put("a", s.keys(2, seed=seed))
+        assert s.cache.stats("a").tier(L3).used_bytes <= cap
+    assert s.cache.lookup(s.ids["b"], b_keys).by_tier[L3] == 4
+
+
+def test_leases_quota(shared: type[Shared]) -> None:
+    s = shared(QuotaTable(default=TenantQuota(leases=1)))
+    keys = s.keys(2, seed=1)
+    s.put("a", keys)
+    first = s.cache.acquire(s.ids["a"], keys, L2, wait_s=0)
+    assert first.lease_id
+    with pytest.raises(QuotaExceededError) as exc:
+        s.cache.acquire(s.ids["a"], keys, L2, wait_s=0)
+    _limit(exc, "leases", 1)
+    s.put("b", keys)
+    assert s.cache.acquire(s.ids["b"], keys, L2, wait_s=0).lease_id  # b's own count
+    s.cache.release(first.lease_id)
+    assert s.cache.acquire(s.ids["a"], keys, L2, wait_s=0).lease_id
+
+
+def test_tickets_quota_and_an_expired_ticket_frees_its_place(shared: type[Shared]) -> None:
+    s = shared(QuotaTable(default=TenantQuota(tickets=1)))
+    first = s.cache.begin_store(s.ids["a"], s.keys(1, seed=1), ttl_s=5)
+    with pytest.raises(QuotaExceededError) as exc:
+        s.cache.begin_store(s.ids["a"], s.keys(1, seed=2))
+    _limit(exc, "tickets", 1)
+    s.clock.now += 6  # the first ticket lapses
+    s.cache.stats()  # reaps it
+    second = s.cache.begin_store(s.ids["a"], s.keys(1, seed=2))
+    assert second.ticket_id != first.ticket_id
+    assert s.cache.abort_store(second.ticket_id)
+
+
+def test_lifetime_cap(shared: type[Shared]) -> None:
+    s = shared(QuotaTable(default=TenantQuota(max_ttl_s=5.0)))
+    keys = s.keys(1, seed=1)
+    with pytest.raises(QuotaExceededError) as exc:
+        s.cache.begin_store(s.ids["a"], keys, ttl_s=10)
+    _limit(exc, "max_ttl_s", 5.0)
+    ticket = s.cache.begin_store(s.ids["a"], keys)  # the default (30 s) is shortened to the cap
+    assert ticket.expires_at == pytest.approx(s.clock.now + 5.0)
+    s.cache.commit_store(ticket.ticket_id)
+    with pytest.raises(QuotaExceededError):
+        s.cache.acquire(s.ids["a"], keys, L2, ttl_s=6, wait_s=0)
+    with pytest.raises(QuotaExceededError):
+        s.cache.claim_prefill(s.ids["a"], s.keys(1, seed=2), ttl_s=6)
+    assert s.cache.acquire(s.ids["a"], keys, L2, wait_s=0).expires_at == pytest.approx(s.clock.now + 5.0)
+
+
+def test_pinned_bytes_quota(shared: type[Shared], namespace: Namespace) -> None:
+    s = shared(QuotaTable(default=TenantQuota(pinned_bytes=_slots(2, namespace))))
+    keys = s.keys(3, seed=1)
+    s.put("a", keys)
+    assert s.cache.pin(s.ids["a"], keys[:2]) == 2
+    assert s.cache.pin(s.ids["a"], keys[:2]) == 0  # pinned already: costs nothing more
+    with pytest.raises(QuotaExceededError) as exc:
+        s.cache.pin(s.ids["a"], keys[2:])
+    _limit(exc, "pinned_bytes", _slots(2, namespace))
+    with pytest.raises(QuotaExceededError):
+        s.cache.pin(s.ids["a"])  # the whole namespace
+    s.cache.unpin(s.ids["a"], keys[:1])
+    assert s.cache.pin(s.ids["a"], keys[2:]) == 1
+
+
+def test_stores_into_a_pinned_namespace_count_as_pinned(shared: type[Shared], namespace: Namespace) -> None:
+    s = shared(QuotaTable(default=TenantQuota(pinned_bytes=_slots(2, namespace))))
+    s.put("a", s.keys(1, seed=1))
+    s.cache.pin(s.ids["a"])
+    assert s.put("a", s.keys(1, seed=2)) == 1
+    with pytest.raises(QuotaExceededError) as exc:
+        s.put("a", s.keys(1, seed=3))
+    _limit(exc, "pinned_bytes", _slots(2, namespace))
+
+
+def test_a_tenants_stats_show_its_own_chunks_only(shared: type[Shared], namespace: Namespace) -> None:
+    s = shared(QuotaTable(default=TenantQuota(l2_bytes=_slots(3, namespace))))
+    s.put("a", s.keys(2, seed=1))
+    s.put("b", s.keys(3, seed=2))
+    s.cache.lookup(s.ids["b"], s.keys(3, seed=2), count=True)
+    lease = s.cache.acquire(s.ids["b"], s.keys(3, seed=2), L2, wait_s=0)
+    full, a, b = s.cache.stats(), s.cache.stats("a"), s.cache.stats("b")
+    assert full.tier(L2).chunks == 5
+    assert (a.tier(L2).chunks, b.tier(L2).chunks) == (2, 3)
+    assert a.tier(L2).used_bytes == _slots(2, namespace)
+    assert a.tier(L2).capacity_bytes == _slots(3, namespace)  # its quota, not the tier
+    assert (a.namespaces, b.namespaces, full.namespaces) == (1, 1, 2)
+    assert (a.active_leases, b.active_leases) == (0, 1)
+    assert a.tier(L2).lookup_hit_tokens == 0
+    assert b.tier(L2).lookup_hit_tokens == 3 * namespace.layout.chunk_tokens
+    assert (a.tier(L2).hits, b.tier(L2).hits) == (0, 3)
+    s.cache.release(lease.lease_id)
+    assert s.cache.tenants() == ["a", "b"]
+
+
+def test_quota_values_are_checked() -> None:
+    with pytest.raises(InvalidArgumentError) as exc:
+        TenantQuota(leases=-1)
+    assert exc.value.field == "leases"
+    with pytest.raises(InvalidArgumentError) as exc:
+        TenantQuota(max_ttl_s=float("nan"))
+    assert exc.value.field == "max_ttl_s"
+    assert not QuotaTable().active and QuotaTable(default=TenantQuota(rpc_rate=1)).active
