@@ -7,11 +7,12 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
 
-from tiercache.bench.redis_cluster import RedisDeployment
+from tiercache.bench.redis_cluster import RedisDeployment, redis_single
 from tiercache.errors import CapacityError
 from tiercache.tiers.shared import SharedTier, SharedTierConfig, store_key
 
@@ -73,3 +74,24 @@ def test_a_node_that_stops_answering_turns_the_tier_off_until_it_answers(
         proc.send_signal(signal.SIGCONT)
     wait_back(tier)
     assert tier.available
+
+
+def test_a_password_in_the_url_is_used_and_a_wrong_one_is_a_counted_error(
+    tmp_path: Path, key_prefix: str
+) -> None:
+    with redis_single(tmp_path / "auth", password="s3cret") as server:
+        port = server.nodes[0].port
+        good = SharedTier(SharedTierConfig(url=f"redis://:s3cret@127.0.0.1:{port}", key_prefix=key_prefix))
+        bad = SharedTier(SharedTierConfig(url=f"redis://:wrong@127.0.0.1:{port}", key_prefix=key_prefix))
+        try:
+            (slot,) = good.reserve([b"k" * 32], [SIZE])
+            slot.buffer.fill_(9)
+            good.commit([slot])
+            dst = torch.zeros(SIZE, dtype=torch.uint8)
+            assert good.read_into([b"k" * 32], [dst]) == [True] and int(dst.sum()) == 9 * SIZE
+            assert good.store_kind == "server" and good.usage().errors == 0
+            assert bad.read_into([b"k" * 32], [dst]) == [False]
+            assert bad.usage().errors == 1 and not bad.available
+        finally:
+            good.close()
+            bad.close()

@@ -14,6 +14,7 @@ from tiercache.cache import CacheManager
 from tiercache.codec import Codec
 from tiercache.keys import Namespace, chunk_id, chunk_keys
 from tiercache.policies import WritePolicyKind
+from tiercache.policies.load import PrefillModel
 from tiercache.stats import ChunkEvent, EventKind
 from tiercache.tiers.base import TierLevel
 from tiercache.tiers.shared import store_key
@@ -74,6 +75,27 @@ def test_a_chunk_stored_by_one_cache_is_a_shared_hit_of_another(
     assert shared.hits == 4 and l2.promotions == 4 and shared.lookup_hit_tokens == 4 * 16
     assert shared.load_success_tokens == 4 * 16 and shared.errors == 0
     assert host2.lookup(ns_id, keys).by_tier[TierLevel.L2] == 4  # promoted into L2 like an L3 hit
+    assert host2.rates()[TierLevel.SHARED].samples == 4  # the load policies see its measured rate
+
+
+def test_cost_aware_plans_price_a_shared_chunk_from_the_tiers_rate(
+    cluster: RedisDeployment,
+    make_cache: Callable[..., CacheManager],
+    namespace: Namespace,
+    random_kv: Payload,
+) -> None:
+    nbytes = namespace.layout.chunk_bytes
+    host1 = make_cache(cluster.url, nbytes, name="h1")
+    host2 = make_cache(cluster.url, nbytes, name="h2")
+    tokens = list(range(2 * namespace.layout.chunk_tokens))
+    store_prompt(host1, namespace, tokens, random_kv)
+    ns_id = host2.register_namespace(namespace)
+    keys = chunk_keys(namespace, tokens)
+    fast = host2.plan_load(ns_id, keys, PrefillModel(tokens_per_s=1.0))  # recompute is very slow: load all
+    slow = host2.plan_load(ns_id, keys, PrefillModel(tokens_per_s=1e15))  # recompute is free: load nothing
+    assert fast.chunks == 2 and slow.chunks == 0
+    shared_s = host2.rates()[TierLevel.SHARED].seconds(nbytes)
+    assert fast.load_s >= 2 * shared_s  # each chunk costs at least its read from the shared tier
 
 
 def test_a_gap_in_the_cluster_ends_the_prefix(

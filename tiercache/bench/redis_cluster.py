@@ -24,8 +24,8 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
@@ -97,8 +97,11 @@ class RedisNode:
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT)
 
     def client(self) -> redis.Redis:
-        """A plain client of this node."""
-        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2.0)
+        """A plain client of this node (with the password it was started with, if any)."""
+        password = None
+        if "--requirepass" in self.argv:
+            password = self.argv[self.argv.index("--requirepass") + 1]
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2.0, password=password)
 
     def ping(self) -> bool:
         """Whether the node answers."""
@@ -135,7 +138,7 @@ class RedisDeployment:
     nodes: list[RedisNode]
     cluster: bool
     version: str = ""
-    extra: dict[str, str] = field(default_factory=dict)
+    password: str = ""
 
     @property
     def url(self) -> str:
@@ -205,7 +208,7 @@ class RedisDeployment:
             node.stop()
 
 
-def _node(work_dir: Path, port: int, cluster: bool, maxmemory: str) -> RedisNode:
+def _node(work_dir: Path, port: int, cluster: bool, maxmemory: str, extra: Sequence[str] = ()) -> RedisNode:
     node_dir = work_dir / f"node-{port}"
     node_dir.mkdir(parents=True, exist_ok=True)
     argv = [_binary("redis-server"), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
@@ -214,7 +217,7 @@ def _node(work_dir: Path, port: int, cluster: bool, maxmemory: str) -> RedisNode
     if cluster:
         argv += ["--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
                  "--cluster-node-timeout", "2000", "--cluster-require-full-coverage", "no"]  # fmt: skip
-    return RedisNode(port, argv, node_dir / "redis.log")
+    return RedisNode(port, [*argv, *extra], node_dir / "redis.log")
 
 
 @contextlib.contextmanager
@@ -251,9 +254,12 @@ def redis_cluster(work_dir: Path, masters: int = 3, maxmemory: str = "256mb") ->
 
 
 @contextlib.contextmanager
-def redis_single(work_dir: Path, maxmemory: str = "256mb") -> Iterator[RedisDeployment]:
-    """One ready plain (non-cluster) redis-server on a free loopback port; stopped at exit."""
-    deployment = RedisDeployment([_node(work_dir, _free_ports(1)[0], False, maxmemory)], False)
+def redis_single(work_dir: Path, maxmemory: str = "256mb", password: str = "") -> Iterator[RedisDeployment]:
+    """One ready plain (non-cluster) redis-server on a free loopback port (``--requirepass`` when
+    ``password`` is given); stopped at exit."""
+    extra = ["--requirepass", password] if password else []
+    deployment = RedisDeployment([_node(work_dir, _free_ports(1)[0], False, maxmemory, extra)], False)
+    deployment.password = password
     try:
         deployment.nodes[0].start()
         deployment.wait_ok()
