@@ -5,6 +5,7 @@ tenant's stats show its own chunks only."""
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -251,3 +252,28 @@ def test_quota_values_are_checked() -> None:
         TenantQuota(max_ttl_s=float("nan"))
     assert exc.value.field == "max_ttl_s"
     assert not QuotaTable().active and QuotaTable(default=TenantQuota(rpc_rate=1)).active
+
+
+def test_concurrent_acquires_never_overrun_the_leases_quota(shared: type[Shared]) -> None:
+    s = shared(QuotaTable(default=TenantQuota(leases=2)))
+    keys = s.keys(2, seed=1)
+    s.put("a", keys)
+    start = threading.Barrier(8)
+    granted: list[int] = []
+    refused: list[str] = []
+
+    def acquire() -> None:
+        start.wait()
+        try:
+            granted.append(s.cache.acquire(s.ids["a"], keys, L2, wait_s=0).lease_id)
+        except QuotaExceededError as exc:
+            refused.append(exc.limit)
+
+    threads = [threading.Thread(target=acquire) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(granted) == 2 and all(granted)
+    assert refused == ["leases"] * 6
+    assert s.cache.stats("a").active_leases == 2
