@@ -40,6 +40,7 @@ from .config import DaemonConfig, TierConfigs
 from .decode import add_servicer
 from .diagnostics import DiagnosticsServicer
 from .events import EventHub
+from .fdserver import TenantPools
 from .handles import HandleRegistry
 from .listen import SocketFile, StartupError, prepare_socket_path, restrictive_umask
 from .metrics import DaemonMetrics
@@ -142,6 +143,7 @@ class Daemon:
         hub = EventHub(loop)
         detach = hub.attach(manager)
         metrics = DaemonMetrics(manager.stats)
+        pools = self._pools(host)
         deps = ServiceDeps(
             manager=manager,
             executor=executor,
@@ -149,7 +151,7 @@ class Daemon:
             handles=HandleRegistry(),
             events=hub,
             metrics=metrics,
-            data_plane=DataPlaneInfo(host.segment_name, host.slot_bytes, host.num_slots),
+            data_plane=DataPlaneInfo(host.segment_name, host.slot_bytes, host.num_slots, pools),
             stream=cfg.stream,
             lease_ttl_s=cfg.cache.lease_ttl_s,
             wait_executor=waits,
@@ -174,6 +176,8 @@ class Daemon:
             await server.start()
             if socket_file is not None:
                 socket_file.chmod(cfg.listen.socket_mode)
+            if pools is not None:
+                pools.start()
             for service in HEALTH_SERVICES:
                 await health.set(service, health_pb2.HealthCheckResponse.SERVING)
             logger.info("tiercache-daemon listening on %s", " and ".join(addresses))
@@ -182,11 +186,20 @@ class Daemon:
             hub.close()
         finally:
             await server.stop(DRAIN_GRACE_S)
+            if pools is not None:
+                pools.close()
             hub.close()
             detach()
             await asyncio.to_thread(metrics.stop)
             if socket_file is not None:
                 socket_file.remove()
+
+    def _pools(self, host: HostTier) -> TenantPools | None:
+        """The isolated data plane (tenant pools by file descriptor): with tokens and a unix socket."""
+        listen = self._config.listen
+        if not self._auth.enabled or not listen.socket:
+            return None
+        return TenantPools(host, self._auth, listen.socket + ".fd", listen.socket_mode)
 
     def _bind(self, server: grpc.aio.Server) -> tuple[list[str], SocketFile | None]:
         """Add the configured listeners; returns their addresses and the unix socket file."""
