@@ -20,7 +20,7 @@ from tiercache.policies import WritePolicyKind
 from tiercache.tiers.base import TierLevel
 from tiercache.tiers.host import HostTier, HostTierConfig
 from tiercache.tiers.lmdb import LmdbTier, LmdbTierConfig
-from tiercache.tiers.values import HEADER_BYTES
+from tiercache.tiers.values import HEADER_BYTES, checksum, parse_header
 
 L2, L3 = TierLevel.L2, TierLevel.L3
 
@@ -111,7 +111,14 @@ def test_a_flipped_chunk_copied_out_of_l2_is_a_miss_and_deleted(cache: Cache) ->
 def test_l3_keeps_the_commit_time_checksum(cache: Cache) -> None:
     keys = cache.keys(1, seed=4)
     cache.cache.put(cache.ns_id, keys, [cache.payload(6)])
+    cid = cache.cache_id(keys[0])
+    committed = cache.l2._committed[cid].checksum  # taken when the chunk was committed into L2
+    assert committed == checksum(memoryview(cache.payload(6).numpy()))
     assert cache.cache.demote(cache.ns_id, keys, L3) == 1
+    env = cache.l3._env  # the real LMDB file underneath
+    with env.begin(db=env.open_db(b"values")) as txn:
+        header = parse_header(memoryview(txn.get(cid)))
+    assert not isinstance(header, str) and header.checksum == committed
     (got,) = cache.cache.get(cache.ns_id, keys)  # read back from L3, verified against its header
     assert got is not None and torch.equal(got, cache.payload(6))
 
