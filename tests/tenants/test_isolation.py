@@ -7,7 +7,8 @@ A's grant and forged ones on the fd socket, whatever it can list or open under `
 Identical chunks of the two tenants are stored twice.
 
 The engines run as separate processes (tests/tenants/engine_child.py: grpc and mmap, no torch). As root
-(CI) they run under two distinct uids that are neither the daemon's nor each other's, with an interpreter
+(CI) they run under two distinct uids that are neither the daemon's nor each other's (bare numeric uids
+through ``setpriv``: no user accounts are created), with an interpreter
 and packages they can read (the system python of the same version, and a world-readable copy of grpc,
 protobuf and tiercache made once per session); otherwise they run as this user (then the /proc routes are
 not asserted: the daemon's own user is trusted).
@@ -74,7 +75,7 @@ def engines() -> Iterator[Engines]:
     shared.chmod(0o755)
     python = _system_python()
     try:
-        if os.geteuid() != 0 or python is None:
+        if os.geteuid() != 0 or python is None or shutil.which("setpriv") is None:
             yield Engines(sys.executable, dict(os.environ), (None, None), shared)
             return
         site = shared / "site"
