@@ -8,6 +8,7 @@ Primitives:
     TierCacheError: base of everything tiercache raises on purpose.
     InvalidArgumentError: a value is malformed or out of range (names the field).
     NotFoundError: an unknown namespace, lease or ticket.
+    ExpiredError: a store ticket used after its TTL passed (a NotFoundError that says so; names the field).
     CapacityError: a tier cannot make room (everything left is leased, pinned or too young).
     ConflictError: the operation clashes with the current state (e.g. a ticket already committed).
     PermissionDeniedError: missing, unknown or insufficient credentials, or another tenant's handle.
@@ -43,6 +44,14 @@ class NotFoundError(TierCacheError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+class ExpiredError(NotFoundError):
+    """A store ticket (or lease) was used after its TTL passed and the cache took its space back.
+
+    Distinct from a plain unknown id so that a late writer is told why; the daemon answers
+    FAILED_PRECONDITION.
+    """
 
 
 class CapacityError(TierCacheError):

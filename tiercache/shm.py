@@ -1,15 +1,22 @@
-"""Named POSIX shared-memory segments that another process can map (Linux ``/dev/shm``).
+"""Shared-memory segments that another process can map: named (Linux ``/dev/shm``) or anonymous (memfd).
 
-The daemon creates one segment for the L2 host pool; same-host engines attach to it by name and copy KV
-straight into or out of its slots. Segments are named ``<prefix>.<owner pid>.<random>`` so that a
+The daemon creates one named segment for the default L2 pool; same-host engines attach to it by name and
+copy KV straight into or out of its slots. Segments are named ``<prefix>.<owner pid>.<random>`` so that a
 restarting owner can find and unlink the segments a dead owner left behind.
+
+A tenant's pool is an anonymous segment (``memfd_create``): it has no name anywhere, so no other process can
+open it; only a process the daemon hands the file descriptor to (over a unix socket, see
+:mod:`tiercache.fdpass`) can map it.
 
 Python's ``multiprocessing.shared_memory`` is not used: its resource tracker unlinks segments it did not
 create when an attaching process exits, which would pull the pool out from under the daemon.
 
 Primitives:
-    SharedSegment.create / SharedSegment.attach: make or map a segment; ``buffer`` is a writable
+    SharedSegment.create / SharedSegment.attach: make or map a named segment; ``buffer`` is a writable
         memoryview of it; ``close`` unmaps; ``unlink`` removes the name.
+    SharedSegment.create_anonymous / SharedSegment.from_fd: make a sparse memfd segment (``fd`` is what
+        is handed out) / map one received as a file descriptor.
+    SharedSegment.populate / SharedSegment.release: fault in / give back the pages of a byte range.
     clean_stale_segments: unlink segments of a prefix whose owner process is gone.
 """
 
@@ -44,12 +51,78 @@ class SharedSegment:
         owner: True for the process that created it (and is responsible for unlinking it).
     """
 
-    def __init__(self, name: str, mm: mmap.mmap, size: int, owner: bool) -> None:
+    def __init__(self, name: str, mm: mmap.mmap, size: int, owner: bool, fd: int | None = None) -> None:
         self.name = name
         self.size = size
         self.owner = owner
+        self._fd = fd
         self._mmap: mmap.mmap | None = mm
         self._view: memoryview | None = memoryview(mm)
+
+    @classmethod
+    def create_anonymous(cls, label: str, size: int) -> SharedSegment:
+        """Create a sparse anonymous segment (``memfd_create``; no pages until touched, no name anywhere).
+
+        Args:
+            label: shown in ``/proc/<pid>/fd`` and used in logs (``name`` is ``memfd:<label>``).
+            size: bytes; positive.
+
+        Raises:
+            InvalidArgumentError: bad label or size.
+        """
+        _check_name("label", label)
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise InvalidArgumentError("size", f"must be a positive integer, got {size!r}")
+        fd = os.memfd_create(label, os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, size)
+            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            raise
+        logger.info("created anonymous shared-memory segment %s (%d bytes, sparse)", label, size)
+        return cls(f"memfd:{label}", mm, size, owner=True, fd=fd)
+
+    @classmethod
+    def from_fd(cls, name: str, fd: int) -> SharedSegment:
+        """Map a segment received as a file descriptor (the descriptor is closed once mapped).
+
+        Raises:
+            OSError: the descriptor cannot be mapped.
+        """
+        try:
+            size = os.fstat(fd).st_size
+            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        return cls(name, mm, size, owner=False)
+
+    @property
+    def fd(self) -> int:
+        """The file descriptor of an anonymous segment this process created (what is handed to engines).
+
+        Raises:
+            ValueError: a named or attached segment (those have none), or a closed one.
+        """
+        if self._fd is None:
+            raise ValueError(f"segment {self.name} has no file descriptor to hand out")
+        return self._fd
+
+    def populate(self, offset: int, length: int) -> None:
+        """Fault in the pages of ``[offset, offset + length)`` (rounded out to whole pages)."""
+        if self._mmap is not None:
+            start = offset - offset % _PAGE
+            _populate_range(self._mmap, start, min(self.size, offset + length) - start)
+
+    def release(self, offset: int, length: int) -> None:
+        """Give back the whole pages inside ``[offset, offset + length)``; they read as zeros afterwards."""
+        start = -(-offset // _PAGE) * _PAGE
+        stop = (offset + length) // _PAGE * _PAGE
+        if self._mmap is not None and stop > start:
+            try:
+                self._mmap.madvise(mmap.MADV_REMOVE, start, stop - start)
+            except OSError as exc:  # pragma: no cover - tmpfs and memfd both support it
+                logger.debug("MADV_REMOVE on %s failed: %s", self.name, exc)
 
     @classmethod
     def create(cls, prefix: str, size: int, prefault: bool = True) -> SharedSegment:
@@ -118,8 +191,11 @@ class SharedSegment:
 
     def close(self) -> None:
         """Unmap the segment (idempotent). If views of it are still alive the mapping lives on until they die."""
-        view, mm = self._view, self._mmap
+        view, mm, fd = self._view, self._mmap, self._fd
         self._view = self._mmap = None
+        self._fd = None
+        if fd is not None:
+            os.close(fd)
         if view is not None:
             view.release()
         if mm is not None:
@@ -131,7 +207,9 @@ class SharedSegment:
                 )
 
     def unlink(self) -> None:
-        """Remove the segment's name (idempotent); existing mappings stay valid."""
+        """Remove the segment's name (idempotent; nothing for an anonymous one); existing mappings stay valid."""
+        if self.name.startswith("memfd:"):
+            return
         try:
             os.unlink(SHM_DIR / self.name)
             logger.info("unlinked shared-memory segment %s", self.name)
@@ -148,6 +226,21 @@ def _populate(mm: mmap.mmap, size: int) -> None:
         try:
             for offset in range(0, size, _PAGE):
                 view[offset] = 0
+        finally:
+            view.release()
+
+
+def _populate_range(mm: mmap.mmap, start: int, length: int) -> None:
+    """Fault in the pages of one range of a mapping (MADV_POPULATE_WRITE, else a write per page)."""
+    if length <= 0:
+        return
+    try:
+        mm.madvise(_MADV_POPULATE_WRITE, start, length)
+    except (OSError, ValueError):
+        view = memoryview(mm)
+        try:
+            for offset in range(start, start + length, _PAGE):
+                view[offset] = view[offset]
         finally:
             view.release()
 

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tiercache.fdpass import request_segment
 from tiercache.keys import Namespace, chunk_keys
 from tiercache.layout import KVDtype, KVLayout
 from tiercache.proto import tiercache_pb2 as pb
@@ -292,6 +293,23 @@ def register(
     return reply
 
 
+_GRANTED: dict[str, int] = {}
+"""Descriptors of tenant pools received on a daemon's fd socket, by segment name (a grant is spent once)."""
+
+
+def map_segment(reg: pb.RegisterResponse, metadata: Sequence[tuple[str, str]] = ()) -> SharedSegment:
+    """Map the segment of a registration: by name, or (isolated data plane) by the descriptor the daemon
+    hands out on its fd socket for the registration's grant and the caller's token."""
+    dp = reg.data_plane
+    if not dp.fd_socket:
+        return SharedSegment.attach(dp.shm_segment)
+    if dp.shm_segment not in _GRANTED:
+        token = next((v.removeprefix("Bearer ") for k, v in metadata if k == "authorization"), None)
+        _, fd = request_segment(dp.fd_socket, token, bytes(dp.fd_grant), RPC_TIMEOUT_S)
+        _GRANTED[dp.shm_segment] = fd
+    return SharedSegment.from_fd(dp.shm_segment, os.dup(_GRANTED[dp.shm_segment]))
+
+
 def shm_store(
     stub: pb_grpc.KVCacheServiceStub,
     reg: pb.RegisterResponse,
@@ -303,7 +321,7 @@ def shm_store(
     begin = stub.BeginStore(
         pb.BeginStoreRequest(handle=reg.handle, keys=keys), timeout=RPC_TIMEOUT_S, metadata=metadata
     )
-    seg = SharedSegment.attach(reg.data_plane.shm_segment)
+    seg = map_segment(reg, metadata)
     try:
         slot_bytes = reg.data_plane.slot_bytes
         for ref in begin.slots:
@@ -330,7 +348,7 @@ def shm_load(
     acq = stub.AcquireLoad(
         pb.AcquireLoadRequest(handle=reg.handle, keys=keys), timeout=RPC_TIMEOUT_S, metadata=metadata
     )
-    seg = SharedSegment.attach(reg.data_plane.shm_segment)
+    seg = map_segment(reg, metadata)
     try:
         slot_bytes = reg.data_plane.slot_bytes
         out = []

@@ -6,20 +6,27 @@ min-heap (lazily invalidated when a lease or ticket ends first), so reaping cost
 and nothing when none is due.
 
 The table only keeps the books; the manager drops the holds and aborts the reservations of what
-:meth:`LeaseTable.reap` returns. Not thread-safe: every method runs under the cache's index lock.
+:meth:`LeaseTable.reap` returns. It remembers the ids of the last :data:`LAPSED_REMEMBERED` tickets reaped
+at their TTL, so that a late commit is told its ticket expired (not that it never existed). Not
+thread-safe: every method runs under the cache's index lock.
 
 Primitives:
     Lease: the chunks one reader holds in one tier.
     StoreReservation: the reservations of one store ticket.
-    LeaseTable: new_id, add_lease / take_lease / lease, add_store / take_store / store, reap, counts.
+    LeaseTable: new_id, add_lease / take_lease / lease, add_store / take_store / store, reap, lapsed,
+        counts.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from tiercache.tiers.base import TierLevel, WriteSlot
+
+LAPSED_REMEMBERED = 65_536
+"""Expired store tickets whose ids (and expiry times) are remembered for a clear refusal of a late commit."""
 
 
 @dataclass(slots=True)
@@ -41,6 +48,7 @@ class StoreReservation:
     depths: list[int]
     indices: list[int]
     expires_at: float
+    ttl: float = 0.0
 
 
 class LeaseTable:
@@ -52,6 +60,7 @@ class LeaseTable:
         self._stores: dict[int, StoreReservation] = {}
         self._expiries: list[tuple[float, int]] = []
         self._next_id = 1
+        self._lapsed: OrderedDict[int, float] = OrderedDict()
         self.expired = 0
 
     def new_id(self) -> int:
@@ -98,6 +107,10 @@ class LeaseTable:
         """Close a store ticket; None when it is unknown or already closed."""
         return self._stores.pop(ticket_id, None)
 
+    def lapsed(self, ticket_id: int) -> float | None:
+        """When a store ticket reaped at its TTL expired; None when it is not one of the remembered ones."""
+        return self._lapsed.get(ticket_id)
+
     def take_all_stores(self) -> list[StoreReservation]:
         """Close every store ticket (at shutdown)."""
         stores = list(self._stores.values())
@@ -119,6 +132,9 @@ class LeaseTable:
             if store is not None and store.expires_at <= now:
                 del self._stores[item_id]
                 stores.append((item_id, store))
+                self._lapsed[item_id] = store.expires_at
+                if len(self._lapsed) > LAPSED_REMEMBERED:
+                    self._lapsed.popitem(last=False)
         self.expired += len(leases) + len(stores)
         if len(self._expiries) > 2 * (len(self._leases) + len(self._stores)) + 64:
             self._expiries = [(ls.expires_at, i) for i, ls in self._leases.items()]

@@ -4,7 +4,10 @@ A leased chunk is held in its tier (never evicted, its slot never reused) until 
 lapses at its TTL. Bringing a chunk into the tier and copying a chunk out run through the mover with the
 index lock released; reads of a tier that is not a slot tier (L3) are single-flight per chunk, so concurrent
 ``get`` calls of one chunk share one read. A load that may wait only up to a deadline waits on the
-background promotions of a prefetch, which go on after it gives up.
+background promotions of a prefetch, which go on after it gives up. When the tier checks loads
+(``verify_loads`` of a checksummed slot tier), each leased chunk's bytes are checked against their
+commit-time checksum before the lease is handed out: one that fails ends the leased prefix, is dropped and
+counted as a miss (its bytes are never served).
 
 Primitives:
     Loads: acquire, release, expire, lease_one, view, drop_lease, read, hit, plan.
@@ -28,6 +31,7 @@ from tiercache.policies.load import CostPlan, PrefillModel, plan_cost_aware
 from tiercache.rates import RateEstimator
 from tiercache.singleflight import SingleFlight
 from tiercache.tiers.base import SlotTier, TierLevel
+from tiercache.tiers.slots import SlotPoolTier
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +94,7 @@ class Loads:
                 elif background is not None and i < len(background.futures):
                     bring = partial(wait_until, background.futures[i], deadline)
                 source = self.lease_one(cid, target, lease, bring)
-                if source is None:
+                if source is None or not self._verified(cid, target, lease):
                     break
                 slot, view = self.view(cid, target)
                 chunks.append(LoadChunk(i, bytes(keys[i]), slot, view, source))
@@ -105,6 +109,18 @@ class Loads:
                 for ch in chunks:
                     self._index.tokens[ch.source].load_success += chunk_tokens
         return LoadTicket(lease_id, namespace_id, target, tuple(chunks), lease.expires_at)
+
+    def _verified(self, cid: bytes, level: TierLevel, lease: Lease) -> bool:
+        """Check a just-leased chunk's bytes when the tier checks loads; one that fails leaves the lease and
+        is dropped as a miss (the lease's hold keeps it in place while it is checked)."""
+        tier = self._tiers[level]
+        if not isinstance(tier, SlotPoolTier) or not tier.verify_loads or tier.verify(cid):
+            return True
+        with self._lock:
+            lease.chunk_ids.remove(cid)
+            self._mover.release_hold(cid, level)
+            self._mover.lost(cid, level)
+        return False
 
     def release(self, lease_id: int) -> bool:
         """See :meth:`CacheManager.release`."""

@@ -3,8 +3,14 @@
 A store first claims its chunk ids under the index lock (so that no other store or copy writes them), then
 reserves space through the mover with the lock released (room is made by evicting, which may demote), then
 files the reservation as a ticket in the lease table. Commit makes chunks visible in the tier and in the
-index at once (under the lock) and applies the write policy; abort and expiry give the space back, and so
-does a commit that fails (the error propagates, the failed slots leave the ticket).
+index at once (under the lock) and applies the write policy; abort gives the space back, and so does a
+commit that fails (the error propagates, the failed slots leave the ticket).
+
+A ticket that expires is refused at commit (:class:`~tiercache.errors.ExpiredError`, FAILED_PRECONDITION on
+the wire, naming the ticket and when it expired). Its slots in a tier shared with engine processes (L2)
+are quarantined for one more TTL before they can be reserved again: an engine that stalled past the TTL may still be writing into them,
+and its late bytes must never land in a slot that was handed on. (A writer later still than that can only
+reach its own tenant's pool, and its bytes fail the checksum taken at commit.)
 
 Primitives:
     Stores: begin, fill, commit, abort, discard, discard_all, expire.
@@ -21,10 +27,11 @@ from tiercache.cache.index import ChunkEntry
 from tiercache.cache.leases import StoreReservation
 from tiercache.cache.parts import Parts
 from tiercache.cache.results import StoreSlot, StoreTicket
-from tiercache.errors import InvalidArgumentError, NotFoundError
+from tiercache.errors import ExpiredError, InvalidArgumentError, NotFoundError
 from tiercache.keys import split_chunk_id
 from tiercache.prefill import PrefillCoordinator
 from tiercache.tiers.base import TierLevel, WriteSlot
+from tiercache.tiers.slots import SlotPoolTier
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +88,7 @@ class Stores:
             slots = tuple(StoreSlot(i, bytes(keys[i]), ws.buffer, ws.slot) for i, ws in zip(todo, writes))
             depths = [start_depth + i for i in todo]
             self._leases.add_store(
-                ticket_id, StoreReservation(namespace_id, landed, writes, depths, list(todo), now + ttl)
+                ticket_id, StoreReservation(namespace_id, landed, writes, depths, list(todo), now + ttl, ttl)
             )
             return StoreTicket(ticket_id, namespace_id, landed, slots, skipped, now + ttl)
 
@@ -102,6 +109,13 @@ class Stores:
             now = self._clock()
             self._reap(self._clock())
             store = self._leases.store(ticket_id)
+            lapsed = self._leases.lapsed(ticket_id)
+            if store is None and lapsed is not None:
+                raise ExpiredError(
+                    "ticket_id",
+                    f"store ticket {ticket_id} expired {now - lapsed:.3f} s ago, before this commit; its slots"
+                    " were taken back (store the chunks again, with a longer ttl_s)",
+                )
             if store is None:
                 raise NotFoundError("ticket_id", f"store ticket {ticket_id} is unknown, finished or expired")
             if indices is None:
@@ -150,12 +164,25 @@ class Stores:
             return True
 
     def expire(self, stores: Sequence[tuple[int, StoreReservation]]) -> None:
-        """Give back the reservations of tickets the table reaped at their TTL (call under the lock)."""
+        """Take back the reservations of tickets the table reaped at their TTL, quarantining slot-tier slots
+        for one more TTL, and end the quarantines that are over (call under the lock)."""
+        now = self._clock()
         for ticket_id, store in stores:
-            self.discard(store)
+            self._mover.storing.difference_update(ws.chunk_id for ws in store.writes)
+            tier = self._tiers[store.level]
+            if isinstance(tier, SlotPoolTier) and tier.shared:
+                tier.quarantine(store.writes, now + store.ttl)
+            else:
+                tier.abort(store.writes)
             logger.warning(
-                "store ticket %d expired before commit; %d chunks aborted", ticket_id, len(store.writes)
+                "store ticket %d expired before commit; %d chunks aborted, their slots quarantined for %.3f s",
+                ticket_id,
+                len(store.writes),
+                store.ttl,
             )
+        for tier in self._tiers.values():
+            if isinstance(tier, SlotPoolTier):
+                tier.release_quarantined(now)
 
     def discard_all(self) -> None:
         """Close every open ticket and give its reservations back (at shutdown; call under the lock)."""

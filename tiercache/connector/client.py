@@ -72,7 +72,7 @@ class TierCacheClient:
         """
         self.endpoint = endpoint
         self.config = config or ClientConfig()
-        self._segments = SegmentMaps()
+        self._segments = SegmentMaps(token)
         self._conn = Connection(endpoint, token, self.config, on_registered=self._segments.retain)
 
     @classmethod

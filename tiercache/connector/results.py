@@ -28,16 +28,22 @@ class SegmentInfo:
     """The daemon's shared-memory tier: slot ``i`` is bytes ``[i * slot_bytes, i * slot_bytes + nbytes)``.
 
     Attributes:
-        shm_segment: segment name under ``/dev/shm``.
+        shm_segment: segment name under ``/dev/shm`` (or, with ``fd_socket``, the name of the tenant's
+            anonymous pool: an identity only, nothing to open).
         slot_bytes: bytes per slot.
         num_slots: slots in the segment.
         segment_bytes: size of the segment.
+        fd_socket: the daemon's fd socket, where the segment's descriptor is handed out (isolated data
+            plane); empty: map ``shm_segment`` by name.
+        fd_grant: the one-time grant to present there.
     """
 
     shm_segment: str
     slot_bytes: int
     num_slots: int
     segment_bytes: int
+    fd_socket: str = ""
+    fd_grant: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +76,14 @@ class Registration:
         segment = None
         if msg.HasField("data_plane") and msg.data_plane.shm_segment:
             dp = msg.data_plane
-            segment = SegmentInfo(dp.shm_segment, dp.slot_bytes, dp.num_slots, dp.segment_bytes)
+            segment = SegmentInfo(
+                dp.shm_segment,
+                dp.slot_bytes,
+                dp.num_slots,
+                dp.segment_bytes,
+                dp.fd_socket,
+                bytes(dp.fd_grant),
+            )
         return cls(
             handle=bytes(msg.handle),
             layout=layout_from_proto(msg.layout),

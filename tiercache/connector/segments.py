@@ -1,12 +1,14 @@
 """The daemon's shared-memory segments mapped into the engine process (what the same-host data plane uses).
 
-A segment is mapped once (per segment name) and wrapped in one ``uint8`` tensor; a slot is a slice of it, so
+A segment is mapped by name, or (the isolated data plane: a tenant's own anonymous pool) from the file
+descriptor the daemon hands out on its fd socket for the registration's one-time grant
+(:mod:`tiercache.fdpass`). It is mapped once (per segment name) and wrapped in one ``uint8`` tensor; a slot is a slice of it, so
 copies go straight between the daemon's slot and the engine's tensors. Views are only handed out inside
 :meth:`SlotMapping.use`; the mapping is unmapped when it is retired and no ``use`` is active, so a view can
 never outlive the memory under it. :class:`SegmentMaps` is a client's cache of mappings by segment name.
 
 Primitives:
-    SlotMapping.attach: map a daemon's segment as described by its SegmentInfo.
+    SlotMapping.attach: map a daemon's segment as described by its SegmentInfo (by name or by descriptor).
     SlotMapping.use: a context in which ``SlotAccess.view(ref)`` gives a slot's bytes as a tensor.
     SlotMapping.retire / close: unmap when the last user is done (retire) or now (close).
     SegmentMaps: mapping (get), retain (retire the mappings of segments no longer named), close.
@@ -21,7 +23,14 @@ from contextlib import contextmanager
 
 import torch
 
-from tiercache.errors import InvalidArgumentError, NotFoundError, TierCacheError, UnavailableError
+from tiercache import fdpass
+from tiercache.errors import (
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+    TierCacheError,
+    UnavailableError,
+)
 from tiercache.shm import SharedSegment
 
 from .results import SegmentInfo, SlotRef
@@ -64,11 +73,13 @@ class SlotMapping:
         self._retired = False
 
     @classmethod
-    def attach(cls, info: SegmentInfo) -> SlotMapping:
-        """Map the segment ``info`` names.
+    def attach(cls, info: SegmentInfo, token: str | None = None, timeout_s: float = 10.0) -> SlotMapping:
+        """Map the segment ``info`` names (by name, or by descriptor from ``info.fd_socket`` with ``token``).
 
         Raises:
             NotFoundError: no such segment on this host (the daemon runs elsewhere).
+            UnavailableError: the fd socket cannot be reached (the daemon runs elsewhere).
+            PermissionDeniedError: the daemon refused the descriptor (token, grant).
             InvalidArgumentError: the segment is smaller than the daemon says, or the description is
                 inconsistent.
         """
@@ -77,7 +88,11 @@ class SlotMapping:
                 "data_plane",
                 f"{info.num_slots} slots of {info.slot_bytes} bytes do not fit {info.segment_bytes} bytes",
             )
-        segment = SharedSegment.attach(info.shm_segment)
+        if info.fd_socket:
+            name, fd = fdpass.request_segment(info.fd_socket, token, info.fd_grant, timeout_s)
+            segment = SharedSegment.from_fd(name, fd)
+        else:
+            segment = SharedSegment.attach(info.shm_segment)
         if segment.size < info.segment_bytes:
             segment.close()
             raise InvalidArgumentError(
@@ -138,7 +153,9 @@ class SegmentMaps:
     Thread-safe. Registrations of several namespaces name the same segment: it is mapped once.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, token: str | None = None) -> None:
+        """Args: token: the client's bearer token (presented on the daemon's fd socket)."""
+        self._token = token
         self._lock = threading.Lock()
         self._maps: dict[str, SlotMapping | None] = {}
 
@@ -150,8 +167,8 @@ class SegmentMaps:
                 return self._maps[info.shm_segment]
         mapping: SlotMapping | None
         try:
-            mapping = SlotMapping.attach(info)
-        except (NotFoundError, InvalidArgumentError, OSError) as exc:
+            mapping = SlotMapping.attach(info, self._token)
+        except (NotFoundError, InvalidArgumentError, UnavailableError, PermissionDeniedError, OSError) as exc:
             logger.info(
                 "shared-memory segment %s not usable here (%s); using the byte stream", info.shm_segment, exc
             )

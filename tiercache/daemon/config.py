@@ -90,6 +90,7 @@ class Options:
     l1_bytes: int
     l2_bytes: int
     l2_prefix: str
+    l2_verify_loads: bool
     l3_path: str
     l3_bytes: int
     l3_codec: Codec
@@ -247,7 +248,10 @@ class DaemonConfig:
             tiers=TierConfigs(
                 l1=_l1_config(opts, cuda_devices),
                 l2=HostTierConfig(
-                    capacity_bytes=opts.l2_bytes, slot_bytes=opts.slot_bytes, segment_prefix=opts.l2_prefix
+                    capacity_bytes=opts.l2_bytes,
+                    slot_bytes=opts.slot_bytes,
+                    segment_prefix=opts.l2_prefix,
+                    verify_loads=opts.l2_verify_loads,
                 ),
                 l3=_l3_config(opts),
                 shared=_shared_config(opts),

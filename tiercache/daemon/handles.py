@@ -14,7 +14,8 @@ Both classes are used from the event loop only (no locks).
 Primitives:
     HandleInfo: the tenant, chunk size and declared cost models of a handle.
     HandleRegistry: ``add(handle, tenant, chunk_bytes, ...)``, ``owner(handle)``, ``check(handle, tenant)``.
-    Claims: ticket or lease id -> (handle, expiry); ``add``, ``take``, ``owned``.
+    Claims: ticket or lease id -> (handle, expiry); ``add``, ``take``, ``owned``, ``lapsed`` (a claim
+        forgotten after its expiry, remembered for a clear refusal of a late commit).
     Owners: id -> handle for ids without a fixed expiry (prefill claims), bounded, oldest forgotten first.
 """
 
@@ -31,6 +32,8 @@ from tiercache.policies.load import DeadlineModel, PrefillModel
 
 EXPIRY_GRACE_S = 5.0
 """A claim is forgotten this long after the manager's own expiry of the ticket or lease."""
+LAPSED_REMEMBERED = 65_536
+"""Forgotten (expired) claims whose ids are still remembered, so that a late use is told it expired."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +119,7 @@ class HandleRegistry:
 class _Claim:
     handle: bytes
     forget_at: float
+    expires_at: float
 
 
 class Claims:
@@ -125,13 +129,21 @@ class Claims:
         """Args: clock: the cache manager's clock (expiry times are in its seconds)."""
         self._clock = clock
         self._claims: dict[int, _Claim] = {}
+        self._lapsed: OrderedDict[int, _Claim] = OrderedDict()
 
     def add(self, ident: int, handle: bytes, expires_at: float) -> None:
         """Record that ``ident`` was taken under ``handle``; forget long-expired claims."""
         now = self._clock()
         for old in [i for i, c in self._claims.items() if c.forget_at <= now]:
-            del self._claims[old]
-        self._claims[ident] = _Claim(handle, expires_at + EXPIRY_GRACE_S)
+            self._lapsed[old] = self._claims.pop(old)
+        while len(self._lapsed) > LAPSED_REMEMBERED:
+            self._lapsed.popitem(last=False)
+        self._claims[ident] = _Claim(handle, expires_at + EXPIRY_GRACE_S, expires_at)
+
+    def lapsed(self, ident: int, handle: bytes) -> float | None:
+        """When ``ident``, a claim of ``handle`` forgotten after its expiry, expired; None otherwise."""
+        claim = self._lapsed.get(ident)
+        return claim.expires_at if claim is not None and claim.handle == handle else None
 
     def owned(self, ident: int, handle: bytes) -> bool:
         """Whether ``ident`` is a live claim of ``handle``."""

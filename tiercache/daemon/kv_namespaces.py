@@ -39,7 +39,11 @@ class NamespaceRpcs(ServicerBase):
 
     @unary_tenant
     async def Register(self, request: pb.RegisterRequest, tenant: str, context: Any) -> pb.RegisterResponse:
-        """Register the caller's namespace; the handle is scoped to the caller's tenant."""
+        """Register the caller's namespace; the handle is scoped to the caller's tenant.
+
+        With tokens and the isolated data plane, the namespace's L2 chunks go to the tenant's own pool and
+        the answer names it with a one-time grant for its file descriptor (:mod:`.fdserver`).
+        """
         args = convert.register_from_proto(request)
         ns, prefill, deadline = args.namespace, args.prefill, args.deadline
         try:
@@ -61,16 +65,20 @@ class NamespaceRpcs(ServicerBase):
             deadline,
         )
         dp = self._deps.data_plane
-        return pb.RegisterResponse(
-            handle=handle,
-            layout=layout_to_proto(ns.layout),
-            chunk_bytes=chunk_bytes,
-            data_plane=pb.DataPlane(
+        if dp.pools is not None and self._deps.auth.enabled:
+            data_plane = dp.pools.register(handle, tenant)  # the tenant's own pool, by file descriptor
+        else:
+            data_plane = pb.DataPlane(
                 shm_segment=dp.segment,
                 slot_bytes=dp.slot_bytes,
                 num_slots=dp.num_slots,
                 segment_bytes=dp.slot_bytes * dp.num_slots,
-            ),
+            )
+        return pb.RegisterResponse(
+            handle=handle,
+            layout=layout_to_proto(ns.layout),
+            chunk_bytes=chunk_bytes,
+            data_plane=data_plane,
             lease_ttl_s=self._deps.lease_ttl_s,
             max_ttl_s=self._deps.max_ttl_s,
             max_stream_message_bytes=self._deps.stream.stream_chunk_bytes,

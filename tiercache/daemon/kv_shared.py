@@ -4,7 +4,8 @@ AcquireLoad, ReleaseLoad.
 Engines store into and load from L2, the shared-memory tier named in ``RegisterResponse.data_plane``
 (:class:`~tiercache.cache.rules.EngineRules` holds that rule and the warming of L1 after a load). Each store
 ticket and load lease is remembered under the handle it was taken with (:class:`~.handles.Claims`), so that
-one engine cannot commit or release another namespace's work.
+one engine cannot commit or release another namespace's work. A commit after the ticket's TTL is refused
+with FAILED_PRECONDITION naming the ticket (:class:`~tiercache.errors.ExpiredError`).
 
 AcquireLoad's policies are resolved in :mod:`.loads`. A load that may wait for promotion out of a slow L3
 runs in the bounded wait executor; a load that waits for nothing (``wait_s == 0``) in the short one.
@@ -21,7 +22,7 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
-from tiercache.errors import NotFoundError
+from tiercache.errors import ExpiredError, NotFoundError
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.wire import LOAD_POLICIES
 
@@ -72,6 +73,13 @@ class SharedMemoryRpcs(ServicerBase):
             if indices
             else self._tickets.take(request.ticket_id, handle)
         )
+        lapsed = None if known else self._tickets.lapsed(request.ticket_id, handle)
+        if lapsed is not None:
+            raise ExpiredError(
+                "ticket_id",
+                f"store ticket {request.ticket_id} expired {self._deps.clock() - lapsed:.3f} s ago, before"
+                " this commit; its slots were taken back (store the chunks again, with a longer ttl_s)",
+            )
         if not known:
             raise NotFoundError(
                 "ticket_id",

@@ -223,6 +223,13 @@ OPTIONS: tuple[Option, ...] = (
         "l2_prefix", parse_str, *_fixed("tiercache-l2"), "name prefix of the L2 shared-memory segment", "NAME"
     ),
     Option(
+        "l2_verify_loads",
+        parse_bool,
+        *_fixed(False, "false"),
+        "check each L2 chunk's checksum before leasing it to an engine (off: it costs more than a tenth of a load here)",
+        boolean=True,
+    ),
+    Option(
         "l3_path",
         parse_str,
         lambda env, r: default_l3_path(env),

@@ -41,6 +41,7 @@ from tiercache.errors import TierCacheError
 from .auth import Authenticator
 from .config import StreamConfig
 from .events import EventHub
+from .fdserver import TenantPools
 from .handles import HandleInfo, HandleRegistry
 from .metrics import DaemonMetrics
 from .status import abort_with, status_of
@@ -61,14 +62,17 @@ class DataPlaneInfo:
     """The shared-memory segment of the L2 tier.
 
     Attributes:
-        segment: name under ``/dev/shm``.
+        segment: name under ``/dev/shm`` (the default tenant's pool).
         slot_bytes: bytes per slot; slot ``i`` starts at ``i * slot_bytes``.
         num_slots: slots in the segment.
+        pools: with tokens and a unix socket, every tenant's own pool, handed out by file descriptor (the
+            isolated data plane); None: every engine maps ``segment``.
     """
 
     segment: str
     slot_bytes: int
     num_slots: int
+    pools: TenantPools | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,7 @@ from .config import DaemonConfig, TierConfigs
 from .decode import add_servicer
 from .diagnostics import DiagnosticsServicer
 from .events import EventHub
+from .fdserver import TenantPools
 from .handles import HandleRegistry
 from .limits import RateLimiter
 from .listen import SocketFile, StartupError, prepare_socket_path, restrictive_umask
@@ -157,6 +158,7 @@ class Daemon:
         metrics = DaemonMetrics(
             manager.stats, self._tenant_snapshots(manager) if self._auth.enabled else None
         )
+        pools = self._pools(host)
         deps = ServiceDeps(
             manager=manager,
             executor=executor,
@@ -164,7 +166,7 @@ class Daemon:
             handles=HandleRegistry(),
             events=hub,
             metrics=metrics,
-            data_plane=DataPlaneInfo(host.segment_name, host.slot_bytes, host.num_slots),
+            data_plane=DataPlaneInfo(host.segment_name, host.slot_bytes, host.num_slots, pools),
             stream=cfg.stream,
             lease_ttl_s=cfg.cache.lease_ttl_s,
             wait_executor=waits,
@@ -190,6 +192,8 @@ class Daemon:
             await server.start()
             if socket_file is not None:
                 socket_file.chmod(cfg.listen.socket_mode)
+            if pools is not None:
+                pools.start()
             for service in HEALTH_SERVICES:
                 await health.set(service, health_pb2.HealthCheckResponse.SERVING)
             logger.info("tiercache-daemon listening on %s", " and ".join(addresses))
@@ -198,6 +202,8 @@ class Daemon:
             hub.close()
         finally:
             await server.stop(DRAIN_GRACE_S)
+            if pools is not None:
+                pools.close()
             hub.close()
             detach()
             await asyncio.to_thread(metrics.stop)
@@ -215,6 +221,13 @@ class Daemon:
             return {t: manager.stats(t) for t in manager.tenants()}, refused
 
         return snapshot
+
+    def _pools(self, host: HostTier) -> TenantPools | None:
+        """The isolated data plane (tenant pools by file descriptor): with tokens and a unix socket."""
+        listen = self._config.listen
+        if not self._auth.enabled or not listen.socket:
+            return None
+        return TenantPools(host, self._auth, listen.socket + ".fd", listen.socket_mode)
 
     def _bind(self, server: grpc.aio.Server) -> tuple[list[str], SocketFile | None]:
         """Add the configured listeners; returns their addresses and the unix socket file."""

@@ -4,6 +4,7 @@
 error                            status code          typical cause
 =============================== ==================== =========================================
 InvalidArgumentError             INVALID_ARGUMENT     a malformed field (the message names it)
+ExpiredError                     FAILED_PRECONDITION  a store ticket used after its TTL passed
 NotFoundError                    NOT_FOUND            unknown handle, ticket or lease
 CapacityError                    RESOURCE_EXHAUSTED   no room in the shared-memory tier
 ConflictError                    FAILED_PRECONDITION  the request clashes with the current state
@@ -28,6 +29,7 @@ from tiercache.errors import (
     CapacityError,
     ConflictError,
     DeadlineExceededError,
+    ExpiredError,
     InvalidArgumentError,
     NotFoundError,
     PermissionDeniedError,
@@ -40,6 +42,7 @@ from .auth import UnauthenticatedError
 # Checked in order: a subclass comes before its base.
 _CODES: tuple[tuple[type[TierCacheError], grpc.StatusCode], ...] = (
     (InvalidArgumentError, grpc.StatusCode.INVALID_ARGUMENT),
+    (ExpiredError, grpc.StatusCode.FAILED_PRECONDITION),
     (NotFoundError, grpc.StatusCode.NOT_FOUND),
     (CapacityError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (ConflictError, grpc.StatusCode.FAILED_PRECONDITION),
