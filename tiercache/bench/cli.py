@@ -9,6 +9,8 @@ Subcommands (each a module with ``configure_parser(parser)`` and ``run(args) -> 
     compare: the same store/load workload against recompute, Redis and plain files.
     concurrency: aggregate put+get GB/s of an in-process cache manager under several threads vs memcpy.
     layerwise, singleflight, engine: further benchmarks, registered when their modules are present.
+    faults: kill -9 mid-stores, corrupted L3 values, killed engines, garbage RPCs, as figures.
+    soak: many engine processes against one daemon; errors, wrong bytes, daemon RSS/fd/thread drift.
 
 Every subcommand prints a table; ``--json PATH`` writes every figure with the machine and config,
 ``--plot PATH.png`` a chart. Exit status: 0 on success (missed targets are reported, not failed); 1 when a
@@ -89,6 +91,12 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "engine", ".engine", "time to first token of a real model with and without tiercache", required=False
     ),
+    Command(
+        "faults",
+        ".cmd_faults",
+        "kill -9 mid-stores, corrupted L3 values, killed engines, garbage RPCs: torn / lost / detected",
+    ),
+    Command("soak", ".cmd_soak", "engine processes storing and loading for minutes; errors and daemon drift"),
 )
 """Every subcommand, in ``--help`` order."""
 
