@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -86,9 +87,11 @@ def run(args: argparse.Namespace) -> int:
             if (w := work("garbage")) is not None:
                 garbage = _garbage(w)
         except FAILURES as exc:
-            return failure_status(exc)
+            return failure_status(exc)  # the work directory stays, with the daemons' logs
     report = FaultsReport(kill, corrupt, engines, garbage)
     machine = dataclasses.asdict(describe_machine(torch.device("cpu"), root))
+    if args.dir is None:
+        shutil.rmtree(root, ignore_errors=True)  # L3s and logs of a temporary run
     rows = faults_rows(report)
     status = finish(args, faults_to_dict(report, machine), format_rows(rows))
     return status or (0 if all_ok(rows) else 1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -46,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
         except FAILURES as exc:
             return failure_status(exc)
     machine = dataclasses.asdict(describe_machine(torch.device("cpu"), root))
+    if args.dir is None:
+        shutil.rmtree(root, ignore_errors=True)  # L3s and logs of a temporary run
     rows = soak_rows(report)
     status = finish(args, soak_to_dict(report, machine), format_rows(rows))
     return status or (0 if all_ok(rows) else 1)
