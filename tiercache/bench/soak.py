@@ -93,7 +93,7 @@ def run_soak(config: SoakConfig) -> SoakReport:
     daemon.start()
     engines: list[EngineProcess] = []
     try:
-        base = {"mode": "soak", "address": daemon.address, "duration_s": config.duration_s}
+        base = {"mode": "soak", "address": daemon.address, "duration_s": config.duration_s / 2}
         base |= {"prompts": config.prompts, "chunks": config.chunks}
         engines = [EngineProcess({**base, "engine": i}) for i in range(config.engines)]
         for e in engines:
