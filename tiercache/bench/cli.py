@@ -8,7 +8,7 @@ Subcommands (each a module with ``configure_parser(parser)`` and ``run(args) -> 
     workload: synthetic or JSONL traces replayed through the cache; token-weighted hits per tier.
     compare: the same store/load workload against recompute, Redis and plain files.
     concurrency: aggregate put+get GB/s of an in-process cache manager under several threads vs memcpy.
-    layerwise, singleflight, engine: further benchmarks, registered when their modules are present.
+    layerwise, singleflight, engine, vllm: further benchmarks, registered when their modules are present.
 
 Every subcommand prints a table; ``--json PATH`` writes every figure with the machine and config,
 ``--plot PATH.png`` a chart. Exit status: 0 on success (missed targets are reported, not failed); 1 when a
@@ -88,6 +88,12 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         "engine", ".engine", "time to first token of a real model with and without tiercache", required=False
+    ),
+    Command(
+        "vllm",
+        ".cmd_vllm",
+        "TTFT of fresh vLLM engines: tiercache vs vLLM's prefix cache, LMCache and ExampleConnector",
+        required=False,
     ),
 )
 """Every subcommand, in ``--help`` order."""

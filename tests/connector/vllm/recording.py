@@ -48,7 +48,7 @@ class RecordingConnector(TierCacheConnector):
         for spec in meta.loads:
             for chunk in range(len(spec.tokens) // layout.chunk_tokens):
                 blocks = spec.block_ids[chunk * per : (chunk + 1) * per]
-                if chunk * per >= spec.first_block and not errors & set(blocks):
+                if len(blocks) == per and chunk * per >= spec.first_block and not errors & set(blocks):
                     self._write(_name("load", spec.tokens, chunk, layout.chunk_tokens), self._blocks(blocks))
         return errors
 

@@ -26,7 +26,7 @@ class LoadSpec:
         adapter: its LoRA adapter name ("" for the base model).
         cache_salt: its cache salt ("").
         tokens: the prompt tokens of the chunks to load (whole chunks).
-        block_ids: the request's blocks covering ``tokens``, in order.
+        block_ids: the request's blocks to fill, in order (the last chunk's may be only its first blocks).
         first_block: blocks before this one hold KV vLLM computed or cached itself: not overwritten.
     """
 

@@ -2,7 +2,8 @@
 
 * ``get_num_new_matched_tokens`` asks the daemon once per request (a lookup that also starts promoting the
   prefix into shared memory) how many of the prompt's full chunks it holds, and offers vLLM the cached
-  tokens beyond what vLLM has locally — never the whole prompt (vLLM computes at least the last token).
+  tokens beyond what vLLM has locally, in whole blocks — the last cached chunk may be loaded in part, and
+  never the whole prompt (vLLM computes at least the last token).
   A daemon that is down or fails is a miss (logged and counted), never an exception.
 * ``update_state_after_alloc`` records which tokens the worker loads; ``build_connector_meta`` turns that
   and the step's block tables into a :class:`~.metadata.TierCacheMetadata`: the blocks to load, and the
@@ -42,7 +43,7 @@ class _Request:
     salt: str
     full_chunks: int
     cached_chunks: int
-    loadable_chunks: int
+    loadable_tokens: int
     pending_load: tuple[int, int] | None = None
     block_ids: list[int] = field(default_factory=list)
     saved_upto: int = 0
@@ -70,8 +71,7 @@ class SchedulerSide:
         if tracked is None:
             tracked = self._lookup(request)
             self._requests[request.request_id] = tracked
-        tokens = tracked.loadable_chunks * self._chunk
-        return max(0, tokens - num_computed_tokens), False
+        return max(0, tracked.loadable_tokens - num_computed_tokens), False
 
     def _lookup(self, request: Any) -> _Request:
         prompt = list(request.prompt_token_ids or ())
@@ -87,15 +87,16 @@ class SchedulerSide:
             except TierCacheError as exc:
                 self.lookup_failures += 1
                 logger.warning("tiercache lookup failed (%s); request %s recomputes", exc, request.request_id)
-        loadable = min(cached, (len(prompt) - 1) // self._chunk)
-        return _Request(request, adapter, salt, full, cached, loadable)
+        # Whole blocks of the cached chunks (the last chunk may be loaded in part), never the last token.
+        loadable = min(cached * self._chunk, (len(prompt) - 1) // self._block * self._block)
+        return _Request(request, adapter, salt, full, cached, max(0, loadable))
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         """Remember the tokens ``[end - num_external_tokens, end)`` for the worker to load."""
         tracked = self._requests.get(request.request_id)
         if tracked is None or num_external_tokens <= 0:
             return
-        end = tracked.loadable_chunks * self._chunk
+        end = tracked.loadable_tokens
         tracked.pending_load = (end - num_external_tokens, end)
 
     # ------------------------------------------------------------------ per-step plan
@@ -141,7 +142,7 @@ class SchedulerSide:
                     req_id,
                     tracked.adapter,
                     tracked.salt,
-                    tuple(prompt[:end]),
+                    tuple(prompt[: -(-end // self._chunk) * self._chunk]),
                     tuple(tracked.block_ids[: end // self._block]),
                     first // self._block,
                 )
