@@ -147,8 +147,8 @@ def _run_engine(
     warm = [{"warm": None, "prompt": _prompt(999_999, 64)}]  # the first request of an engine is slow
     params["jobs"] = warm + jobs
     out = subprocess.run(
-        [sys.executable, "-m", "tiercache.bench.vllm_engine", json.dumps(params)],
-        capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S, env=env,
+        [sys.executable, "-m", "tiercache.bench.vllm_engine"],
+        input=json.dumps(params), capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S, env=env,
     )  # fmt: skip
     lines = [line for line in out.stdout.splitlines() if line.startswith(RESULT)]
     if out.returncode != 0 or len(lines) != 1:

@@ -1,7 +1,7 @@
 """One vLLM engine process of ``tiercache-bench vllm``: times requests of one output token, prints JSON.
 
-Run as ``python -m tiercache.bench.vllm_engine '<json>'`` (each engine is its own process, so that its
-own prefix cache starts empty). Params:
+Run as ``python -m tiercache.bench.vllm_engine`` with the params as JSON on stdin (each engine is its own
+process, so that its own prefix cache starts empty). Params:
     model: the model directory; block_size; kv: null (no connector) or ``{"kv_connector": ...,
         "kv_connector_module_path": ..., "kv_connector_extra_config": {...}}``;
     jobs: ``[{"warm": [tokens] | null, "prompt": [tokens]}]``: ``warm`` runs first, untimed (it fills the
@@ -26,8 +26,8 @@ RESULT = "TIERCACHE-BENCH-VLLM "
 
 
 def main() -> None:
-    """Run the jobs of ``sys.argv[1]`` and print the result line."""
-    params: dict[str, Any] = json.loads(sys.argv[1])
+    """Run the jobs of the params on stdin and print the result line."""
+    params: dict[str, Any] = json.loads(sys.stdin.read())
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
     from vllm import LLM, SamplingParams
