@@ -10,9 +10,9 @@ Subcommands (each a module with ``configure_parser(parser)`` and ``run(args) -> 
     concurrency: aggregate put+get GB/s of an in-process cache manager under several threads vs memcpy.
     scale: lookup latency, index memory, eviction cost and warm restart from 1K to 1M indexed chunks.
     fleet: a trace spread over several hosts' caches, the shared tier off vs on.
-    layerwise, singleflight, engine: further benchmarks, registered when their modules are present.
     faults: kill -9 mid-stores, corrupted L3 values, killed engines, garbage RPCs, as figures.
     soak: many engine processes against one daemon; errors, wrong bytes, daemon RSS/fd/thread drift.
+    layerwise, singleflight, engine, vllm: further benchmarks, registered when their modules are present.
 
 Every subcommand prints a table; ``--json PATH`` writes every figure with the machine and config,
 ``--plot PATH.png`` a chart. Exit status: 0 on success (missed targets are reported, not failed); 1 when a
@@ -109,6 +109,12 @@ COMMANDS: tuple[Command, ...] = (
         "kill -9 mid-stores, corrupted L3 values, killed engines, garbage RPCs: torn / lost / detected",
     ),
     Command("soak", ".cmd_soak", "engine processes storing and loading for minutes; errors and daemon drift"),
+    Command(
+        "vllm",
+        ".cmd_vllm",
+        "TTFT of fresh vLLM engines: tiercache vs vLLM's prefix cache, LMCache and ExampleConnector",
+        required=False,
+    ),
 )
 """Every subcommand, in ``--help`` order."""
 

@@ -81,7 +81,7 @@ def build_model(spec: ModelSpec) -> Any:
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
-        model = LlamaForCausalLM(LlamaConfig(**spec.overrides()))
+        model = LlamaForCausalLM(LlamaConfig(**spec.overrides()))  # type: ignore[no-untyped-call, unused-ignore]  # see hf_model.py
     return model.to(dtype).eval()
 
 

@@ -77,7 +77,7 @@ def build_reference_model(
     fork = torch.random.fork_rng(devices=[])
     with fork:
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
+        model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call, unused-ignore]  # untyped in transformers<5.20 (vllm extra)
     module: torch.nn.Module = model
     module.to(dtype=dtype)  # in place
     module.eval()

@@ -1,0 +1,106 @@
+"""A vLLM engine process for the connector tests: runs batches of token prompts, prints one JSON line.
+
+Usage: ``python engine.py '<json params>'``. Params:
+    model: the model directory; revision: its revision (optional).
+    extra: ``kv_connector_extra_config`` of the tiercache connector, or null for no connector.
+    connector: the connector class (``TierCacheConnector``, or ``RecordingConnector`` from ``recording.py``).
+    multiprocess: run EngineCore and Worker in their own processes (vLLM's default mode).
+    batches: lists of prompts ``{"tokens": [...], "salt": "...", "lora": "<adapter dir>"}`` (salt and lora
+        optional), generated one batch after the other.
+    kill_pid: SIGKILL this process (the daemon) after the first batch, and wait until it is gone.
+    abort: ``{"tokens": [...], "steps": n}``: step a long prompt n engine steps, abort it, then run the
+        batches (which flush the abort to the worker).
+    max_tokens, block_size, max_num_batched_tokens: engine options.
+The output, on a line starting with :data:`RESULT`: ``{"batches": [[{"tokens": [...], "cached": n}, ...], ...], "open_saves": n}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import sys
+from typing import Any
+
+RESULT = "TIERCACHE-TEST-RESULT "
+"""Prefix of the result line (vLLM's processes log to stdout too)."""
+
+
+def _kill(pid: int) -> None:
+    fd = os.pidfd_open(pid)
+    try:
+        os.kill(pid, signal.SIGKILL)
+        select.select([fd], [], [], 30.0)  # readable once the process has exited
+    finally:
+        os.close(fd)
+
+
+def main() -> None:
+    p: dict[str, Any] = json.loads(sys.argv[1])
+    if not p.get("multiprocess"):
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+    from vllm.inputs import TokensPrompt
+    from vllm.lora.request import LoRARequest
+
+    kv = None
+    if p.get("extra") is not None:
+        recording = p.get("connector") == "RecordingConnector"
+        kv = KVTransferConfig(
+            kv_connector=p.get("connector", "TierCacheConnector"),
+            kv_connector_module_path="recording" if recording else "tiercache.connector.vllm",
+            kv_role="kv_both",
+            kv_load_failure_policy="recompute",
+            kv_connector_extra_config=p["extra"],
+        )
+    options: dict[str, Any] = {}
+    if p.get("max_num_batched_tokens"):
+        options["max_num_batched_tokens"] = p["max_num_batched_tokens"]
+    if any(r.get("lora") for batch in p.get("batches", []) for r in batch):
+        options.update(enable_lora=True, max_lora_rank=8, max_loras=1)
+    llm = LLM(
+        model=p["model"],
+        revision=p.get("revision"),
+        skip_tokenizer_init=True,
+        dtype="float32",
+        block_size=p.get("block_size", 32),
+        max_model_len=4096,
+        max_num_seqs=8,
+        enforce_eager=True,
+        kv_transfer_config=kv,
+        seed=0,
+        **options,
+    )
+    sp = SamplingParams(max_tokens=p.get("max_tokens", 4), temperature=0.0, ignore_eos=True)
+    out: dict[str, Any] = {"batches": []}
+    if p.get("abort"):
+        from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+        engine = llm.llm_engine
+        engine.add_request("aborted", TokensPrompt(prompt_token_ids=p["abort"]["tokens"]), sp)
+        for _ in range(p["abort"]["steps"]):
+            engine.step()
+        out["open_saves"] = len(get_kv_transfer_group()._w()._saves)
+        engine.abort_request(["aborted"])
+    for i, batch in enumerate(p.get("batches", [])):
+        prompts = [
+            TokensPrompt(prompt_token_ids=r["tokens"], cache_salt=r["salt"])
+            if r.get("salt")
+            else TokensPrompt(prompt_token_ids=r["tokens"])
+            for r in batch
+        ]
+        loras = [LoRARequest("adapter", 1, r["lora"]) if r.get("lora") else None for r in batch]
+        outs = llm.generate(prompts, sp, use_tqdm=False, lora_request=loras)
+        out["batches"].append(
+            [{"tokens": list(o.outputs[0].token_ids), "cached": o.num_cached_tokens} for o in outs]
+        )
+        if i == 0 and p.get("kill_pid"):
+            _kill(int(p["kill_pid"]))
+    print(RESULT + json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""One vLLM engine process of ``tiercache-bench vllm``: times requests of one output token, prints JSON.
+
+Run as ``python -m tiercache.bench.vllm_engine`` with the params as JSON on stdin (each engine is its own
+process, so that its own prefix cache starts empty). Params:
+    model: the model directory; block_size; kv: null (no connector) or ``{"kv_connector": ...,
+        "kv_connector_module_path": ..., "kv_connector_extra_config": {...}}``;
+    jobs: ``[{"warm": [tokens] | null, "prompt": [tokens]}]``: ``warm`` runs first, untimed (it fills the
+        engine's own prefix cache, or stores through the connector), then ``prompt`` is timed.
+The result line starts with :data:`RESULT`: ``{"jobs": [{"s": seconds, "cached": tokens}], "start_s": s}``.
+
+Primitives:
+    RESULT: prefix of the result line.
+    main: the entry point.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+RESULT = "TIERCACHE-BENCH-VLLM "
+"""Prefix of the result line (vLLM's processes log to stdout too)."""
+
+
+def main() -> None:
+    """Run the jobs of the params on stdin and print the result line."""
+    params: dict[str, Any] = json.loads(sys.stdin.read())
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+    from vllm.inputs import TokensPrompt
+
+    kv = params.get("kv")
+    transfer = None
+    if kv is not None:
+        transfer = KVTransferConfig(kv_role="kv_both", kv_load_failure_policy="recompute", **kv)
+    started = time.perf_counter()
+    llm = LLM(
+        model=params["model"],
+        skip_tokenizer_init=True,
+        dtype="float32",
+        block_size=params.get("block_size", 32),
+        max_model_len=params.get("max_model_len", 8192),
+        max_num_batched_tokens=params.get("max_model_len", 8192),
+        enforce_eager=True,
+        kv_transfer_config=transfer,
+        seed=0,
+    )
+    start_s = time.perf_counter() - started
+    one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    results = []
+    for job in params["jobs"]:
+        if job.get("warm"):
+            llm.generate([TokensPrompt(prompt_token_ids=job["warm"])], one, use_tqdm=False)
+        t0 = time.perf_counter()
+        out = llm.generate([TokensPrompt(prompt_token_ids=job["prompt"])], one, use_tqdm=False)
+        seconds = time.perf_counter() - t0
+        results.append({"s": seconds, "cached": int(out[0].num_cached_tokens or 0)})
+    print(RESULT + json.dumps({"jobs": results, "start_s": start_s}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""tiercache as a vLLM KV connector: ``TierCacheConnector`` (``KVConnectorBase_V1``).
+
+vLLM loads it with::
+
+    KVTransferConfig(
+        kv_connector="TierCacheConnector",
+        kv_connector_module_path="tiercache.connector.vllm",
+        kv_role="kv_both",
+        kv_load_failure_policy="recompute",
+        kv_connector_extra_config={"address": "unix:/run/user/1000/tiercache/daemon.sock"},
+    )
+
+One instance per role and process: the SCHEDULER role (EngineCore) looks prompts up and plans each step
+(:mod:`.scheduler`), the WORKER role moves the bytes between the daemon's shared memory and vLLM's paged KV
+cache (:mod:`.worker`, :mod:`.loads`, :mod:`.layout`). Both build the same namespaces from the engine's
+config (:mod:`.namespace`) and parse the same options (:mod:`.config`); the step's plan travels as
+:class:`~.metadata.TierCacheMetadata`.
+
+Modules:
+    config: ``VllmConnectorConfig`` from ``kv_connector_extra_config``.
+    namespace: the engine's and each request's namespace.
+    layout: block copies for the CPU and the GPU (flash) cache layouts.
+    metadata: the per-step plan (loads, saves, aborts).
+    scheduler: ``SchedulerSide``.
+    loads: ``LayerLoader`` (layer-by-layer copies, CUDA stream and per-layer events).
+    worker: ``WorkerSide``.
+
+Primitives:
+    TierCacheConnector: the connector class vLLM instantiates.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
+from vllm.platforms import current_platform
+
+from ..client import TierCacheClient
+from .config import VllmConnectorConfig
+from .layout import BackendLayout
+from .metadata import TierCacheMetadata
+from .namespace import engine_identity
+from .scheduler import SchedulerSide
+from .worker import WorkerSide
+
+__all__ = ["TierCacheConnector", "TierCacheMetadata", "VllmConnectorConfig"]
+
+logger = logging.getLogger(__name__)
+
+
+def _worker_ranks() -> tuple[int, int]:
+    """This worker's (TP rank, PP rank) (0, 0 before vLLM's parallel groups exist)."""
+    try:
+        from vllm.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_rank
+
+        return int(get_tensor_model_parallel_rank()), int(get_pp_group().rank_in_group)
+    except (AssertionError, ImportError):
+        return 0, 0
+
+
+class TierCacheConnector(KVConnectorBase_V1):  # type: ignore[misc]
+    """vLLM's KV connector over a tiercache daemon (see the module docstring)."""
+
+    def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        transfer = self._kv_transfer_config
+        self.config = VllmConnectorConfig.from_extra_config(
+            transfer.kv_connector_extra_config, int(vllm_config.cache_config.block_size)
+        )
+        if getattr(transfer, "kv_load_failure_policy", "recompute") != "recompute":
+            logger.warning(
+                "kv_load_failure_policy=%r: a chunk evicted between lookup and load fails its request;"
+                " set it to 'recompute' to recompute instead",
+                transfer.kv_load_failure_policy,
+            )
+        backend = BackendLayout.CPU if current_platform.is_cpu() else BackendLayout.FLASH
+        scheduler = role == KVConnectorRole.SCHEDULER
+        tp_rank, pp_rank = (0, 0) if scheduler else _worker_ranks()
+        self.identity = engine_identity(vllm_config, backend, self.config.chunk_tokens, tp_rank, pp_rank)
+        self.client = TierCacheClient.connect(
+            self.config.address, token=self.config.token, timeout_s=self.config.timeout_s
+        )
+        self._scheduler = SchedulerSide(self.identity, self.client) if scheduler else None
+        self._worker = None if scheduler else WorkerSide(self.identity, self.client, self.config)
+
+    # ------------------------------------------------------------------ worker side
+
+    def _w(self) -> WorkerSide:
+        assert self._worker is not None, "a worker-side call on the scheduler-side connector"
+        return self._worker
+
+    def _s(self) -> SchedulerSide:
+        assert self._scheduler is not None, "a scheduler-side call on the worker-side connector"
+        return self._scheduler
+
+    def _meta(self) -> TierCacheMetadata:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, TierCacheMetadata)
+        return meta
+
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        self._w().register_kv_caches(kv_caches)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        self._w().start_load_kv(self._meta())
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        self._w().wait_for_layer_load(layer_name)
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
+        self._w().save_kv_layer(layer_name, kv_layer, self._meta())
+
+    def wait_for_save(self) -> None:
+        if self.has_connector_metadata():
+            self._w().wait_for_save(self._meta())
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._w().get_block_ids_with_load_errors()
+
+    def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown()
+        self.client.close()
+
+    # ------------------------------------------------------------------ scheduler side
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        return self._s().get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        self._s().update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: Any) -> TierCacheMetadata:
+        return self._s().build_connector_meta(scheduler_output)
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        return self._s().request_finished(request, block_ids)

@@ -1,0 +1,99 @@
+"""The connector's options, parsed from vLLM's ``kv_connector_extra_config`` (a JSON object).
+
+Keys (all optional):
+    address: the daemon (``unix:/path``, ``/path``, ``host:port``); default: the daemon's default socket.
+    token: bearer token when the daemon has a tokens file.
+    load_policy: ``wait_complete`` | ``best_effort`` | ``timeout`` | ``cost_aware`` (default wait_complete).
+    timeout_s: deadline of each daemon call, and the load deadline of the ``timeout`` policy (default 2).
+    chunk_tokens: tokens per chunk, a positive multiple of vLLM's block size (default: the smallest multiple
+        of the block size that is at least :data:`DEFAULT_MIN_CHUNK_TOKENS`).
+    prefill_tokens_per_s: the engine's prefill rate, declared to the daemon; required by ``cost_aware``
+        (which loads only the prefix whose load beats recomputing it).
+
+An unknown key or a bad value raises :class:`~tiercache.errors.InvalidArgumentError` naming the key, so vLLM
+fails at engine start instead of serving without a cache.
+
+Primitives:
+    DEFAULT_MIN_CHUNK_TOKENS: the default chunk is the first multiple of the block size at or above this.
+    VllmConnectorConfig: the parsed options; ``from_extra_config`` parses and checks them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tiercache.errors import InvalidArgumentError
+from tiercache.policies.load import LoadPolicyKind, PrefillModel
+from tiercache.policies.registry import parse_kind
+
+from ..local_daemon import default_socket
+
+DEFAULT_MIN_CHUNK_TOKENS = 256
+"""Default chunk size: the first multiple of vLLM's block size at or above this many tokens."""
+DEFAULT_TIMEOUT_S = 2.0
+"""Default deadline of a daemon call (a slow daemon never stalls the engine longer than this)."""
+_KEYS = ("address", "token", "load_policy", "timeout_s", "chunk_tokens", "prefill_tokens_per_s")
+
+
+def _default_chunk_tokens(block_size: int) -> int:
+    return -(-DEFAULT_MIN_CHUNK_TOKENS // block_size) * block_size
+
+
+@dataclass(frozen=True, slots=True)
+class VllmConnectorConfig:
+    """Options of one :class:`~tiercache.connector.vllm.TierCacheConnector`.
+
+    Attributes:
+        address: the daemon's address.
+        token: bearer token, or None.
+        load_policy: how much of a cached prefix to load and how long to wait.
+        timeout_s: deadline of each daemon call (and of a ``timeout`` load).
+        chunk_tokens: tokens per chunk (a multiple of the block size).
+        prefill: the engine's prefill model (declared for cost-aware loads), or None.
+    """
+
+    address: str
+    token: str | None
+    load_policy: LoadPolicyKind
+    timeout_s: float
+    chunk_tokens: int
+    prefill: PrefillModel | None = None
+
+    @classmethod
+    def from_extra_config(cls, extra: Mapping[str, object] | None, block_size: int) -> VllmConnectorConfig:
+        """Parse ``kv_connector_extra_config`` for an engine with ``block_size``-token blocks.
+
+        Raises:
+            InvalidArgumentError: an unknown key, or a bad value (the field names the key).
+        """
+        extra = dict(extra or {})
+        unknown = sorted(set(extra) - set(_KEYS))
+        if unknown:
+            raise InvalidArgumentError(
+                f"kv_connector_extra_config.{unknown[0]}", f"unknown key; valid: {', '.join(_KEYS)}"
+            )
+        address = extra.get("address", default_socket())
+        if not isinstance(address, str) or not address:
+            raise InvalidArgumentError("address", f"must be a non-empty string, got {address!r}")
+        token = extra.get("token")
+        if token is not None and (not isinstance(token, str) or not token):
+            raise InvalidArgumentError("token", f"must be a non-empty string, got {token!r}")
+        policy = parse_kind(LoadPolicyKind, extra.get("load_policy", "wait_complete"), "load_policy")
+        timeout = extra.get("timeout_s", DEFAULT_TIMEOUT_S)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise InvalidArgumentError("timeout_s", f"must be a number > 0, got {timeout!r}")
+        chunk = extra.get("chunk_tokens", _default_chunk_tokens(block_size))
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk <= 0 or chunk % block_size:
+            raise InvalidArgumentError(
+                "chunk_tokens", f"must be a positive multiple of the block size {block_size}, got {chunk!r}"
+            )
+        rate = extra.get("prefill_tokens_per_s")
+        prefill = None
+        if rate is not None:
+            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0:
+                raise InvalidArgumentError("prefill_tokens_per_s", f"must be a number > 0, got {rate!r}")
+            prefill = PrefillModel(float(rate))
+        elif policy is LoadPolicyKind.COST_AWARE:
+            raise InvalidArgumentError("prefill_tokens_per_s", "cost_aware needs the engine's prefill rate")
+        return cls(address, token, policy, float(timeout), chunk, prefill)

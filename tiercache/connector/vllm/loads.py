@@ -1,0 +1,176 @@
+"""The worker's loads: lease the cached chunks of each request, copy them into vLLM's blocks layer by layer.
+
+``LayerLoader`` takes one step's leased loads and copies layer 0 of every chunk of every request, then
+layer 1, ... in a background thread, so that the copy of layer l + 1 overlaps the model's compute of layer l;
+``wait(l)`` blocks until layer l has arrived. On CUDA the copies run on a side stream (which first waits for
+the engine's stream) with one event per layer, and ``wait(l)`` only makes the engine's current stream wait
+on event l. After the last layer each lease is released and checked: a lease that lapsed during the copy
+(by the local clock, or as the daemon says) may have had its slots reused, so its blocks are reported as
+load errors and vLLM recomputes them. A failed copy does the same for every block not yet known good.
+
+Primitives:
+    LeasedLoad: one request's lease, slots and target blocks.
+    LayerLoader: start, wait(layer), finish() -> the block ids that failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from tiercache.errors import TierCacheError
+from tiercache.keys import Namespace
+from tiercache.layout import KVLayout
+
+from ..client import TierCacheClient
+from ..results import LoadLease, SlotRef
+from ..segments import SlotAccess, SlotMapping
+from .layout import BackendLayout, chunk_planes, copy_into_cache
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class LeasedLoad:
+    """One request's load under a lease.
+
+    Attributes:
+        namespace: the request's namespace.
+        lease: the daemon's lease (its slots hold chunks ``0 .. len(refs) - 1``).
+        refs: the leased slots to copy, in chunk order.
+        mapping: the shared-memory segment the slots are in.
+        block_ids: the request's blocks covering the loaded chunks.
+        first_block: blocks before this one are not written (vLLM computed them).
+        started: local clock when the lease was asked for (its TTL started after this).
+    """
+
+    namespace: Namespace
+    lease: LoadLease
+    refs: tuple[SlotRef, ...]
+    mapping: SlotMapping
+    block_ids: tuple[int, ...]
+    first_block: int
+    started: float
+
+    def target_blocks(self) -> set[int]:
+        """The blocks this load writes."""
+        return set(self.block_ids[self.first_block :])
+
+
+class LayerLoader:
+    """Copies one step's leased loads into vLLM's KV cache, layer by layer, in a background thread."""
+
+    def __init__(
+        self,
+        client: TierCacheClient,
+        backend: BackendLayout,
+        layout: KVLayout,
+        caches: Sequence[torch.Tensor],
+        loads: Sequence[LeasedLoad],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """Start copying at once.
+
+        Args:
+            client: the daemon client (to release the leases).
+            backend: the KV cache layout.
+            layout: the namespace layout (chunk and block size).
+            caches: per layer, the cache as ``[planes, num_blocks, plane_block_bytes]`` bytes.
+            loads: the leased loads.
+            clock: the local clock the leases' lifetimes are checked with.
+        """
+        self._client = client
+        self._backend = backend
+        self._layout = layout
+        self._caches = caches
+        self._loads = loads
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._done = 0
+        self._finished = False
+        self._failed: set[int] = set()
+        device = caches[0].device
+        self._stream: torch.cuda.Stream | None = None
+        self._events: list[torch.cuda.Event] = []
+        if device.type == "cuda":
+            self._stream = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
+            self._stream.wait_stream(torch.cuda.current_stream(device))
+        self._thread = threading.Thread(target=self._run, name="tiercache-vllm-load", daemon=True)
+        self._thread.start()
+
+    def wait(self, layer: int) -> None:
+        """Block until layer ``layer`` is in the cache (on CUDA: the current stream waits for it)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._done > layer or self._finished)
+            event = self._events[layer] if layer < len(self._events) else None
+        if event is not None:
+            torch.cuda.current_stream(self._caches[0].device).wait_event(event)
+
+    def finish(self) -> set[int]:
+        """Wait for the copies and the lease releases; the block ids whose KV is not trustworthy."""
+        self._thread.join()
+        return set(self._failed)
+
+    # ------------------------------------------------------------------ background thread
+
+    def _run(self) -> None:
+        try:
+            with contextlib.ExitStack() as stack:
+                views = [stack.enter_context(load.mapping.use()) for load in self._loads]
+                self._copy(views)
+            if self._events:
+                self._events[-1].synchronize()  # the slots may be reused once the leases are released
+        except Exception:
+            logger.exception("tiercache load failed; vLLM recomputes the loaded blocks")
+            for load in self._loads:
+                self._failed |= load.target_blocks()
+        finally:
+            self._release_all()
+            with self._cond:
+                self._finished = True
+                self._cond.notify_all()
+
+    def _copy(self, views: Sequence[SlotAccess]) -> None:
+        per = self._layout.chunk_tokens // self._layout.page_tokens
+        device = self._caches[0].device
+        indices: list[list[tuple[int, torch.Tensor, SlotRef]]] = []
+        for load in self._loads:
+            items = []
+            for ref in load.refs:
+                skip = max(0, load.first_block - ref.index * per)
+                blocks = load.block_ids[ref.index * per + skip : (ref.index + 1) * per]
+                if blocks:
+                    items.append((skip, torch.tensor(blocks, dtype=torch.int64, device=device), ref))
+            indices.append(items)
+        for layer, cache in enumerate(self._caches):
+            stream = torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
+            with stream:
+                for slots, items in zip(views, indices):
+                    for skip, index, ref in items:
+                        chunk = chunk_planes(self._backend, self._layout, slots.view(ref), layer)
+                        copy_into_cache(cache, chunk, skip, index)
+                if self._stream is not None:
+                    event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                    event.record(self._stream)
+                    self._events.append(event)
+            with self._cond:
+                self._done = layer + 1
+                self._cond.notify_all()
+
+    def _release_all(self) -> None:
+        for load in self._loads:
+            in_time = self._clock() < load.started + load.lease.expires_in_s
+            try:
+                covered = self._client.release_load(load.namespace, load.lease.lease_id)
+            except TierCacheError as exc:
+                logger.warning("releasing load lease %d failed (%s)", load.lease.lease_id, exc)
+                covered = in_time  # the daemon cannot say: the local clock must prove the lease held
+            if not covered:
+                logger.warning("load lease %d lapsed during the copy; vLLM recomputes", load.lease.lease_id)
+                self._failed |= load.target_blocks()
