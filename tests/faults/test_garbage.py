@@ -9,100 +9,35 @@ Stats and Echo, and its log shows that no decode error escaped into the framewor
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterator
 
 import grpc
 import pytest
 from google.protobuf import message_factory
-from google.protobuf.descriptor import FieldDescriptor, MethodDescriptor
+from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from tests.daemon.conftest import RPC_TIMEOUT_S, DaemonProc
+from tiercache.bench.faults_garbage import RANDOM_PER_METHOD, undecodable_bodies
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.proto import tiercache_pb2_grpc as pb_grpc
 
 SERVICES = tuple(pb.DESCRIPTOR.services_by_name.values())
 METHODS = tuple(method for service in SERVICES for method in service.methods)
-RANDOM_PER_METHOD = 4
-RANDOM_DRAWS = 1000
-LONE_CONTINUATION = b"\x80"
-"""A tag varint that starts and never ends."""
-OVERLONG_VARINT = b"\x08" + b"\xff" * 11
-"""Field 1, wire type varint, and a value of more than the 10 bytes a varint may take."""
-
-_BIG_INTS = {
-    FieldDescriptor.TYPE_INT32: 1 << 30,
-    FieldDescriptor.TYPE_INT64: 1 << 40,
-    FieldDescriptor.TYPE_UINT32: 1 << 30,
-    FieldDescriptor.TYPE_UINT64: 1 << 40,
-    FieldDescriptor.TYPE_SINT32: 1 << 29,
-    FieldDescriptor.TYPE_SINT64: 1 << 40,
-}
 
 
 def _path(method: MethodDescriptor) -> str:
     return f"/{method.containing_service.full_name}/{method.name}"
 
 
-def _request_type(method: MethodDescriptor) -> type[Message]:
-    cls: type[Message] = message_factory.GetMessageClass(method.input_type)
-    return cls
-
-
-def _undecodable(cls: type[Message], data: bytes) -> bool:
-    try:
-        cls.FromString(data)
-    except DecodeError:
-        return True
-    return False
-
-
-def _random_garbage(cls: type[Message], seed: str) -> list[bytes]:
-    """Seeded random byte strings that do not decode as ``cls`` (most random strings do not)."""
-    rng = random.Random(seed)
-    found: list[bytes] = []
-    for _ in range(RANDOM_DRAWS):
-        data = rng.randbytes(rng.randint(1, 96))
-        if _undecodable(cls, data):
-            found.append(data)
-            if len(found) == RANDOM_PER_METHOD:
-                return found
-    raise AssertionError(f"fewer than {RANDOM_PER_METHOD} undecodable strings in {RANDOM_DRAWS} draws")
-
-
-def _truncated(cls: type[Message]) -> bytes:
-    """A valid ``cls`` with every singular string, bytes and integer field set, less its last byte.
-
-    Every such field ends in a byte a parser needs (a length-delimited value or a multi-byte varint). A
-    request type without any gets an unknown length-delimited field instead.
-    """
-    msg = cls()
-    for field in cls.DESCRIPTOR.fields:
-        if field.is_repeated or field.containing_oneof is not None:
-            continue
-        if field.type == FieldDescriptor.TYPE_STRING:
-            setattr(msg, field.name, "s" * 16)
-        elif field.type == FieldDescriptor.TYPE_BYTES:
-            setattr(msg, field.name, b"b" * 16)
-        elif field.type in _BIG_INTS:
-            setattr(msg, field.name, _BIG_INTS[field.type])
-    data = msg.SerializeToString() or b"\x0a\x10" + b"u" * 16
-    assert not _undecodable(cls, data)
-    return data[:-1]
-
-
 def garbage_of(method: MethodDescriptor) -> list[bytes]:
-    """Every malformed request body sent to ``method``, each checked not to decode as its request type."""
-    cls = _request_type(method)
-    bodies = [
-        *_random_garbage(cls, _path(method)),
-        LONE_CONTINUATION,
-        OVERLONG_VARINT,
-        _truncated(cls),
-    ]
+    """Every malformed request body sent to ``method`` (the bench's own), each checked not to decode."""
+    cls: type[Message] = message_factory.GetMessageClass(method.input_type)
+    bodies = undecodable_bodies(method)
+    assert len(bodies) == 3 + RANDOM_PER_METHOD
     for body in bodies:
-        assert _undecodable(cls, body), body
+        with pytest.raises(DecodeError):
+            cls.FromString(body)
     return bodies
 
 

@@ -25,7 +25,12 @@ from google.protobuf.message import DecodeError, Message
 
 from tiercache.proto import tiercache_pb2 as pb
 
-_RANDOM_PER_METHOD = 4
+RANDOM_PER_METHOD = 4
+"""Seeded random undecodable strings per method (besides the three fixed bodies)."""
+LONE_CONTINUATION = b"\x80"
+"""A tag varint that starts and never ends."""
+OVERLONG_VARINT = b"\x08" + b"\xff" * 11
+"""Field 1, wire type varint, and a value of more than the 10 bytes a varint may take."""
 _RANDOM_DRAWS = 1000
 _TIMEOUT_S = 10.0
 _BIG_INTS = {
@@ -51,7 +56,11 @@ def _undecodable(cls: type[Message], data: bytes) -> bool:
 
 
 def _truncated(cls: type[Message]) -> bytes:
-    """A valid ``cls`` with every singular string, bytes and integer field set, less its last byte."""
+    """A valid ``cls`` with every singular string, bytes and integer field set, less its last byte.
+
+    Every such field ends in a byte a parser needs (a length-delimited value or a multi-byte varint). A
+    request type without any gets an unknown length-delimited field instead.
+    """
     msg = cls()
     for field in cls.DESCRIPTOR.fields:
         if field.is_repeated or field.containing_oneof is not None:
@@ -63,19 +72,37 @@ def _truncated(cls: type[Message]) -> bytes:
         elif field.type in _BIG_INTS:
             setattr(msg, field.name, _BIG_INTS[field.type])
     data = msg.SerializeToString() or b"\x0a\x10" + b"u" * 16
+    if _undecodable(cls, data):
+        raise RuntimeError(f"a filled {cls.DESCRIPTOR.full_name} does not decode before it is truncated")
     return data[:-1]
 
 
-def undecodable_bodies(method: MethodDescriptor) -> list[bytes]:
-    """The malformed request bodies sent to ``method``; only those that really do not decode are kept."""
-    cls: type[Message] = message_factory.GetMessageClass(method.input_type)
-    rng = random.Random(method.full_name)
-    bodies = [b"\x80", b"\x08" + b"\xff" * 11, _truncated(cls)]
+def _random_garbage(cls: type[Message], seed: str) -> list[bytes]:
+    """Seeded random byte strings that do not decode as ``cls`` (most random strings do not)."""
+    rng = random.Random(seed)
+    found: list[bytes] = []
     for _ in range(_RANDOM_DRAWS):
-        if len(bodies) >= 3 + _RANDOM_PER_METHOD:
-            break
-        bodies.append(rng.randbytes(rng.randint(1, 96)))
-    return [b for b in bodies if _undecodable(cls, b)]
+        data = rng.randbytes(rng.randint(1, 96))
+        if _undecodable(cls, data):
+            found.append(data)
+            if len(found) == RANDOM_PER_METHOD:
+                return found
+    raise RuntimeError(f"fewer than {RANDOM_PER_METHOD} undecodable strings in {_RANDOM_DRAWS} draws")
+
+
+def undecodable_bodies(method: MethodDescriptor) -> list[bytes]:
+    """The malformed request bodies sent to ``method``: a lone varint continuation byte, an overlong varint,
+    a truncated valid request and ``RANDOM_PER_METHOD`` seeded random strings, each one that does not decode.
+
+    Raises:
+        RuntimeError: one of them decodes after all (the generator, not the daemon, is broken).
+    """
+    cls: type[Message] = message_factory.GetMessageClass(method.input_type)
+    bodies = [LONE_CONTINUATION, OVERLONG_VARINT, _truncated(cls), *_random_garbage(cls, method.full_name)]
+    for body in bodies:
+        if not _undecodable(cls, body):
+            raise RuntimeError(f"{body!r} decodes as {cls.DESCRIPTOR.full_name}")
+    return bodies
 
 
 def _call(channel: grpc.Channel, method: MethodDescriptor, body: bytes) -> None:
