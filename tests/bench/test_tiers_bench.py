@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -14,9 +15,13 @@ from typing import Any
 import pytest
 import torch
 
+from tiercache.bench.ceilings import CeilingKind, CeilingResult
 from tiercache.bench.cli import main, parse_size, parse_sizes
 from tiercache.bench.payload import make_payload
-from tiercache.bench.tiers import RoundTripError, verify_round_trip
+from tiercache.bench.targets import compare
+from tiercache.bench.tiers import Op, RoundTripError, TierOpResult, verify_round_trip
+from tiercache.bench.timing import Timing
+from tiercache.tiers.base import TierLevel
 from tiercache.tiers.slots import SlotPoolTier
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -60,12 +65,17 @@ def test_json_has_every_tier_op_and_size(tiny_run: dict[str, Any]) -> None:
 def test_json_figures_are_self_consistent(tiny_run: dict[str, Any]) -> None:
     ceilings = {(c["label"], c["chunk_bytes"]): c for c in tiny_run["ceilings"]}
     kinds = {(c["kind"], c["chunk_bytes"]) for c in tiny_run["ceilings"]}
-    assert kinds == {(k, s) for k in ("memcpy", "disk_write", "disk_read") for s in SIZES}
+    assert kinds == {(k, s) for k in ("memcpy", "disk_write", "disk_read", "lmdb_get") for s in SIZES}
+    rounds = tiny_run["config"]["rounds"]
+    assert rounds == 3
     for item in [*tiny_run["ceilings"], *tiny_run["results"]]:
         assert item["gbps"] > 0
         assert item["p99_ms"] >= item["p50_ms"] > 0
         assert item["calls"] >= 1
         assert math.isclose(item["gbps"], item["total_bytes"] / item["seconds"] / 1e9, rel_tol=1e-9)
+        # the reported round is the median one (the lower middle of an even count)
+        assert len(item["round_gbps"]) == rounds
+        assert item["gbps"] == sorted(item["round_gbps"])[(rounds - 1) // 2]
     for r in tiny_run["results"]:
         assert r["total_bytes"] == 4 << 20
         assert r["verified_bytes"] == r["total_bytes"]
@@ -73,13 +83,18 @@ def test_json_figures_are_self_consistent(tiny_run: dict[str, Any]) -> None:
         for c in r["comparisons"]:
             ceiling = ceilings[(c["ceiling"], r["chunk_bytes"])]
             assert math.isclose(c["ceiling_gbps"], ceiling["gbps"], rel_tol=1e-12)
-            assert math.isclose(c["ratio"], r["gbps"] / ceiling["gbps"], rel_tol=1e-9)
+            # each round's figure is divided by the ceiling of the same round; the median ratio is kept
+            expected = [g / cg for g, cg in zip(r["round_gbps"], ceiling["round_gbps"], strict=True)]
+            assert c["round_ratios"] == pytest.approx(expected, rel=1e-9)
+            assert math.isclose(c["ratio"], statistics.median(expected), rel_tol=1e-9)
+            assert (c["low"], c["high"]) == pytest.approx((min(expected), max(expected)), rel=1e-9)
             if c["target"] is None:
                 assert c["met"] is None
             else:
                 assert c["met"] == (c["ratio"] >= c["target"])
     l3_get = [r for r in tiny_run["results"] if (r["tier"], r["op"]) == ("L3", "get")]
-    assert all({c["ceiling"] for c in r["comparisons"]} == {"memcpy(cpu)", "disk_read"} for r in l3_get)
+    expected_l3 = {"lmdb_get(lmdb)", "memcpy(cpu)", "disk_read"}
+    assert all({c["ceiling"] for c in r["comparisons"]} == expected_l3 for r in l3_get)
 
 
 def test_targets_follow_the_issue(tiny_run: dict[str, Any]) -> None:
@@ -92,7 +107,8 @@ def test_targets_follow_the_issue(tiny_run: dict[str, Any]) -> None:
     assert targets[("L2", "get", 1 << 20, "memcpy(cpu)")] == 0.8
     assert targets[("L2", "put", 256 << 10, "memcpy(cpu)")] is None  # only for chunks >= 1 MiB
     assert targets[("L3", "put", 256 << 10, "disk_write")] == 0.7
-    assert targets[("L3", "get", 256 << 10, "memcpy(cpu)")] == 0.7
+    assert targets[("L3", "get", 256 << 10, "lmdb_get(lmdb)")] == 0.9  # memcpy is out of a file map's reach
+    assert targets[("L3", "get", 256 << 10, "memcpy(cpu)")] is None
     assert targets[("L3", "get", 256 << 10, "disk_read")] is None
 
 
@@ -132,7 +148,9 @@ def test_parse_sizes() -> None:
 
 
 def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
-    for argv in (["tiers", "--tiers", "L4"], ["tiers", "--chunk-sizes", "12Q"], ["tiers", "--codec", "lz4"]):
+    bad = (["tiers", "--tiers", "L4"], ["tiers", "--chunk-sizes", "12Q"], ["tiers", "--codec", "lz4"],
+           ["tiers", "--rounds", "0"])  # fmt: skip
+    for argv in bad:
         with pytest.raises(SystemExit) as exc:
             main(argv)
         assert exc.value.code == 2
@@ -200,3 +218,20 @@ def test_missing_chunk_fails_the_run(
     monkeypatch.setattr(SlotPoolTier, "read_into", missing)
     assert main(_tiny_argv(tmp_path)) == 1
     assert "were not found" in capsys.readouterr().err
+
+
+def _timing(gbps: float) -> Timing:
+    return Timing(total_bytes=10**9, calls=1, seconds=1 / gbps, p50_s=1 / gbps, p99_s=1 / gbps)
+
+
+def test_one_glitched_ceiling_round_does_not_decide_the_ratio() -> None:
+    chunk = 1 << 20
+    rounds = [TierOpResult(TierLevel.L2, Op.PUT, "cpu", chunk, _timing(1.0), chunk) for _ in range(3)]
+    ceilings = [[CeilingResult(CeilingKind.MEMCPY, "cpu", chunk, _timing(g))] for g in (2.0, 0.1, 2.5)]
+    (c,) = compare(rounds, ceilings)
+    assert c.round_ratios == pytest.approx((0.5, 10.0, 0.4))
+    assert c.ratio == pytest.approx(0.5) and (c.low, c.high) == pytest.approx((0.4, 10.0))
+    assert c.ceiling_gbps == pytest.approx(2.0)  # the median ceiling round, not the glitch
+    assert c.target == 0.8 and c.met is False
+    with pytest.raises(ValueError, match="one ceiling set per round"):
+        compare(rounds, ceilings[:2])

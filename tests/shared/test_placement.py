@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
 import redis
 import torch
 
@@ -18,6 +19,8 @@ from tiercache.policies.load import PrefillModel
 from tiercache.stats import ChunkEvent, EventKind
 from tiercache.tiers.base import TierLevel
 from tiercache.tiers.shared import store_key
+from tiercache.tiers.shared_client import record_keys
+from tiercache.tiers.values import HEADER_BYTES
 
 Payload = Callable[[int, int], torch.Tensor]
 
@@ -31,6 +34,14 @@ def store_prompt(
     assert cache.put(ns_id, keys, payloads) == len(keys)
     cache.flush(30)  # the write-through copies reach the cluster on the write-back worker
     return payloads
+
+
+def header_key(prefix: str, cid: bytes) -> bytes:
+    return record_keys(store_key(prefix, cid))[0]
+
+
+def payload_key(prefix: str, cid: bytes) -> bytes:
+    return record_keys(store_key(prefix, cid))[1]
 
 
 def client(deployment: RedisDeployment) -> redis.Redis | redis.RedisCluster:
@@ -114,7 +125,8 @@ def test_a_gap_in_the_cluster_ends_the_prefix(
     keys = chunk_keys(namespace, tokens)
     rc = client(cluster)
     try:
-        assert rc.delete(store_key(key_prefix, chunk_id(ns_id, keys[1]))) == 1  # as the cluster's LRU would
+        # the cluster's LRU takes one key of the record: the record is gone
+        assert rc.delete(payload_key(key_prefix, chunk_id(ns_id, keys[1]))) == 1
     finally:
         rc.close()
     assert host2.lookup(ns_id, keys).chunks == 1
@@ -140,7 +152,7 @@ def test_a_chunk_the_cluster_evicted_after_the_lookup_is_a_miss(
     assert host2.lookup(ns_id, keys).chunks == 3
     rc = client(cluster)
     try:
-        rc.delete(store_key(key_prefix, chunk_id(ns_id, keys[2])))
+        rc.delete(header_key(key_prefix, chunk_id(ns_id, keys[2])))
     finally:
         rc.close()
     ticket = host2.acquire(ns_id, keys)
@@ -164,7 +176,7 @@ def test_a_corrupt_value_is_a_counted_miss_and_is_deleted(
     payloads = store_prompt(host1, namespace, tokens, random_kv)
     ns_id = host2.register_namespace(namespace)
     keys = chunk_keys(namespace, tokens)
-    key = store_key(key_prefix, chunk_id(ns_id, keys[1]))
+    key = payload_key(key_prefix, chunk_id(ns_id, keys[1]))
     rc = client(cluster)
     try:
         value = bytearray(rc.get(key))  # type: ignore[arg-type]
@@ -174,7 +186,67 @@ def test_a_corrupt_value_is_a_counted_miss_and_is_deleted(
         assert got[0] is not None and torch.equal(got[0], payloads[0])
         assert got[1] is None
         assert host2.stats().tier(TierLevel.SHARED).corrupt_reads == 1
-        assert rc.exists(key) == 0
+        assert rc.exists(key, header_key(key_prefix, chunk_id(ns_id, keys[1]))) == 0
+    finally:
+        rc.close()
+
+
+@pytest.mark.parametrize("damage", ["header-of-another", "short-payload", "payload-a-list"])
+def test_a_damaged_record_is_a_counted_miss_and_is_deleted(
+    cluster: RedisDeployment,
+    make_cache: Callable[..., CacheManager],
+    namespace: Namespace,
+    random_kv: Payload,
+    key_prefix: str,
+    damage: str,
+) -> None:
+    nbytes = namespace.layout.chunk_bytes
+    host1 = make_cache(cluster.url, nbytes, name="h1")
+    host2 = make_cache(cluster.url, nbytes, name="h2")
+    tokens = list(range(3 * namespace.layout.chunk_tokens))
+    payloads = store_prompt(host1, namespace, tokens, random_kv)
+    ns_id = host2.register_namespace(namespace)
+    keys = chunk_keys(namespace, tokens)
+    ids = [chunk_id(ns_id, k) for k in keys]
+    rc = client(cluster)
+    try:
+        if damage == "header-of-another":  # a header swapped in from another chunk: its checksum differs
+            rc.set(header_key(key_prefix, ids[1]), rc.get(header_key(key_prefix, ids[2])))  # type: ignore[arg-type]
+        elif damage == "short-payload":
+            rc.set(payload_key(key_prefix, ids[1]), rc.get(payload_key(key_prefix, ids[1]))[:-1])  # type: ignore[index]
+        else:  # a key of another type reads as absent: the record is gone, not served
+            rc.delete(payload_key(key_prefix, ids[1]))
+            rc.rpush(payload_key(key_prefix, ids[1]), b"x")
+        got = host2.get(ns_id, keys)
+        assert got[0] is not None and torch.equal(got[0], payloads[0])
+        assert got[1] is None
+        assert got[2] is not None and torch.equal(got[2], payloads[2])  # its neighbours are untouched
+        corrupt = host2.stats().tier(TierLevel.SHARED).corrupt_reads
+        assert corrupt == (0 if damage == "payload-a-list" else 1)
+        if damage != "payload-a-list":
+            assert rc.exists(header_key(key_prefix, ids[1]), payload_key(key_prefix, ids[1])) == 0
+    finally:
+        rc.close()
+
+
+def test_a_record_is_two_keys_in_one_hash_slot(
+    cluster: RedisDeployment,
+    make_cache: Callable[..., CacheManager],
+    namespace: Namespace,
+    random_kv: Payload,
+    key_prefix: str,
+) -> None:
+    host1 = make_cache(cluster.url, namespace.layout.chunk_bytes, name="h1")
+    tokens = list(range(2 * namespace.layout.chunk_tokens))
+    payloads = store_prompt(host1, namespace, tokens, random_kv)
+    ns_id = host1.register_namespace(namespace)
+    ids = [chunk_id(ns_id, k) for k in chunk_keys(namespace, tokens)]
+    rc = client(cluster)
+    try:
+        for cid, want in zip(ids, payloads, strict=True):
+            assert cluster.owner(header_key(key_prefix, cid)) == cluster.owner(payload_key(key_prefix, cid))
+            assert rc.get(payload_key(key_prefix, cid)) == want.numpy().tobytes()  # the payload as it is
+            assert len(rc.get(header_key(key_prefix, cid))) == HEADER_BYTES  # type: ignore[arg-type]
     finally:
         rc.close()
 

@@ -45,6 +45,7 @@ class CeilingKind(enum.Enum):
     ECHO_STREAM = "echo_stream"
     REDIS_SET = "redis_set"
     REDIS_GET = "redis_get"
+    LMDB_GET = "lmdb_get"
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,6 +73,13 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="payload seed (0)")
     p.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=3,
+        help="rounds per chunk size, each a pass of every ceiling then every tier; ratios are the median "
+        "of the per-round ratios (3)",
+    )
+    p.add_argument(
         "--shared-url",
         default="",
         help="with --tiers ...,SHARED: the Redis Cluster / server to measure on (default: a private "
@@ -102,6 +109,7 @@ def _config(args: argparse.Namespace) -> TiersBenchConfig:
         work_root=args.dir,
         options=options,
         seed=args.seed,
+        rounds=args.rounds,
     )
 
 
@@ -116,8 +124,8 @@ def tiers_charts(report: TiersReport) -> list[Chart]:
             r = row.result
             if r.op.value == op:
                 series.setdefault((f"{r.level.name} {op}", False), []).append((r.chunk_bytes, r.timing.gbps))
-        wanted = {"memcpy"} | ({"disk_write"} if op == "put" else {"disk_read"})
-        for c in report.ceilings:
+        wanted = {"memcpy"} | ({"disk_write"} if op == "put" else {"disk_read", "lmdb_get"})
+        for c in (row.ceiling for row in report.ceilings):
             if c.kind.value in wanted:
                 series.setdefault((c.label, True), []).append((c.chunk_bytes, c.timing.gbps))
         charts.append(

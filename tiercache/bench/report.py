@@ -15,8 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .ceilings import CeilingResult
-from .runner import TierRow, TiersReport
+from .runner import CeilingRow, TierRow, TiersReport
 from .tables import columns as _columns
 from .tables import format_size
 from .timing import Timing
@@ -27,19 +26,25 @@ SCHEMA = "tiercache-bench/tiers/1"
 """The ``schema`` field of the JSON document."""
 
 
-def _ceiling_lines(ceilings: Sequence[CeilingResult]) -> list[str]:
+def _range(values: Sequence[float]) -> str:
+    return f"{min(values):.2f}-{max(values):.2f}"
+
+
+def _ceiling_lines(ceilings: Sequence[CeilingRow]) -> list[str]:
     rows = [
         [
-            c.label,
-            format_size(c.chunk_bytes),
-            f"{c.timing.gbps:.2f}",
-            f"{c.timing.p50_ms:.3f}",
-            f"{c.timing.p99_ms:.3f}",
-            c.note,
+            row.ceiling.label,
+            format_size(row.ceiling.chunk_bytes),
+            f"{row.ceiling.timing.gbps:.2f}",
+            _range(row.round_gbps),
+            f"{row.ceiling.timing.p50_ms:.3f}",
+            f"{row.ceiling.timing.p99_ms:.3f}",
+            row.ceiling.note,
         ]
-        for c in ceilings
+        for row in ceilings
     ]
-    return _columns(["ceiling", "chunk", "GB/s", "p50 ms", "p99 ms", "note"], rows, frozenset({0, 5}))
+    headers = ["ceiling", "chunk", "GB/s", "rounds", "p50 ms", "p99 ms", "note"]
+    return _columns(headers, rows, frozenset({0, 6}))
 
 
 def _tier_lines(rows: Sequence[TierRow]) -> list[str]:
@@ -52,7 +57,8 @@ def _tier_lines(rows: Sequence[TierRow]) -> list[str]:
             head = first if i == 0 else ["", "", "", "", "", ""]
             target = "-" if c.target is None else f">={c.target:.1f}x"
             met = "-" if c.met is None else ("yes" if c.met else "NO")
-            out.append([*head, c.ceiling, f"{c.ceiling_gbps:.2f}", f"{c.ratio:.2f}x", target, met])
+            ratio = [f"{c.ratio:.2f}x", f"{c.low:.2f}-{c.high:.2f}"]
+            out.append([*head, c.ceiling, f"{c.ceiling_gbps:.2f}", *ratio, target, met])
     headers = [
         "tier",
         "op",
@@ -63,10 +69,11 @@ def _tier_lines(rows: Sequence[TierRow]) -> list[str]:
         "vs ceiling",
         "ceil GB/s",
         "ratio",
+        "rounds",
         "target",
         "met?",
     ]
-    return _columns(headers, out, frozenset({0, 1, 6, 9, 10}))
+    return _columns(headers, out, frozenset({0, 1, 6, 10, 11}))
 
 
 def format_report(report: TiersReport) -> str:
@@ -79,11 +86,14 @@ def format_report(report: TiersReport) -> str:
         f"L3 in {report.machine.work_dir} ({report.machine.filesystem}), codec {opts.codec.value}, "
         f"durable={opts.durable}",
         f"GB/s = 1e9 bytes/s over the whole phase; {per_call}; {report.elapsed_s:.1f} s in all.",
+        f"{report.config.rounds} rounds per size (every ceiling, then every tier); GB/s is the median round, "
+        "a ratio the median of the per-round ratios, with the lowest-highest round next to it.",
         "",
         "Machine ceilings",
         *_ceiling_lines(report.ceilings),
         "",
-        "Tiers (put = reserve + copy into slot buffers + commit; get = read_into a preallocated buffer)",
+        "Tiers (put = reserve + commit_from the payload: copied into slot buffers, except SHARED, which "
+        "writes from the source; get = read_into a preallocated buffer)",
         *_tier_lines(report.rows),
     ]
     missed = [
@@ -122,6 +132,7 @@ def report_to_dict(report: TiersReport) -> dict[str, Any]:
                 "device": r.device,
                 "chunk_bytes": r.chunk_bytes,
                 **_timing_dict(r.timing),
+                "round_gbps": list(row.round_gbps),
                 "verified_bytes": r.verified_bytes,
                 "comparisons": [asdict(c) for c in row.comparisons],
             }
@@ -141,19 +152,21 @@ def report_to_dict(report: TiersReport) -> dict[str, Any]:
             "zstd_level": opts.zstd_level,
             "durable": opts.durable,
             "seed": cfg.seed,
+            "rounds": cfg.rounds,
         },
         "latency_unit": f"per call (one batch of up to {opts.batch} chunks)",
         "elapsed_s": report.elapsed_s,
         "ceilings": [
             {
-                "kind": c.kind.value,
-                "device": c.device,
-                "label": c.label,
-                "chunk_bytes": c.chunk_bytes,
-                **_timing_dict(c.timing),
-                "note": c.note,
+                "kind": row.ceiling.kind.value,
+                "device": row.ceiling.device,
+                "label": row.ceiling.label,
+                "chunk_bytes": row.ceiling.chunk_bytes,
+                **_timing_dict(row.ceiling.timing),
+                "round_gbps": list(row.round_gbps),
+                "note": row.ceiling.note,
             }
-            for c in report.ceilings
+            for row in report.ceilings
         ],
         "results": results,
         "targets_met": all(c.met is not False for row in report.rows for c in row.comparisons),

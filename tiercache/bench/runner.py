@@ -1,13 +1,16 @@
-"""The ``tiers`` benchmark run: for each chunk size, the machine's ceilings, then each tier's put and get.
+"""The ``tiers`` benchmark run: for each chunk size and round, the machine's ceilings, then each tier.
 
 Everything is measured in one run, size by size, on the same payload: a random bf16 payload is generated
-once per size, the memcpy and disk ceilings are taken on it, then each tier is built for exactly one round,
-timed, verified and closed (L2 unlinks its segment; L3's directory is removed). The work directory (L3 and
-the disk ceiling) is a fresh temporary directory, removed at the end.
+once per size; then, ``rounds`` times, the ceilings are taken on it (memcpy; the disk and raw LMDB with L3;
+raw SET/GET with the shared tier) and each tier is built for exactly one round, timed, verified and closed
+(L2 unlinks its segment; L3's directory is removed). Each figure is paired with the ceilings of its own
+round (see :mod:`tiercache.bench.targets`); the round with the median GB/s is the one reported. The work
+directory (L3 and the disk ceilings) is a fresh temporary directory, removed at the end.
 
 Primitives:
     TiersBenchConfig: what to measure and how.
-    TierRow: one tier figure and its comparisons with the ceilings.
+    CeilingRow: one ceiling's median round and every round's GB/s.
+    TierRow: one tier figure (its median round), every round's GB/s, and its comparisons with the ceilings.
     TiersReport: the whole run: config, machine, ceilings and rows.
     default_work_root: where the work directory goes when none is given.
     work_directory: a fresh temporary work directory, removed at exit.
@@ -31,10 +34,11 @@ import torch
 from tiercache.tiers.base import TierLevel
 
 from .ceilings import CeilingResult, MachineInfo, describe_machine, measure_disk, measure_memcpy
+from .lmdb_ceiling import measure_lmdb_get
 from .payload import Payload, make_destinations, make_payload
 from .redis_cluster import redis_cluster
 from .shared_ceiling import measure_redis
-from .targets import Comparison, compare
+from .targets import Comparison, compare, median_round
 from .tiers import TierOpResult, TierOptions, measure_tier, open_tier, tier_device
 
 logger = logging.getLogger(__name__)
@@ -52,6 +56,7 @@ class TiersBenchConfig:
             :func:`default_work_root`. Only the work directory created inside it is removed.
         options: how tiers are built and driven.
         seed: payload generator seed.
+        rounds: measurement rounds per chunk size (every ceiling, then every tier, each round).
     """
 
     levels: tuple[TierLevel, ...] = (TierLevel.L1, TierLevel.L2, TierLevel.L3)
@@ -60,6 +65,7 @@ class TiersBenchConfig:
     work_root: Path | None = None
     options: TierOptions = field(default_factory=TierOptions)
     seed: int = 0
+    rounds: int = 3
 
     def __post_init__(self) -> None:
         if not self.levels:
@@ -68,6 +74,8 @@ class TiersBenchConfig:
             raise ValueError(f"chunk_sizes: must be positive, got {self.chunk_sizes}")
         if self.bytes_per_size <= 0:
             raise ValueError(f"bytes_per_size: must be positive, got {self.bytes_per_size}")
+        if self.rounds <= 0:
+            raise ValueError(f"rounds: must be positive, got {self.rounds}")
         if self.options.batch <= 0 or self.options.warmup_rounds < 0:
             raise ValueError("options: batch must be positive and warmup_rounds non-negative")
 
@@ -77,16 +85,31 @@ class TiersBenchConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class TierRow:
-    """One tier figure and how it compares with the ceilings.
+class CeilingRow:
+    """One ceiling at one chunk size over the rounds.
 
     Attributes:
-        result: the figure.
-        comparisons: one per ceiling it is compared against.
+        ceiling: its median round (the one reported).
+        round_gbps: every round's GB/s, in round order.
+    """
+
+    ceiling: CeilingResult
+    round_gbps: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TierRow:
+    """One tier figure over the rounds and how it compares with the ceilings.
+
+    Attributes:
+        result: the figure's median round (the one reported).
+        comparisons: one per ceiling it is compared against, round by round.
+        round_gbps: every round's GB/s, in round order.
     """
 
     result: TierOpResult
     comparisons: tuple[Comparison, ...]
+    round_gbps: tuple[float, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,14 +119,14 @@ class TiersReport:
     Attributes:
         config: what was asked for.
         machine: what it ran on.
-        ceilings: every ceiling, by chunk size.
+        ceilings: every ceiling (its median round), by chunk size.
         rows: every tier figure, by chunk size, tier and op.
         elapsed_s: wall time of the whole run.
     """
 
     config: TiersBenchConfig
     machine: MachineInfo
-    ceilings: tuple[CeilingResult, ...]
+    ceilings: tuple[CeilingRow, ...]
     rows: tuple[TierRow, ...]
     elapsed_s: float
 
@@ -131,41 +154,84 @@ def work_directory(root: Path | None) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def _measure_ceilings(
+    config: TiersBenchConfig,
+    payloads: dict[torch.device, Payload],
+    dsts: dict[torch.device, torch.Tensor],
+    work: Path,
+) -> list[CeilingResult]:
+    """One pass of every ceiling the measured tiers are compared against."""
+    opts = config.options
+    cpu = torch.device("cpu")
+    ceilings = [
+        measure_memcpy(p.chunks(), list(dsts[d].unbind(0)), opts.batch, opts.warmup_rounds)
+        for d, p in payloads.items()
+    ]
+    if TierLevel.L3 in config.levels:
+        srcs, outs = payloads[cpu].chunks(), list(dsts[cpu].unbind(0))
+        ceilings.extend(measure_disk(srcs, outs, work, opts.batch))
+        ceilings.append(measure_lmdb_get(srcs, outs, work, opts.batch, opts.warmup_rounds))
+    if TierLevel.SHARED in config.levels:
+        ceilings.extend(
+            measure_redis(opts.shared_url, payloads[cpu].chunks(), opts.batch, opts.warmup_rounds)
+        )
+    return ceilings
+
+
+def _measure_tiers(
+    config: TiersBenchConfig,
+    payloads: dict[torch.device, Payload],
+    dsts: dict[torch.device, torch.Tensor],
+    work: Path,
+) -> list[TierOpResult]:
+    """One round of every tier: built for the round, put, get, verified, closed."""
+    opts = config.options
+    out: list[TierOpResult] = []
+    for level in config.levels:
+        device = tier_device(level, opts)
+        payload = payloads[device]
+        l3_dir = work / f"l3-{payload.chunk_bytes}"
+        tier = open_tier(level, opts, payload.chunk_bytes, payload.num_chunks, l3_dir)
+        try:
+            results = measure_tier(tier, payload, dsts[device], opts)
+        finally:
+            tier.close()
+            shutil.rmtree(l3_dir, ignore_errors=True)
+        out.extend(results)
+        logger.info(
+            "%s %d KiB: put %.2f GB/s, get %.2f GB/s",
+            level.name,
+            payload.chunk_bytes >> 10,
+            results[0].timing.gbps,
+            results[1].timing.gbps,
+        )
+    return out
+
+
 def _measure_size(
     config: TiersBenchConfig, chunk_bytes: int, work: Path
-) -> tuple[list[CeilingResult], list[TierRow]]:
+) -> tuple[list[CeilingRow], list[TierRow]]:
     opts = config.options
     payload = make_payload(chunk_bytes, config.num_chunks(chunk_bytes), config.seed)
     devices = list(dict.fromkeys([torch.device("cpu")] + [tier_device(lv, opts) for lv in config.levels]))
     payloads: dict[torch.device, Payload] = {d: payload.to(d) for d in devices}
     dsts = {d: make_destinations(payload, d) for d in devices}
-    ceilings = [
-        measure_memcpy(payloads[d].chunks(), list(dsts[d].unbind(0)), opts.batch, opts.warmup_rounds)
-        for d in devices
-    ]
-    if TierLevel.L3 in config.levels:
-        cpu = torch.device("cpu")
-        ceilings.extend(measure_disk(payload.chunks(), list(dsts[cpu].unbind(0)), work, opts.batch))
-    if TierLevel.SHARED in config.levels:
-        ceilings.extend(measure_redis(opts.shared_url, payload.chunks(), opts.batch, opts.warmup_rounds))
-    rows: list[TierRow] = []
-    for level in config.levels:
-        device = tier_device(level, opts)
-        l3_dir = work / f"l3-{chunk_bytes}"
-        tier = open_tier(level, opts, chunk_bytes, payload.num_chunks, l3_dir)
-        try:
-            results = measure_tier(tier, payloads[device], dsts[device], opts)
-        finally:
-            tier.close()
-            shutil.rmtree(l3_dir, ignore_errors=True)
-        rows.extend(TierRow(r, compare(r, ceilings)) for r in results)
-        logger.info(
-            "%s %d KiB: put %.2f GB/s, get %.2f GB/s",
-            level.name,
-            chunk_bytes >> 10,
-            results[0].timing.gbps,
-            results[1].timing.gbps,
-        )
+    ceiling_rounds: list[list[CeilingResult]] = []
+    result_rounds: list[list[TierOpResult]] = []
+    for i in range(config.rounds):
+        logger.info("chunk size %d KiB: round %d of %d", chunk_bytes >> 10, i + 1, config.rounds)
+        ceiling_rounds.append(_measure_ceilings(config, payloads, dsts, work))
+        result_rounds.append(_measure_tiers(config, payloads, dsts, work))
+    ceilings = []
+    for j in range(len(ceiling_rounds[0])):
+        per_round = [cs[j] for cs in ceiling_rounds]
+        gbps = tuple(c.timing.gbps for c in per_round)
+        ceilings.append(CeilingRow(per_round[median_round(gbps)], gbps))
+    rows = []
+    for j in range(len(result_rounds[0])):
+        per_result = [rs[j] for rs in result_rounds]
+        gbps = tuple(r.timing.gbps for r in per_result)
+        rows.append(TierRow(per_result[median_round(gbps)], compare(per_result, ceiling_rounds), gbps))
     return ceilings, rows
 
 
@@ -191,16 +257,17 @@ def run_tiers(config: TiersBenchConfig) -> TiersReport:
         OSError: the work directory, shared memory or disk ceiling failed.
     """
     start = time.perf_counter()
-    ceilings: list[CeilingResult] = []
+    ceilings: list[CeilingRow] = []
     rows: list[TierRow] = []
     with work_directory(config.work_root) as work, shared_store(config, work) as config:
         machine = describe_machine(torch.device(config.options.l1_device), work)
         for chunk_bytes in config.chunk_sizes:
             logger.info(
-                "chunk size %d KiB: %d chunks, batch %d",
+                "chunk size %d KiB: %d chunks, batch %d, %d rounds",
                 chunk_bytes >> 10,
                 config.num_chunks(chunk_bytes),
                 config.options.batch,
+                config.rounds,
             )
             size_ceilings, size_rows = _measure_size(config, chunk_bytes, work)
             ceilings.extend(size_ceilings)

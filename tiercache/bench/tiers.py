@@ -1,7 +1,9 @@
 """Put/get measurement of one tier, and round-trip verification.
 
-``put`` is the tier's two-phase write as the cache manager does it: ``reserve`` a batch, copy each payload
-chunk into its ``slot.buffer``, ``commit``. ``get`` is ``read_into`` a preallocated destination. Both run
+``put`` is the tier's two-phase write as the cache manager's moves do it: ``reserve`` a batch, then
+``commit_from`` the payload chunks: each is copied into its ``slot.buffer`` and committed, except by a tier
+that sends bytes on from where they are (the shared tier writes the payload to the store without a copy,
+as it does when L2 writes a chunk down to it). ``get`` is ``read_into`` a preallocated destination. Both run
 ``batch`` chunks per call; a latency is one call's. Warm-up rounds (put, get, delete, untimed) come first so
 that first-touch page faults and LMDB's first page allocations are not timed. After the timed get every
 chunk read back is compared with its source: a mismatch or a miss is an error, never a figure.
@@ -208,9 +210,7 @@ def _chunk_ids(chunk_bytes: int, count: int) -> list[bytes]:
 def _put(tier: StorageTier, ids: Sequence[bytes], chunks: Sequence[torch.Tensor]) -> None:
     slots = tier.reserve(ids, [c.numel() for c in chunks])
     try:
-        for slot, chunk in zip(slots, chunks, strict=True):
-            slot.buffer.copy_(chunk)
-        tier.commit(slots)
+        tier.commit_from(slots, chunks)
     except BaseException:
         tier.abort(slots)
         raise

@@ -44,6 +44,7 @@ from tiercache.policies import WritePolicy
 from tiercache.rates import RateEstimator
 from tiercache.singleflight import SingleFlight
 from tiercache.tiers.base import SlotTier, StorageTier, TierLevel, WriteSlot
+from tiercache.tiers.slots import SlotPoolTier
 
 logger = logging.getLogger(__name__)
 
@@ -328,10 +329,8 @@ class Mover:
             # the move (a failed read, a full LMDB map at commit, any other error).
             try:
                 started = time.perf_counter()
-                ok = self._tiers[src].read_into([cid], [ws.buffer])[0]
+                ok = self._copy_bytes(cid, src, dst, ws)
                 elapsed = time.perf_counter() - started
-                if ok:
-                    self._tiers[dst].commit([ws])
             except CapacityError as exc:  # the commit found no room (an L3 map full): nothing was written
                 self._tiers[dst].abort([ws])
                 logger.debug("no room to commit %s in %s: %s", cid.hex(), dst.name, exc)
@@ -362,6 +361,26 @@ class Mover:
             with self._lock:
                 self._copying.discard((cid, dst))
                 self.release_hold(cid, src)
+
+    def _copy_bytes(self, cid: bytes, src: TierLevel, dst: TierLevel, ws: WriteSlot) -> bool:
+        """Copy a held chunk's bytes from ``src`` into the reservation ``ws`` of ``dst`` and commit it;
+        False when the source's copy is gone or fails its checksum (nothing is committed then).
+
+        When ``dst`` sends bytes on from wherever they are (the shared tier) and ``src`` is a slot tier,
+        the slot's bytes are checked in place and written from there: no copy through ``ws``'s buffer.
+        The hold the caller took keeps the slot from being reused meanwhile.
+        """
+        source, target = self._tiers[src], self._tiers[dst]
+        if target.writes_from_sources and isinstance(source, SlotPoolTier):
+            view = source.view(cid)
+            if view is None or not source.verify(cid):
+                return False
+            target.commit_from([ws], [view])
+            return True
+        if not source.read_into([cid], [ws.buffer])[0]:
+            return False
+        target.commit([ws])
+        return True
 
     def copy_out(self, cid: bytes, level: TierLevel, out: torch.Tensor, observe: bool) -> bool:
         """Copy ``level``'s copy of a chunk into ``out`` (the copy is held meanwhile; lock not held).

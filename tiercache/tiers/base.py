@@ -7,6 +7,9 @@ victims. Every method is batch-first.
 Writes are two-phase: :meth:`StorageTier.reserve` hands out writable, not-ready buffers; :meth:`StorageTier.commit`
 makes them readable atomically per chunk; :meth:`StorageTier.abort` discards them. A reserved but uncommitted
 chunk is never visible to :meth:`StorageTier.read_into` or :meth:`StorageTier.contains`.
+:meth:`StorageTier.commit_from` commits reservations with bytes from other buffers, as if they had been
+copied into the slots first; a tier that sends bytes on from wherever they are (the shared tier:
+``writes_from_sources``) skips that copy.
 
 All methods are thread-safe. They may block (LMDB I/O, large copies): a caller on an event loop runs them
 in an executor.
@@ -16,9 +19,11 @@ Primitives:
         cluster every daemon reads and writes); lower is faster.
     WriteSlot: a reserved, writable buffer for one chunk.
     TierUsage: a snapshot of a tier's space and error counters.
-    StorageTier: the protocol (reserve, commit, abort, read_into, contains, delete, entries, usage, close).
+    StorageTier: the protocol (reserve, commit, commit_from, abort, read_into, contains, delete, entries,
+        usage, close).
     SlotTier: a tier of fixed-size slots in one buffer, which can also hand out zero-copy views.
     check_batch: the argument checks every tier's ``reserve`` starts with.
+    check_sources: the argument checks of ``commit_from``.
 """
 
 from __future__ import annotations
@@ -42,6 +47,17 @@ def check_batch(chunk_ids: Sequence[bytes], sizes: Sequence[int]) -> None:
     for size in sizes:
         if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
             raise InvalidArgumentError("sizes", f"must be positive integers, got {size!r}")
+
+
+def check_sources(slots: Sequence[WriteSlot], srcs: Sequence[torch.Tensor]) -> None:
+    """Validate ``commit_from`` sources: one 1-D ``uint8`` tensor of exactly ``nbytes`` per slot."""
+    if len(slots) != len(srcs):
+        raise InvalidArgumentError("srcs", f"{len(srcs)} sources for {len(slots)} slots")
+    for i, (slot, src) in enumerate(zip(slots, srcs, strict=True)):
+        if not isinstance(src, torch.Tensor) or src.dtype != torch.uint8 or src.dim() != 1:
+            raise InvalidArgumentError("srcs", f"[{i}] must be a 1-D uint8 tensor")
+        if src.numel() != slot.nbytes:
+            raise InvalidArgumentError("srcs", f"[{i}] holds {src.numel()} bytes, its slot {slot.nbytes}")
 
 
 class TierLevel(enum.IntEnum):
@@ -138,6 +154,24 @@ class StorageTier(abc.ABC):
         Raises:
             ConflictError: a slot is not a live reservation of this tier (already committed/aborted).
         """
+
+    writes_from_sources: bool = False
+    """Whether :meth:`commit_from` sends the sources on without copying them into the slots first."""
+
+    def commit_from(self, slots: Sequence[WriteSlot], srcs: Sequence[torch.Tensor]) -> None:
+        """Commit reservations with the bytes of ``srcs`` (one per slot, exactly its ``nbytes``), as if
+        each had been copied into its slot's buffer first; here, it is copied. Sources must not change
+        until the call returns.
+
+        Raises:
+            InvalidArgumentError: lengths differ, or a source is not a 1-D ``uint8`` tensor of its slot's
+                size.
+            ConflictError: as :meth:`commit`.
+        """
+        check_sources(slots, srcs)
+        for slot, src in zip(slots, srcs, strict=True):
+            slot.buffer.copy_(src)
+        self.commit(slots)
 
     @abc.abstractmethod
     def abort(self, slots: Sequence[WriteSlot]) -> None:

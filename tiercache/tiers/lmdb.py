@@ -95,7 +95,7 @@ class LmdbTier(StorageTier):
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._write_lock = threading.Lock()
-        self._staging = StagingPool(_STAGING_CACHE_BYTES)
+        self._staging = StagingPool(_STAGING_CACHE_BYTES, payload_offset=HEADER_BYTES)
         self._reservations = ReservationTable("L3")
         self._active_reads = 0
         self._closed = False

@@ -5,10 +5,14 @@ host computed is a hit on every other host. The store is the one the field alrea
 Cluster / Valkey cluster), reached with redis-py (:mod:`tiercache.tiers.shared_client`); it shards,
 replicates and evicts by itself (run it with ``maxmemory-policy allkeys-lru``).
 
-Values are exactly L3's self-checking values (:mod:`tiercache.tiers.values`: header, raw or zstd payload,
-checksums); a value that fails a check is a miss, is counted in ``corrupt_reads`` and is deleted. Keys are
-``key_prefix`` + the chunk id, and a chunk id starts with the tenant-scoped namespace id
-(:meth:`~tiercache.keys.Namespace.scoped_id`), so two tenants never share a key.
+Values are L3's self-checking values (:mod:`tiercache.tiers.values`: header, raw or zstd payload,
+checksums), kept as a record of two keys in one hash slot, header and payload (see
+:mod:`tiercache.tiers.shared_client`), so that a payload goes to the store straight from the buffer it is
+in: :meth:`SharedTier.commit_from` writes a chunk from the caller's (or an L2 slot's) bytes without copying
+it. A value that fails a check is a miss, is counted in ``corrupt_reads`` and is deleted. A record's keys
+are ``key_prefix`` + ``{`` + the chunk id in hex + ``}`` + a part suffix (:func:`store_key`), and a chunk id
+starts with the tenant-scoped namespace id (:meth:`~tiercache.keys.Namespace.scoped_id`), so two tenants
+never share a key.
 
 The tier is the authority only for what is in the store: :meth:`SharedTier.contains` and
 :meth:`SharedTier.read_into` ask the store (so chunks other daemons wrote are found, and chunks the cluster
@@ -19,8 +23,8 @@ belong to the cluster); a chunk found missing is dropped from the view.
 Faults (:mod:`tiercache.tiers.shared_breaker`): a call that fails (node down, timeout, cluster gone) is
 counted in ``usage().errors`` and turns the tier off with exponential backoff; while it is off every read
 and lookup is a miss at once, a reservation is refused with ``CapacityError`` and a delete forgets locally.
-No call waits longer than the configured socket timeouts. Nothing partial is ever served: a value is one
-``SET``, read whole and checked.
+No call waits longer than the configured socket timeouts. Nothing partial is ever served: a record is one
+``MSET`` of both keys, read whole (``MGET``) and checked; a record missing a part is a miss.
 
 Thread-safety: every method may be called from any thread. One lock guards the local view, reservations
 and counters; network calls run without it.
@@ -29,7 +33,7 @@ Primitives:
     SharedTierConfig: seed URL(s), capacity, codec, timeouts, backoff (from
         :mod:`tiercache.tiers.shared_config`; import it from here).
     SharedTier: the :class:`~tiercache.tiers.base.StorageTier` over the store; ``available``, ``store_kind``.
-    store_key: the key a chunk id is stored under.
+    store_key: the base key of a chunk id's record (its hash tag decides the cluster node).
 """
 
 from __future__ import annotations
@@ -45,13 +49,13 @@ import zstandard
 
 from tiercache.codec import Codec
 from tiercache.errors import CapacityError, ConflictError, InvalidArgumentError
-from tiercache.tiers.base import StorageTier, TierLevel, TierUsage, WriteSlot, check_batch
+from tiercache.tiers.base import StorageTier, TierLevel, TierUsage, WriteSlot, check_batch, check_sources
 from tiercache.tiers.reservations import Reservation, ReservationTable
 from tiercache.tiers.shared_breaker import Breaker
 from tiercache.tiers.shared_client import SharedStore, StoreRefused, StoreUnavailable
 from tiercache.tiers.shared_config import SharedTierConfig
 from tiercache.tiers.staging import StagingPool
-from tiercache.tiers.values import HEADER_BYTES, decode, encode_staged
+from tiercache.tiers.values import HEADER_BYTES, decode_parts, encode
 
 __all__ = ["SharedTier", "SharedTierConfig", "store_key"]
 
@@ -62,8 +66,10 @@ _STAGING_CACHE_BYTES = 256 << 20
 
 
 def store_key(prefix: str, chunk_id: bytes) -> bytes:
-    """The key of a chunk in the store: the prefix's UTF-8 bytes, then the chunk id's bytes."""
-    return prefix.encode() + bytes(chunk_id)
+    """The base key of a chunk's record: the prefix's UTF-8 bytes, then ``{<chunk id in hex>}``, a hash
+    tag, so that both keys of the record (see :func:`~tiercache.tiers.shared_client.record_keys`) fall in
+    one hash slot, and chunks spread over the cluster by their ids."""
+    return prefix.encode() + b"{" + bytes(chunk_id).hex().encode() + b"}"
 
 
 def _check_ids(chunk_ids: Sequence[bytes]) -> None:
@@ -112,7 +118,7 @@ class SharedTier(StorageTier):
         self._store = SharedStore(config)
         self._breaker = Breaker("shared tier", config.backoff_initial_s, config.backoff_max_s)
         self._lock = threading.Lock()
-        self._staging = StagingPool(_STAGING_CACHE_BYTES)
+        self._staging = StagingPool(_STAGING_CACHE_BYTES, payload_offset=HEADER_BYTES)
         self._reservations = ReservationTable("SHARED")
         self._view: OrderedDict[bytes, tuple[int, int]] = OrderedDict()
         self._used = 0
@@ -206,13 +212,38 @@ class SharedTier(StorageTier):
             return slots
 
     def commit(self, slots: Sequence[WriteSlot]) -> None:
-        """Write reserved chunks to the store in one pipeline (each value one atomic ``SET``).
+        """Write reserved chunks to the store in one pipeline (each chunk one atomic ``HSET``).
 
         Raises:
             ConflictError: a slot is not a live reservation of this tier, or the tier is closed.
             CapacityError: the store is unavailable or refused the write (nothing is committed here; the
                 reservations stay live: abort them). The failure is counted in ``usage().errors``.
         """
+        self._commit(slots, None)
+
+    writes_from_sources = True
+
+    def commit_from(self, slots: Sequence[WriteSlot], srcs: Sequence[torch.Tensor]) -> None:
+        """Like :meth:`commit`, with each chunk's bytes taken from ``srcs`` instead of its slot's buffer:
+        a CPU source goes to the socket as it is (no copy at all); another device's is copied through the
+        slot's buffer. The source must not change until the call returns.
+
+        Raises:
+            InvalidArgumentError: see :func:`~tiercache.tiers.base.check_sources`.
+            ConflictError, CapacityError: as :meth:`commit`.
+        """
+        check_sources(slots, srcs)
+        raws: list[torch.Tensor] = []
+        for slot, src in zip(slots, srcs, strict=True):
+            if src.device.type == "cpu" and src.is_contiguous():
+                raws.append(src)
+            else:
+                slot.buffer.copy_(src)
+                raws.append(slot.buffer)
+        self._commit(slots, raws)
+
+    def _commit(self, slots: Sequence[WriteSlot], srcs: Sequence[torch.Tensor] | None) -> None:
+        """Write the reservations' bytes (their buffers, or ``srcs``) as one pipeline of ``HSET``s."""
         if not slots:
             return
         with self._lock:
@@ -222,18 +253,20 @@ class SharedTier(StorageTier):
             cctx = None
             if self._config.codec is Codec.ZSTD:
                 cctx = zstandard.ZstdCompressor(level=self._config.zstd_level)
-            values = [encode_staged(res.staging.numpy().data, cctx) for res in reservations]
+            raws = [r.buffer for r in reservations] if srcs is None else srcs
+            parts = [encode(raw.numpy().data, cctx) for raw in raws]
             if not self._breaker.available():
                 raise CapacityError("the shared tier is unavailable (backing off after a failure)")
+            records = [(self._key(r.chunk_id), h, p) for r, (h, p) in zip(reservations, parts, strict=True)]
             try:
-                self._store.set_many([(self._key(r.chunk_id), v) for r, v in zip(reservations, values)])
+                self._store.write_many(records)
             except (StoreUnavailable, StoreRefused) as exc:
                 self._failed(exc)
-                raise CapacityError(f"the shared store did not take {len(values)} chunks: {exc}") from exc
+                raise CapacityError(f"the shared store did not take {len(records)} chunks: {exc}") from exc
             self._breaker.succeeded()
             with self._lock:
-                for token, res, value in zip(tokens, reservations, values, strict=True):
-                    self._remember(res.chunk_id, len(value), res.nbytes)
+                for token, res, (_, payload) in zip(tokens, reservations, parts, strict=True):
+                    self._remember(res.chunk_id, HEADER_BYTES + len(payload), res.nbytes)
                     self._staging.give(self._reservations.finish(token).staging)
         finally:
             with self._lock:
@@ -271,7 +304,7 @@ class SharedTier(StorageTier):
             return copied
         unique = list(dict.fromkeys(bytes(c) for c in chunk_ids))
         try:
-            fetched = dict(zip(unique, self._store.get_many([self._key(c) for c in unique]), strict=True))
+            fetched = dict(zip(unique, self._store.read_many([self._key(c) for c in unique]), strict=True))
         except (StoreUnavailable, StoreRefused) as exc:
             self._failed(exc)
             return copied
@@ -279,11 +312,12 @@ class SharedTier(StorageTier):
         corrupt: list[bytes] = []
         found: dict[bytes, tuple[int, int]] = {}
         for i, (cid, dst) in enumerate(zip(chunk_ids, dsts, strict=True)):
-            value = fetched[bytes(cid)]
-            if value is None:
+            record = fetched[bytes(cid)]
+            if record is None:
                 continue
+            head, payload = record
             with self._dctx_lock:
-                raw = decode(memoryview(value), self._dctx)
+                raw = decode_parts(memoryview(head), memoryview(payload), self._dctx)
             if isinstance(raw, str):
                 logger.warning("SHARED value of chunk %s is malformed (%s): a miss", bytes(cid).hex(), raw)
                 corrupt.append(bytes(cid))
@@ -295,7 +329,7 @@ class SharedTier(StorageTier):
                 )
             _copy_out(raw, dst)
             copied[i] = True
-            found[bytes(cid)] = (len(value), len(raw))
+            found[bytes(cid)] = (len(head) + len(payload), len(raw))
         with self._lock:
             for cid in unique:
                 if cid in found:

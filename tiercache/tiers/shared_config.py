@@ -77,8 +77,8 @@ class SharedTierConfig:
             this daemon tracks in the store plus outstanding reservations.
         codec: how payloads are sent and stored; a zstd payload that is not smaller is stored raw.
         zstd_level: zstd level (used with ``Codec.ZSTD``).
-        key_prefix: prefix of every key this tier writes (followed by the chunk id's bytes: the
-            tenant-scoped namespace id and the chunk key).
+        key_prefix: prefix of every key this tier writes (followed by ``{`` + the chunk id in hex + ``}``:
+            the tenant-scoped namespace id and the chunk key, as a hash tag); no braces of its own.
         op_timeout_s: socket timeout of one command or pipeline: no call waits longer on a slow store.
         connect_timeout_s: timeout of one connection attempt.
         backoff_initial_s: after a failure the tier is off for this long, then tried again.
@@ -111,6 +111,11 @@ class SharedTierConfig:
             )
         if not isinstance(self.key_prefix, str):
             raise InvalidArgumentError("key_prefix", f"must be a string, got {self.key_prefix!r}")
+        if "{" in self.key_prefix or "}" in self.key_prefix:
+            # A brace would start the hash tag in the prefix: every chunk on one cluster node.
+            raise InvalidArgumentError(
+                "key_prefix", f"must not contain '{{' or '}}', got {self.key_prefix!r}"
+            )
         for name in ("op_timeout_s", "connect_timeout_s", "backoff_initial_s", "backoff_max_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):

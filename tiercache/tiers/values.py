@@ -21,14 +21,21 @@ A reader verifies the header checksum, the stored length against the value's rea
 value fails) and the raw checksum; a value that fails any check is malformed, and the functions say why
 instead of raising: to a tier, a malformed value is a miss.
 
+A store that keeps the header and the payload as two parts of one atomic record (the shared tier: two
+fields of one Redis hash) uses :func:`encode` / :func:`decode_parts`, with the same checks: the payload
+is then sent straight from the caller's buffer, never copied behind a header.
+
 Primitives:
     HEADER_BYTES, FORMAT_VERSION, MAGIC: the format's constants.
     MIN_ZSTD_LEVEL, MAX_ZSTD_LEVEL: the range of zstd levels.
     ValueHeader: a parsed header.
     checksum: the xxh3_64 checksum of raw bytes.
     pack_header / parse_header: write a header / read and check one (with the value's length).
+    encode: the header and the payload of raw bytes (the payload is the raw bytes themselves unless
+        compressed).
     encode_staged: the value of raw bytes staged behind room for the header (compressed when smaller).
-    decode: the verified raw bytes of a value, or why it is malformed.
+    decode / decode_parts: the verified raw bytes of a value (or of its header and payload), or why it is
+        malformed.
 """
 
 from __future__ import annotations
@@ -94,10 +101,17 @@ def parse_header(value: memoryview) -> ValueHeader | str:
     """The header of a stored value, or why it is malformed (also checks the value's length)."""
     if len(value) < HEADER_BYTES:
         return f"value of {len(value)} bytes is shorter than the header"
-    (check,) = _HEADER_CHECK.unpack_from(value, _HEADER.size)
-    if xxhash.xxh3_64_intdigest(value[: _HEADER.size]) != check:
+    return _parse(value, len(value) - HEADER_BYTES)
+
+
+def _parse(head: memoryview, payload_len: int) -> ValueHeader | str:
+    """The header at the front of ``head``, checked against a payload of ``payload_len`` bytes."""
+    if len(head) < HEADER_BYTES:
+        return f"header of {len(head)} bytes is shorter than {HEADER_BYTES}"
+    (check,) = _HEADER_CHECK.unpack_from(head, _HEADER.size)
+    if xxhash.xxh3_64_intdigest(head[: _HEADER.size]) != check:
         return "header checksum mismatch"
-    magic, version, codec_id, flags, raw_len, stored_len, raw_checksum = _HEADER.unpack_from(value, 0)
+    magic, version, codec_id, flags, raw_len, stored_len, raw_checksum = _HEADER.unpack_from(head, 0)
     if magic != MAGIC:
         return f"bad magic {magic!r}"
     if version != FORMAT_VERSION:
@@ -109,11 +123,22 @@ def parse_header(value: memoryview) -> ValueHeader | str:
         return f"unknown flags {flags:#x}"
     if raw_len <= 0:
         return f"raw length {raw_len} is not positive"
-    if stored_len != len(value) - HEADER_BYTES:
-        return f"truncated: header says {stored_len} payload bytes, value holds {len(value) - HEADER_BYTES}"
+    if stored_len != payload_len:
+        return f"truncated: header says {stored_len} payload bytes, value holds {payload_len}"
     if codec is Codec.RAW and stored_len != raw_len:
         return f"raw payload of {stored_len} bytes for a raw length of {raw_len}"
     return ValueHeader(codec, raw_len, stored_len, raw_checksum)
+
+
+def encode(raw: ByteView, cctx: zstandard.ZstdCompressor | None) -> tuple[bytes, ByteView]:
+    """The header and the payload of ``raw``: with ``cctx`` the zstd compression of ``raw`` when that is
+    smaller (a new ``bytes``), otherwise ``raw`` itself (no copy)."""
+    raw_checksum = checksum(raw)
+    if cctx is not None:
+        compressed = cctx.compress(raw)
+        if len(compressed) < len(raw):
+            return pack_header(Codec.ZSTD, len(raw), len(compressed), raw_checksum), compressed
+    return pack_header(Codec.RAW, len(raw), len(raw), raw_checksum), raw
 
 
 def encode_staged(staged: memoryview, cctx: zstandard.ZstdCompressor | None) -> memoryview | bytes:
@@ -123,23 +148,30 @@ def encode_staged(staged: memoryview, cctx: zstandard.ZstdCompressor | None) -> 
     ``cctx`` the payload is zstd-compressed and kept so only when that makes it smaller (a new ``bytes``);
     otherwise the header is written into the room in front and the value is ``staged`` itself: no copy.
     """
-    raw = staged[HEADER_BYTES:]
-    raw_checksum = checksum(raw)
-    if cctx is not None:
-        compressed = cctx.compress(raw)
-        if len(compressed) < len(raw):
-            header = pack_header(Codec.ZSTD, len(raw), len(compressed), raw_checksum)
-            return b"".join((header, compressed))
-    staged[:HEADER_BYTES] = pack_header(Codec.RAW, len(raw), len(raw), raw_checksum)
+    header, payload = encode(staged[HEADER_BYTES:], cctx)
+    if isinstance(payload, bytes):
+        return b"".join((header, payload))
+    staged[:HEADER_BYTES] = header
     return staged
 
 
 def decode(value: memoryview, dctx: zstandard.ZstdDecompressor) -> memoryview | bytes | str:
     """The verified raw bytes of a stored value (a view of ``value`` for raw payloads), or what is wrong."""
-    header = parse_header(value)
+    if len(value) < HEADER_BYTES:
+        return f"value of {len(value)} bytes is shorter than the header"
+    return decode_parts(value[:HEADER_BYTES], value[HEADER_BYTES:], dctx)
+
+
+def decode_parts(
+    head: memoryview, payload: memoryview, dctx: zstandard.ZstdDecompressor
+) -> memoryview | bytes | str:
+    """The verified raw bytes of a value kept as header and payload (a view of ``payload`` when raw), or
+    what is wrong; the same checks as :func:`decode`."""
+    if len(head) != HEADER_BYTES:
+        return f"header of {len(head)} bytes, expected {HEADER_BYTES}"
+    header = _parse(head, len(payload))
     if isinstance(header, str):
         return header
-    payload = value[HEADER_BYTES:]
     raw: memoryview | bytes
     if header.codec is Codec.RAW:
         raw = payload

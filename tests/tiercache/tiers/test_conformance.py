@@ -214,3 +214,25 @@ def test_a_freed_slot_is_reused(tmp_path: Path) -> None:
         assert torch.equal(read(tier, 50), data(50))  # type: ignore[arg-type]
     finally:
         tier.close()
+
+
+def test_commit_from_stores_the_sources_bytes(tier: StorageTier) -> None:
+    slots = tier.reserve([cid(1), cid(2)], [SLOT, SLOT // 2])
+    for s in slots:
+        s.buffer.fill_(0xEE)  # whatever the slots hold, the sources' bytes are what is committed
+    sources = [data(1), data(2, SLOT // 2)]
+    tier.commit_from(slots, sources)
+    assert torch.equal(read(tier, 1), sources[0])  # type: ignore[arg-type]
+    assert torch.equal(read(tier, 2, SLOT // 2), sources[1])  # type: ignore[arg-type]
+    assert tier.contains([cid(1), cid(2)]) == [True, True]
+
+
+def test_commit_from_checks_its_sources(tier: StorageTier) -> None:
+    (slot,) = tier.reserve([cid(3)], [SLOT])
+    bad = ([], [data(3, SLOT - 1)], [data(3).view(torch.int8)], [data(3).reshape(2, -1)])
+    for srcs in bad:
+        with pytest.raises(InvalidArgumentError, match="srcs"):
+            tier.commit_from([slot], srcs)
+    assert tier.contains([cid(3)]) == [False]
+    tier.commit_from([slot], [data(3)])  # still a live reservation after the refusals
+    assert torch.equal(read(tier, 3), data(3))  # type: ignore[arg-type]
