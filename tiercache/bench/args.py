@@ -198,7 +198,7 @@ def add_policy_flags(g: argparse._ArgumentGroup | argparse.ArgumentParser) -> No
         "--eviction-policy",
         type=enum_choice(EvictionPolicyKind),
         default=EvictionPolicyKind.LRU,
-        help="eviction policy: lru or lfu (lru)",
+        help="eviction policy: lru, lfu or segmented (lru)",
     )
 
 

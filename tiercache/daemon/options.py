@@ -284,7 +284,7 @@ OPTIONS: tuple[Option, ...] = (
         "eviction_policy",
         parse_choice(EvictionPolicyKind),
         *_fixed(EvictionPolicyKind.LRU, "lru"),
-        "which chunk is evicted first: lru or lfu",
+        "which chunk is evicted first: lru, lfu or segmented (scan resistant)",
         "POLICY",
     ),
     Option(

@@ -14,6 +14,7 @@ from tiercache.policies.eviction import (
     EvictionPolicyKind,
     LfuPolicy,
     LruPolicy,
+    SegmentedPolicy,
     make_eviction_policy,
 )
 from tiercache.policies.load import (
@@ -45,6 +46,7 @@ __all__ = [
     "LoadPolicyKind",
     "LruPolicy",
     "OnEvict",
+    "SegmentedPolicy",
     "Selective",
     "Timeout",
     "WaitComplete",

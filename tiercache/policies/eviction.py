@@ -4,7 +4,7 @@ Chunks under a lease, pinned chunks and chunks younger than the minimum residenc
 
 Primitives:
     Candidate: what a policy may look at.
-    EvictionPolicyKind, EvictionPolicy, LruPolicy, LfuPolicy, make_eviction_policy.
+    EvictionPolicyKind, EvictionPolicy, LruPolicy, LfuPolicy, SegmentedPolicy, make_eviction_policy.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ class EvictionPolicyKind(enum.Enum):
 
     LRU = "lru"
     LFU = "lfu"
+    SEGMENTED = "segmented"
 
 
 class EvictionPolicy(abc.ABC):
@@ -68,9 +69,29 @@ class LfuPolicy(EvictionPolicy):
         return (c.hits, c.last_access, -c.depth)
 
 
+class SegmentedPolicy(EvictionPolicy):
+    """Scan-resistant: chunks never read since they were stored (a probation segment) go first, newest
+    first; chunks read at least once (the protected segment) go after them, least recently used first.
+
+    Under plain LRU a cycle over more prompts than the cache holds hits nothing: every chunk is evicted
+    just before it comes back. Here a full cache keeps the chunks it already has and lets the newest
+    unproven ones go, so a fixed part of the cycle stays and hits on every pass (close to the offline
+    optimum), while anything read again (a system prompt, a chat history, a popular document) is protected
+    and ranked by recency. Among equals the deepest chunk of a chain goes first, so shared ancestors
+    survive.
+    """
+
+    def priority(self, c: Candidate) -> tuple[int, ...]:
+        """(0, -last access, -depth) while never read; (1, last access, -depth) once read."""
+        if c.hits == 0:
+            return (0, -c.last_access, -c.depth)
+        return (1, c.last_access, -c.depth)
+
+
 _EVICTION: dict[EvictionPolicyKind, type[EvictionPolicy]] = {
     EvictionPolicyKind.LRU: LruPolicy,
     EvictionPolicyKind.LFU: LfuPolicy,
+    EvictionPolicyKind.SEGMENTED: SegmentedPolicy,
 }
 
 
