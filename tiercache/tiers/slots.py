@@ -189,21 +189,51 @@ class SlotPoolTier(SlotTier):
             return out
 
     def commit(self, slots: Sequence[WriteSlot]) -> None:
-        """See :meth:`StorageTier.commit`. With checksums, each chunk's checksum is taken here."""
+        """See :meth:`StorageTier.commit`. With checksums, each chunk's checksum is taken here.
+
+        The checksums are taken outside the lock (hashing a large chunk would stall every other store and
+        read of the tier): the reservations are checked, hashed, then checked again and committed, so a
+        slot aborted or quarantined meanwhile is never committed (ConflictError, nothing committed).
+        """
         with self._lock:
-            for ws in slots:
-                if self._reserved.get(ws.token, (None, -1))[0] != ws.chunk_id:
-                    raise ConflictError(
-                        f"slot for {ws.chunk_id.hex()} is not a live reservation of {self.level.name}"
-                    )
-            if self._pool.is_cuda:
-                # Writers may have queued copies on the current stream; they must land before readers look.
-                torch.cuda.current_stream(self._pool.device).synchronize()
-            for ws in slots:
-                _, where = self._reserved.pop(ws.token)
+            wheres = self._live(slots)
+        if self._pool.is_cuda:
+            # Writers may have queued copies on the current stream; they must land before readers look.
+            torch.cuda.current_stream(self._pool.device).synchronize()
+        checks = self._checksums(slots, wheres)
+        with self._lock:
+            if self._live(slots) != wheres:
+                raise ConflictError(f"{self.level.name}: a reservation moved while its commit was hashed")
+            for ws, where, check in zip(slots, wheres, checks):
+                del self._reserved[ws.token]
                 self._reserved_ids.discard(ws.chunk_id)
-                check = checksum_of(self._row(where, ws.nbytes)) if self.checksums else None
                 self._committed[ws.chunk_id] = _Entry(where[0], where[1], ws.nbytes, check)
+
+    def _live(self, slots: Sequence[WriteSlot]) -> list[_Slot]:
+        """Where each slot's live reservation is (call under the lock).
+
+        Raises:
+            ConflictError: a slot is not a live reservation (committed, aborted or quarantined), or is
+                given twice.
+        """
+        out: list[_Slot] = []
+        tokens: set[int] = set()
+        for ws in slots:
+            held = self._reserved.get(ws.token)
+            if held is None or held[0] != ws.chunk_id or ws.token in tokens:
+                raise ConflictError(
+                    f"slot for {ws.chunk_id.hex()} is not a live reservation of {self.level.name}"
+                )
+            tokens.add(ws.token)
+            out.append(held[1])
+        return out
+
+    def _checksums(self, slots: Sequence[WriteSlot], wheres: Sequence[_Slot]) -> list[int | None]:
+        """The commit-time checksum of each reserved chunk's bytes (None without checksums). Runs without
+        the lock: the rows stay reserved unless aborted, which the commit checks afterwards."""
+        if not self.checksums:
+            return [None] * len(slots)
+        return [checksum_of(self._row(where, ws.nbytes)) for ws, where in zip(slots, wheres)]
 
     def abort(self, slots: Sequence[WriteSlot]) -> None:
         """See :meth:`StorageTier.abort`."""
