@@ -84,6 +84,8 @@ class TierUsage:
         capacity_bytes: the bound on ``used_bytes + reserved_bytes``.
         corrupt_reads: reads that found a torn or corrupt value (reported as misses, value deleted).
         errors: calls to a remote store that failed (unreachable, too slow, refused); 0 for local tiers.
+        payload_bytes: the committed chunks' own bytes (``used_bytes`` less what rounding to whole slots or
+            pages adds; 0 where a tier does not say).
     """
 
     level: TierLevel
@@ -93,6 +95,7 @@ class TierUsage:
     capacity_bytes: int
     corrupt_reads: int = 0
     errors: int = 0
+    payload_bytes: int = 0
 
     @property
     def free_bytes(self) -> int:
