@@ -184,7 +184,8 @@ class StorageTier(abc.ABC):
 
 
 class SlotTier(StorageTier):
-    """A tier of fixed-size slots in one preallocated buffer (L1 and L2).
+    """A tier of fixed-size slots in one preallocated buffer (L1 and L2); a chunk takes one slot or a run of
+    consecutive ones (pages: ``slot_bytes`` is then the page size, and a chunk starts at its first slot).
 
     Besides copying, it hands out zero-copy views of committed chunks; a caller must hold a lease from the
     cache manager for as long as it uses a view, since a deleted chunk's slot is reused.
