@@ -157,10 +157,13 @@ class SlotSpace:
 
     def _reclaim(self, key: str, count: int) -> None:
         """Make the budget hold ``count`` pages: free resident pages of other partitions give their memory
-        back, from the partitions with most free first."""
+        back, from the partitions with most free first; then those of partition ``key`` itself (pages in
+        runs too short for the take)."""
         assert self._backing is not None
         while self._budget < count:
             donors = [(p.free.total, k) for k, p in self._parts.items() if k != key and p.free.total]
+            if not donors and self._parts[key].free.total:
+                donors = [(self._parts[key].free.total, key)]
             if not donors:
                 raise CapacityError(
                     f"{count} pages wanted, {self._budget} free in all ({self.num_pages} pages in all)"

@@ -222,3 +222,21 @@ def test_page_sizes_are_checked() -> None:
         _host(4 * SLOT, page=2 * SLOT)
     with pytest.raises(InvalidArgumentError, match="page_bytes"):
         _host(4 * SLOT, page=-1)
+
+
+def test_a_tenant_pool_gives_back_its_own_short_runs_for_a_fresh_long_one() -> None:
+    tier = _host(8 * PAGE, slot=8 * PAGE)
+    try:
+        tier.assign(NS_A, "team-a")
+        tier.assign(NS_B, "team-b")
+        for i in range(4):
+            _store(tier, _cid(i), PAGE)  # A: pages 0-3
+            _store(tier, _cid(10 + i, NS_B), PAGE)  # B: the rest of the memory
+        tier.delete([_cid(0), _cid(2)])  # A's free memory: pages 0 and 2, no two in a row
+        _store(tier, _cid(9), 2 * PAGE)  # fresh pages 4-5, with the memory of pages 0 and 2
+        assert tier.slot_of(_cid(9)) == 4 and tier.usage().free_bytes == 0
+        got = _read(tier, _cid(9), 2 * PAGE)
+        assert got is not None and torch.equal(got, _data(_cid(9), 2 * PAGE))
+        assert bytes(tier.segment_of("team-a").buffer[0:PAGE]) == bytes(PAGE)  # page 0's memory went back
+    finally:
+        tier.close()
