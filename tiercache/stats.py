@@ -134,6 +134,14 @@ class TierStats:
             "shared tier off for a backoff; always 0 for local tiers"
         ),
     )
+    payload_bytes: int = field(
+        default=0,
+        metadata=gauge("Bytes of the chunks held by a tier, without what rounding to whole pages adds"),
+    )
+    utilisation: float = field(
+        default=0.0,
+        metadata=gauge("Share of a tier's capacity that its chunks' own bytes fill (payload / capacity)"),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,6 +40,8 @@ _NAMES = {
     "tiercache_prefill_takeovers": "counter",
     "tiercache_prefill_expired_claims": "counter",
     "tiercache_tier_errors": "counter",  # the shared tier's failed store calls (added with it)
+    "tiercache_tier_payload_bytes": "gauge",  # the chunks' own bytes (added with pages)
+    "tiercache_tier_utilisation": "gauge",  # payload / capacity (added with pages)
 }
 """The families the daemon exported before the schema drove them (names operators' dashboards use)."""
 

@@ -156,6 +156,8 @@ class Index:
             corrupt_reads=usage.corrupt_reads,
             dropped_chunks=c.dropped_chunks,
             errors=usage.errors,
+            payload_bytes=usage.payload_bytes,
+            utilisation=usage.payload_bytes / usage.capacity_bytes if usage.capacity_bytes else 0.0,
         )
 
     # ------------------------------------------------------------------ lookups

@@ -160,7 +160,13 @@ class Mover:
             with self._lock:
                 usage = tier.usage()
                 if usage.free_bytes >= need:
-                    return tier.reserve(cids, sizes)
+                    try:
+                        return tier.reserve(cids, sizes)
+                    except CapacityError:
+                        if usage.used_bytes == 0:
+                            raise
+                        # Free bytes, but no run of pages long enough (fragmented): evict on, so that the
+                        # runs of the victims merge with the free ones around them.
                 now = self._clock()
                 if not reaped:
                     self._reap(now)

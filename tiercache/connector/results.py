@@ -36,6 +36,8 @@ class SegmentInfo:
         fd_socket: the daemon's fd socket, where the segment's descriptor is handed out (isolated data
             plane); empty: map ``shm_segment`` by name.
         fd_grant: the one-time grant to present there.
+        max_chunk_bytes: the largest chunk, from its first slot over the next ones (a daemon with pages:
+            ``slot_bytes`` is the page size); 0: a chunk fits in one slot.
     """
 
     shm_segment: str
@@ -44,6 +46,7 @@ class SegmentInfo:
     segment_bytes: int
     fd_socket: str = ""
     fd_grant: bytes = b""
+    max_chunk_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +86,7 @@ class Registration:
                 dp.segment_bytes,
                 dp.fd_socket,
                 bytes(dp.fd_grant),
+                dp.max_chunk_bytes,
             )
         return cls(
             handle=bytes(msg.handle),

@@ -48,16 +48,21 @@ class SlotAccess:
     def view(self, ref: SlotRef) -> torch.Tensor:
         """The bytes of a slot: a 1-D ``uint8`` tensor of ``ref.nbytes`` sharing memory with the segment.
 
+        ``ref.slot`` is the first page of the chunk's run (``info.slot_bytes`` is the page size: the whole
+        slot of a daemon without pages); the chunk may span the pages after it, up to
+        ``info.max_chunk_bytes`` (0: one slot).
+
         Raises:
-            TierCacheError: the daemon named a slot outside its segment.
+            TierCacheError: the daemon named bytes outside its segment.
         """
         info = self._info
-        if not 0 <= ref.slot < info.num_slots or not 0 < ref.nbytes <= info.slot_bytes:
+        start = ref.slot * info.slot_bytes
+        longest = min(info.max_chunk_bytes or info.slot_bytes, info.num_slots * info.slot_bytes - start)
+        if not 0 <= ref.slot < info.num_slots or not 0 < ref.nbytes <= longest:
             raise TierCacheError(
                 f"data plane: slot {ref.slot} ({ref.nbytes} bytes) outside the segment"
-                f" ({info.num_slots} slots of {info.slot_bytes} bytes)"
+                f" ({info.num_slots} pages of {info.slot_bytes} bytes)"
             )
-        start = ref.slot * info.slot_bytes
         return self._memory[start : start + ref.nbytes]
 
 

@@ -113,6 +113,7 @@ class Options:
     shared_url: str = ""
     shared_codec: Codec = Codec.RAW
     shared_timeout_s: float = 0.5
+    page_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +213,10 @@ class DaemonConfig:
             )
         if opts.slot_bytes <= 0:
             raise ConfigError("slot_bytes", "must be positive")
+        if not 0 <= opts.page_bytes <= opts.slot_bytes:
+            raise ConfigError(
+                "page_bytes", f"must be in [0, --slot-bytes = {opts.slot_bytes}], got {opts.page_bytes}"
+            )
         for name, value in (("l2_bytes", opts.l2_bytes), ("l1_bytes", opts.l1_bytes)):
             if value < opts.slot_bytes:
                 raise ConfigError(name, f"{value} bytes is smaller than one slot ({opts.slot_bytes} bytes)")
@@ -252,6 +257,7 @@ class DaemonConfig:
                     slot_bytes=opts.slot_bytes,
                     segment_prefix=opts.l2_prefix,
                     verify_loads=opts.l2_verify_loads,
+                    page_bytes=opts.page_bytes,
                 ),
                 l3=_l3_config(opts),
                 shared=_shared_config(opts),
@@ -279,7 +285,9 @@ def _l1_config(opts: Options, cuda_devices: int) -> HbmTierConfig | None:
         index = int(device.partition(":")[2] or 0)
         if index >= cuda_devices:
             raise ConfigError("l1_device", f"{device!r}: this host has {cuda_devices} CUDA device(s)")
-    return HbmTierConfig(capacity_bytes=opts.l1_bytes, slot_bytes=opts.slot_bytes, device=device)
+    return HbmTierConfig(
+        capacity_bytes=opts.l1_bytes, slot_bytes=opts.slot_bytes, device=device, page_bytes=opts.page_bytes
+    )
 
 
 def _l3_config(opts: Options) -> LmdbTierConfig | None:

@@ -108,6 +108,7 @@ class TenantPools:
             slot_bytes=self._host.slot_bytes,
             num_slots=self._host.num_slots,
             segment_bytes=self._host.slot_bytes * self._host.num_slots,
+            max_chunk_bytes=self._host.max_chunk_bytes,
             fd_socket=self.socket_path,
             fd_grant=self._grants.issue(tenant),
         )

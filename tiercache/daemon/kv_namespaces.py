@@ -73,6 +73,7 @@ class NamespaceRpcs(ServicerBase):
                 slot_bytes=dp.slot_bytes,
                 num_slots=dp.num_slots,
                 segment_bytes=dp.slot_bytes * dp.num_slots,
+                max_chunk_bytes=dp.max_chunk_bytes,
             )
         return pb.RegisterResponse(
             handle=handle,

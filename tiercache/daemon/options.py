@@ -202,6 +202,15 @@ OPTIONS: tuple[Option, ...] = (
         "SIZE",
     ),
     Option(
+        "page_bytes",
+        parse_size,
+        *_fixed(0, "0 (= --slot-bytes: one page per chunk)"),
+        "L1/L2 page size, at most --slot-bytes: a chunk takes as many whole pages as it needs, so pages "
+        "well under the chunk size (e.g. 64K) fill L1/L2 with any mix of chunk sizes; engines that predate "
+        "pages refuse chunks longer than a page",
+        "SIZE",
+    ),
+    Option(
         "l1_device",
         parse_device,
         *_fixed("auto", "auto (cuda when CUDA is available, else none)"),

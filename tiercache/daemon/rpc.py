@@ -67,12 +67,14 @@ class DataPlaneInfo:
         num_slots: slots in the segment.
         pools: with tokens and a unix socket, every tenant's own pool, handed out by file descriptor (the
             isolated data plane); None: every engine maps ``segment``.
+        max_chunk_bytes: the largest chunk, which may span several slots (pages) from its first; 0: one.
     """
 
     segment: str
     slot_bytes: int
     num_slots: int
     pools: TenantPools | None = None
+    max_chunk_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

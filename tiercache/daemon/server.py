@@ -166,7 +166,9 @@ class Daemon:
             handles=HandleRegistry(),
             events=hub,
             metrics=metrics,
-            data_plane=DataPlaneInfo(host.segment_name, host.slot_bytes, host.num_slots, pools),
+            data_plane=DataPlaneInfo(
+                host.segment_name, host.slot_bytes, host.num_slots, pools, host.max_chunk_bytes
+            ),
             stream=cfg.stream,
             lease_ttl_s=cfg.cache.lease_ttl_s,
             wait_executor=waits,

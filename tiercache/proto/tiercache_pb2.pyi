@@ -116,20 +116,22 @@ class NamespaceSpec(_message.Message):
     def __init__(self, model_id: _Optional[str] = ..., revision: _Optional[str] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., tokenizer_id: _Optional[str] = ..., tp_rank: _Optional[int] = ..., tp_size: _Optional[int] = ..., pp_rank: _Optional[int] = ..., pp_size: _Optional[int] = ..., adapter_id: _Optional[str] = ..., cache_salt: _Optional[str] = ...) -> None: ...
 
 class DataPlane(_message.Message):
-    __slots__ = ("shm_segment", "slot_bytes", "num_slots", "segment_bytes", "fd_socket", "fd_grant")
+    __slots__ = ("shm_segment", "slot_bytes", "num_slots", "segment_bytes", "fd_socket", "fd_grant", "max_chunk_bytes")
     SHM_SEGMENT_FIELD_NUMBER: _ClassVar[int]
     SLOT_BYTES_FIELD_NUMBER: _ClassVar[int]
     NUM_SLOTS_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_BYTES_FIELD_NUMBER: _ClassVar[int]
     FD_SOCKET_FIELD_NUMBER: _ClassVar[int]
     FD_GRANT_FIELD_NUMBER: _ClassVar[int]
+    MAX_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     shm_segment: str
     slot_bytes: int
     num_slots: int
     segment_bytes: int
     fd_socket: str
     fd_grant: bytes
-    def __init__(self, shm_segment: _Optional[str] = ..., slot_bytes: _Optional[int] = ..., num_slots: _Optional[int] = ..., segment_bytes: _Optional[int] = ..., fd_socket: _Optional[str] = ..., fd_grant: _Optional[bytes] = ...) -> None: ...
+    max_chunk_bytes: int
+    def __init__(self, shm_segment: _Optional[str] = ..., slot_bytes: _Optional[int] = ..., num_slots: _Optional[int] = ..., segment_bytes: _Optional[int] = ..., fd_socket: _Optional[str] = ..., fd_grant: _Optional[bytes] = ..., max_chunk_bytes: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("namespace", "engine_id", "prefill", "deadline")
@@ -364,7 +366,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TierStats(_message.Message):
-    __slots__ = ("tier", "chunks", "used_bytes", "capacity_bytes", "hits", "misses", "evictions", "promotions", "demotions", "corrupt_reads", "lookup_hit_tokens", "load_success_tokens", "effective_hit_tokens", "latency_s", "bytes_per_s", "dropped_chunks", "errors")
+    __slots__ = ("tier", "chunks", "used_bytes", "capacity_bytes", "hits", "misses", "evictions", "promotions", "demotions", "corrupt_reads", "lookup_hit_tokens", "load_success_tokens", "effective_hit_tokens", "latency_s", "bytes_per_s", "dropped_chunks", "errors", "payload_bytes", "utilisation")
     TIER_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     USED_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -382,6 +384,8 @@ class TierStats(_message.Message):
     BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
     DROPPED_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     ERRORS_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    UTILISATION_FIELD_NUMBER: _ClassVar[int]
     tier: Tier
     chunks: int
     used_bytes: int
@@ -399,7 +403,9 @@ class TierStats(_message.Message):
     bytes_per_s: float
     dropped_chunks: int
     errors: int
-    def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., chunks: _Optional[int] = ..., used_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., promotions: _Optional[int] = ..., demotions: _Optional[int] = ..., corrupt_reads: _Optional[int] = ..., lookup_hit_tokens: _Optional[int] = ..., load_success_tokens: _Optional[int] = ..., effective_hit_tokens: _Optional[int] = ..., latency_s: _Optional[float] = ..., bytes_per_s: _Optional[float] = ..., dropped_chunks: _Optional[int] = ..., errors: _Optional[int] = ...) -> None: ...
+    payload_bytes: int
+    utilisation: float
+    def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., chunks: _Optional[int] = ..., used_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., promotions: _Optional[int] = ..., demotions: _Optional[int] = ..., corrupt_reads: _Optional[int] = ..., lookup_hit_tokens: _Optional[int] = ..., load_success_tokens: _Optional[int] = ..., effective_hit_tokens: _Optional[int] = ..., latency_s: _Optional[float] = ..., bytes_per_s: _Optional[float] = ..., dropped_chunks: _Optional[int] = ..., errors: _Optional[int] = ..., payload_bytes: _Optional[int] = ..., utilisation: _Optional[float] = ...) -> None: ...
 
 class PrefillStats(_message.Message):
     __slots__ = ("active_claims", "claimed_chunks", "waits", "takeovers", "expired_claims")

@@ -100,6 +100,8 @@ class TierUsage:
         capacity_bytes: the bound on ``used_bytes + reserved_bytes``.
         corrupt_reads: reads that found a torn or corrupt value (reported as misses, value deleted).
         errors: calls to a remote store that failed (unreachable, too slow, refused); 0 for local tiers.
+        payload_bytes: the committed chunks' own bytes (``used_bytes`` less what rounding to whole slots or
+            pages adds; 0 where a tier does not say).
     """
 
     level: TierLevel
@@ -109,6 +111,7 @@ class TierUsage:
     capacity_bytes: int
     corrupt_reads: int = 0
     errors: int = 0
+    payload_bytes: int = 0
 
     @property
     def free_bytes(self) -> int:
@@ -215,7 +218,8 @@ class StorageTier(abc.ABC):
 
 
 class SlotTier(StorageTier):
-    """A tier of fixed-size slots in one preallocated buffer (L1 and L2).
+    """A tier of fixed-size slots in one preallocated buffer (L1 and L2); a chunk takes one slot or a run of
+    consecutive ones (pages: ``slot_bytes`` is then the page size, and a chunk starts at its first slot).
 
     Besides copying, it hands out zero-copy views of committed chunks; a caller must hold a lease from the
     cache manager for as long as it uses a view, since a deleted chunk's slot is reused.

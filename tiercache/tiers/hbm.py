@@ -1,7 +1,8 @@
-"""L1: a pool of fixed-size chunk slots in device memory (GPU HBM, or the CPU when there is no GPU).
+"""L1: a pool of fixed-size pages in device memory (GPU HBM, or the CPU when there is no GPU).
 
-The pool is one ``uint8`` tensor ``[num_slots, slot_bytes]`` allocated once on ``device``. On CUDA it is real
-HBM (same-host engines copy device-to-device); on ``cpu`` the same code runs so that tests cover it.
+The pool is one ``uint8`` tensor ``[num_pages, page_bytes]`` allocated once on ``device``; a chunk takes a run
+of pages (:mod:`tiercache.tiers.slots`). On CUDA it is real HBM (same-host engines copy device-to-device); on
+``cpu`` the same code runs so that tests cover it.
 
 Primitives:
     HbmTierConfig: capacity, slot size and device.
@@ -17,25 +18,10 @@ import torch
 
 from tiercache.errors import InvalidArgumentError
 from tiercache.tiers.base import TierLevel
+from tiercache.tiers.pages import page_count
 from tiercache.tiers.slots import SlotPoolTier
 
 logger = logging.getLogger(__name__)
-
-
-def slot_count(capacity_bytes: int, slot_bytes: int) -> int:
-    """Whole slots that fit in ``capacity_bytes``; validates both sizes.
-
-    Raises:
-        InvalidArgumentError: a size is not a positive integer, or not even one slot fits.
-    """
-    for field, value in (("capacity_bytes", capacity_bytes), ("slot_bytes", slot_bytes)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise InvalidArgumentError(field, f"must be a positive integer, got {value!r}")
-    if capacity_bytes < slot_bytes:
-        raise InvalidArgumentError(
-            "capacity_bytes", f"{capacity_bytes} is smaller than one slot of {slot_bytes} bytes"
-        )
-    return capacity_bytes // slot_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,13 +30,21 @@ class HbmTierConfig:
 
     Attributes:
         capacity_bytes: bytes of device memory for slots (rounded down to whole slots).
-        slot_bytes: bytes per slot (the largest chunk it can hold).
+        slot_bytes: the largest chunk it can hold.
         device: torch device string, e.g. ``cuda:0`` or ``cpu``.
+        page_bytes: the unit of allocation, at most ``slot_bytes`` (0: ``slot_bytes``, one page per chunk);
+            a chunk takes as many whole pages as its bytes need.
     """
 
     capacity_bytes: int
     slot_bytes: int
     device: str = "cuda"
+    page_bytes: int = 0
+
+    @property
+    def page_size(self) -> int:
+        """The page size in bytes (``page_bytes``, or ``slot_bytes`` when that is 0)."""
+        return self.page_bytes or self.slot_bytes
 
 
 class HbmTier(SlotPoolTier):
@@ -62,18 +56,18 @@ class HbmTier(SlotPoolTier):
         Raises:
             InvalidArgumentError: bad sizes, or a device that does not exist here.
         """
-        num_slots = slot_count(config.capacity_bytes, config.slot_bytes)
+        num_pages = page_count(config.capacity_bytes, config.slot_bytes, config.page_size)
         try:
             device = torch.device(config.device)
         except RuntimeError as exc:
             raise InvalidArgumentError("device", f"{config.device!r}: {exc}") from None
         if device.type == "cuda" and not torch.cuda.is_available():
             raise InvalidArgumentError("device", f"{config.device!r}: CUDA is not available on this host")
-        pool = torch.empty((num_slots, config.slot_bytes), dtype=torch.uint8, device=device)
-        super().__init__(TierLevel.L1, pool)
-        logger.info("L1 pool: %d slots of %d bytes on %s", num_slots, config.slot_bytes, device)
+        pool = torch.empty((num_pages, config.page_size), dtype=torch.uint8, device=device)
+        super().__init__(TierLevel.L1, pool, max_chunk_bytes=config.slot_bytes)
+        logger.info("L1 pool: %d pages of %d bytes on %s", num_pages, config.page_size, device)
 
     def close(self) -> None:
         """Forget every chunk and release the device memory."""
         super().close()
-        self._pool = self._pool.new_empty((0, self.slot_bytes))
+        self._pool = self._pool.new_empty((0, self.page_bytes))

@@ -1,4 +1,5 @@
-"""L2: fixed-size chunk slots in POSIX shared memory, pinned when CUDA is present; one pool per tenant.
+"""L2: chunks in runs of fixed-size pages of POSIX shared memory, pinned when CUDA is present; one pool per
+tenant.
 
 The default pool is one named segment (see :mod:`tiercache.shm`) that same-host engines of the default
 tenant map to copy KV straight into or out of their own pages. At start the tier unlinks segments of the
@@ -8,14 +9,14 @@ A namespace assigned to a tenant (:meth:`~tiercache.tiers.slots.SlotPoolTier.ass
 that tenant's own pool: an anonymous (memfd) segment with no name, made on the tenant's first assignment and
 handed only to that tenant's engines as a file descriptor (:meth:`HostTier.segment_of`). Identical prefixes
 of two tenants are two chunks in two pools. The pools share the tier's capacity
-(:mod:`tiercache.tiers.slotspace`): a tenant pool is sparse, and its rows take pages that the other pools'
-free rows give back, so the slots in use never exceed the capacity, whoever uses them. Tenant pools are
+(:mod:`tiercache.tiers.slotspace`): a tenant pool is sparse, and its pages take memory that the other
+pools' free pages give back, so the pages in use never exceed the capacity, whoever uses them. Tenant pools are
 not pinned (pinning would fault in every page of each).
 
 Every chunk is checksummed at commit (xxh3-64), and every copy out of L2 is checked against it.
 
 Primitives:
-    HostTierConfig: capacity, slot size, segment prefix, pinning and pre-faulting.
+    HostTierConfig: capacity, slot (largest chunk) and page sizes, segment prefix, pinning and pre-faulting.
     HostTier: the L2 :class:`~tiercache.tiers.slots.SlotPoolTier`; ``segment_name`` is what default-tenant
         engines map, ``segment_of(tenant)`` the segment (name and file descriptor) of a tenant's pool.
 """
@@ -30,7 +31,7 @@ import torch
 
 from tiercache.shm import SharedSegment, clean_stale_segments
 from tiercache.tiers.base import TierLevel
-from tiercache.tiers.hbm import slot_count
+from tiercache.tiers.pages import page_count
 from tiercache.tiers.slots import SlotPoolTier
 from tiercache.tiers.slotspace import DEFAULT_PARTITION, PartitionBacking
 
@@ -47,13 +48,16 @@ class HostTierConfig:
     """Configuration of the L2 slab.
 
     Attributes:
-        capacity_bytes: bytes of shared memory for slots (rounded down to whole slots).
-        slot_bytes: bytes per slot.
+        capacity_bytes: bytes of shared memory for chunks (rounded down to whole pages).
+        slot_bytes: the largest chunk.
         segment_prefix: segment name prefix; one per daemon instance on a host.
         pin: register the slab as pinned memory when CUDA is available.
         prefault: populate every page at start (first touch of fresh shared memory is slow).
         verify_loads: check each chunk's checksum before leasing it to an engine (off by default: on this
             host the check costs about half to all of the engine's own copy; see the README).
+        page_bytes: the unit of allocation, at most ``slot_bytes`` (0: ``slot_bytes``, one page per chunk);
+            a chunk takes as many whole pages as its bytes need. Engines find chunk bytes at
+            ``slot * page_bytes`` (the segment's ``slot_bytes`` on the wire is the page size).
     """
 
     capacity_bytes: int
@@ -62,27 +66,33 @@ class HostTierConfig:
     pin: bool = True
     prefault: bool = True
     verify_loads: bool = False
+    page_bytes: int = 0
+
+    @property
+    def page_size(self) -> int:
+        """The page size in bytes (``page_bytes``, or ``slot_bytes`` when that is 0)."""
+        return self.page_bytes or self.slot_bytes
 
 
 class _TenantSegments(PartitionBacking):
     """The segments of a host tier's pools: the default named one, and one memfd per tenant."""
 
-    def __init__(self, default: SharedSegment, label: str, slot_bytes: int) -> None:
+    def __init__(self, default: SharedSegment, label: str, page_bytes: int) -> None:
         self.label = label
-        self.slot_bytes = slot_bytes
+        self.page_bytes = page_bytes
         self.segments: dict[str, SharedSegment] = {DEFAULT_PARTITION: default}
 
-    def create(self, key: str, num_slots: int, slot_bytes: int) -> torch.Tensor:
-        seg = SharedSegment.create_anonymous(f"{self.label}.{len(self.segments)}", num_slots * slot_bytes)
+    def create(self, key: str, num_pages: int, page_bytes: int) -> torch.Tensor:
+        seg = SharedSegment.create_anonymous(f"{self.label}.{len(self.segments)}", num_pages * page_bytes)
         self.segments[key] = seg
         logger.info("L2 pool of tenant %r: %s", key, seg.name)
-        return torch.frombuffer(seg.buffer, dtype=torch.uint8).view(num_slots, slot_bytes)
+        return torch.frombuffer(seg.buffer, dtype=torch.uint8).view(num_pages, page_bytes)
 
-    def populate(self, key: str, row: int) -> None:
-        self.segments[key].populate(row * self.slot_bytes, self.slot_bytes)
+    def populate(self, key: str, start: int, count: int) -> None:
+        self.segments[key].populate(start * self.page_bytes, count * self.page_bytes)
 
-    def release(self, key: str, row: int) -> None:
-        self.segments[key].release(row * self.slot_bytes, self.slot_bytes)
+    def release(self, key: str, start: int, count: int) -> None:
+        self.segments[key].release(start * self.page_bytes, count * self.page_bytes)
 
 
 class HostTier(SlotPoolTier):
@@ -97,13 +107,14 @@ class HostTier(SlotPoolTier):
             InvalidArgumentError: bad sizes or prefix.
             OSError: the system refused the segment.
         """
-        num_slots = slot_count(config.capacity_bytes, config.slot_bytes)
+        page = config.page_size
+        num_pages = page_count(config.capacity_bytes, config.slot_bytes, page)
         clean_stale_segments(config.segment_prefix)
         self._segment = SharedSegment.create(
-            config.segment_prefix, num_slots * config.slot_bytes, prefault=config.prefault
+            config.segment_prefix, num_pages * page, prefault=config.prefault
         )
         self._pinned = False
-        pool = torch.frombuffer(self._segment.buffer, dtype=torch.uint8).view(num_slots, config.slot_bytes)
+        pool = torch.frombuffer(self._segment.buffer, dtype=torch.uint8).view(num_pages, page)
         if config.pin and torch.cuda.is_available():
             err = _cudart().cudaHostRegister(pool.data_ptr(), pool.numel(), 0)
             self._pinned = int(err) == 0
@@ -112,9 +123,14 @@ class HostTier(SlotPoolTier):
                     "cudaHostRegister of %s failed (%s); L2 stays pageable", self.segment_name, err
                 )
         label = self._segment.name.replace(config.segment_prefix, config.segment_prefix + "-tenant", 1)
-        self._segments = _TenantSegments(self._segment, label, config.slot_bytes)
+        self._segments = _TenantSegments(self._segment, label, page)
         super().__init__(
-            TierLevel.L2, pool, checksums=True, backing=self._segments, verify_loads=config.verify_loads
+            TierLevel.L2,
+            pool,
+            checksums=True,
+            backing=self._segments,
+            verify_loads=config.verify_loads,
+            max_chunk_bytes=config.slot_bytes,
         )
 
     @property
@@ -139,7 +155,7 @@ class HostTier(SlotPoolTier):
         if self._pinned:
             _cudart().cudaHostUnregister(self._pool.data_ptr())
             self._pinned = False
-        self._pool = torch.empty((0, self.slot_bytes), dtype=torch.uint8)
+        self._pool = torch.empty((0, self.page_bytes), dtype=torch.uint8)
         self._segment.unlink()
         for segment in self._segments.segments.values():
             segment.close()

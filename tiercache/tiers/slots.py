@@ -1,14 +1,21 @@
-"""Fixed-size slot bookkeeping shared by the L1 and L2 tiers.
+"""Page-run bookkeeping shared by the L1 and L2 tiers.
 
-A pool is one or more partitions (:mod:`tiercache.tiers.slotspace`) of 2-D ``uint8`` rows
-``[num_slots, slot_bytes]``; a chunk occupies one whole row, so there is no fragmentation: any free slot fits
-any chunk. A chunk goes to the partition of its namespace's tenant (:meth:`SlotPoolTier.assign`; the default
-partition for namespaces assigned to none), and its ``slot`` is the row within that partition.
+A pool is one or more partitions (:mod:`tiercache.tiers.slotspace`) of fixed-size pages, 2-D ``uint8`` rows
+``[num_pages, page_bytes]``; a chunk occupies one run of consecutive pages, as many as its bytes need (up to
+``max_chunk_bytes``), so any mix of chunk sizes wastes less than a page per chunk. With ``page_bytes`` equal
+to the largest chunk (the default) a chunk is one page: the fixed slots of before. A chunk goes to the
+partition of its namespace's tenant (:meth:`SlotPoolTier.assign`; the default partition for namespaces
+assigned to none), and its ``slot`` is the first page of its run within that partition: its bytes start at
+``slot * slot_bytes`` (``slot_bytes`` is the page size).
 
-Each slot is free, reserved (being written, invisible to readers), committed, or quarantined (the
+Each run is free, reserved (being written, invisible to readers), committed, or quarantined (the
 reservation of an expired store ticket whose writer may still be writing: kept out of use until a time).
-A committed slot that is deleted while a copy out of it is in flight is freed only when the copy ends, so a
-reader never sees a reused slot.
+A committed run that is deleted while a copy out of it is in flight is freed only when the copy ends, so a
+reader never sees reused pages.
+
+Utilisation: :meth:`SlotPoolTier.usage` reports the chunks' own bytes (``payload_bytes``) next to the pages
+they take; a tier that fills up while its chunks' bytes are under :data:`POOR_UTILISATION` of its capacity
+logs a warning once (:func:`~tiercache.tiers.pages.poor_utilisation`: pages too large for the chunks).
 
 Checked bytes: with ``checksums`` (host pools), commit takes the xxh3-64 checksum of each chunk's bytes, and
 every copy out of the tier (demotion, write-down, a copy to a caller) is checked against it over the bytes
@@ -16,9 +23,8 @@ that left; :meth:`SlotPoolTier.verify` checks a chunk in place (a load out of sh
 fails is deleted, counted in ``corrupt_reads`` and reported absent, so it is a miss and never served.
 
 Primitives:
-    SlotPoolTier: the :class:`~tiercache.tiers.base.SlotTier` implementation over slot rows; ``assign``,
+    SlotPoolTier: the :class:`~tiercache.tiers.base.SlotTier` implementation over page runs; ``assign``,
         ``verify``, ``quarantine`` / ``release_quarantined``, ``partition_of``.
-    check_dst: the check of a copy's destination.
 """
 
 from __future__ import annotations
@@ -30,26 +36,26 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
-import xxhash
 
 from tiercache.errors import CapacityError, ConflictError, InvalidArgumentError
 from tiercache.keys import NAMESPACE_ID_BYTES
 from tiercache.tiers.base import SlotTier, TierLevel, TierUsage, WriteSlot, check_batch
+from tiercache.tiers.pages import check_dst, checksum_of, poor_utilisation
 from tiercache.tiers.slotspace import DEFAULT_PARTITION, PartitionBacking, SlotSpace
 
 logger = logging.getLogger(__name__)
 
 _Slot = tuple[str, int]
-"""A slot: (partition key, row)."""
+"""A run: (partition key, first page)."""
 
 
 @dataclass(slots=True)
 class _Entry:
     part: str
     slot: int
+    pages: int
     nbytes: int
     checksum: int | None = None
 
@@ -58,24 +64,8 @@ class _Entry:
         return (self.part, self.slot)
 
 
-def checksum_of(data: torch.Tensor) -> int:
-    """The xxh3-64 checksum of a CPU ``uint8`` tensor's bytes (the same function L3 values carry)."""
-    buffer: Any = data.numpy()  # numpy arrays export the buffer protocol; their stubs do not say so
-    return xxhash.xxh3_64_intdigest(memoryview(buffer))
-
-
-def check_dst(dst: torch.Tensor, nbytes: int) -> None:
-    """Raise InvalidArgumentError unless ``dst`` is a 1-D uint8 tensor of at least ``nbytes`` bytes."""
-    if not isinstance(dst, torch.Tensor) or dst.dtype != torch.uint8 or dst.dim() != 1:
-        raise InvalidArgumentError("dsts", "each destination must be a 1-D uint8 tensor")
-    if dst.numel() < nbytes:
-        raise InvalidArgumentError(
-            "dsts", f"destination of {dst.numel()} bytes is smaller than the chunk ({nbytes})"
-        )
-
-
 class SlotPoolTier(SlotTier):
-    """Slots over preallocated rows; the L1 and L2 tiers only decide where those rows live."""
+    """Runs of pages over preallocated rows; the L1 and L2 tiers only decide where those rows live."""
 
     shared = False
     """Whether engine processes write into this tier's slots themselves (then an expired store ticket's
@@ -88,26 +78,33 @@ class SlotPoolTier(SlotTier):
         checksums: bool = False,
         backing: PartitionBacking | None = None,
         verify_loads: bool = False,
+        max_chunk_bytes: int | None = None,
     ) -> None:
-        """Wrap a slot tensor.
+        """Wrap a page tensor.
 
         Args:
             level: which tier this is.
-            pool: 2-D ``uint8`` tensor ``[num_slots, slot_bytes]`` (the default partition); the tier owns it
+            pool: 2-D ``uint8`` tensor ``[num_pages, page_bytes]`` (the default partition); the tier owns it
                 from now on.
             checksums: take a checksum of each chunk at commit and check every copy out against it (CPU
                 pools only).
             backing: makes the partitions of tenants other than the default one (None: one partition).
             verify_loads: the cache checks a chunk's bytes (:meth:`verify`) before it leases them to a
                 reader (needs ``checksums``).
+            max_chunk_bytes: the largest chunk (None: one page); a multiple of pages is not needed.
         """
         if pool.dtype != torch.uint8 or pool.dim() != 2 or pool.shape[0] == 0:
-            raise InvalidArgumentError("pool", "must be a non-empty 2-D uint8 tensor [num_slots, slot_bytes]")
+            raise InvalidArgumentError("pool", "must be a non-empty 2-D uint8 tensor [num_pages, page_bytes]")
         if checksums and pool.device.type != "cpu":
             raise InvalidArgumentError("checksums", f"only CPU pools are checksummed, not {pool.device}")
         self.level = level
-        self.num_slots = int(pool.shape[0])
-        self.slot_bytes = int(pool.shape[1])
+        self.num_slots = self.num_pages = int(pool.shape[0])
+        self.slot_bytes = self.page_bytes = int(pool.shape[1])
+        self.max_chunk_bytes = self.page_bytes if max_chunk_bytes is None else max_chunk_bytes
+        if not 0 < self.max_chunk_bytes <= self.num_pages * self.page_bytes:
+            raise InvalidArgumentError(
+                "max_chunk_bytes", f"{self.max_chunk_bytes} does not fit a pool of {pool.numel()} bytes"
+            )
         self.checksums = checksums
         self.verify_loads = verify_loads and checksums
         self._pool = pool
@@ -115,13 +112,18 @@ class SlotPoolTier(SlotTier):
         self._lock = threading.Lock()
         self._assigned: dict[bytes, str] = {}
         self._committed: OrderedDict[bytes, _Entry] = OrderedDict()
-        self._reserved: dict[int, tuple[bytes, _Slot]] = {}
+        self._reserved: dict[int, tuple[bytes, _Slot, int, int]] = {}  # token -> (id, where, pages, nbytes)
         self._reserved_ids: set[bytes] = set()
         self._readers: dict[_Slot, int] = {}
-        self._free_after_read: set[_Slot] = set()
-        self._quarantine: list[tuple[float, str, int]] = []
+        self._free_after_read: dict[_Slot, int] = {}  # run -> pages
+        self._quarantine: list[tuple[float, str, int, int]] = []  # (until, partition, first page, pages)
         self._tokens = itertools.count(1)
         self._corrupt = 0
+        self._used_pages = 0  # committed
+        self._held_pages = 0  # reserved or quarantined
+        self._payload = 0  # bytes of the committed chunks
+        self._reserved_payload = 0
+        self._warned = False
 
     @property
     def device(self) -> torch.device:
@@ -154,81 +156,148 @@ class SlotPoolTier(SlotTier):
         return self._assigned.get(bytes(chunk_id[:NAMESPACE_ID_BYTES]), DEFAULT_PARTITION)
 
     def charge(self, nbytes: int) -> int:
-        """A chunk occupies one whole slot."""
-        if nbytes > self.slot_bytes:
-            raise InvalidArgumentError("nbytes", f"{nbytes} bytes exceed the slot size {self.slot_bytes}")
-        return self.slot_bytes
+        """A chunk occupies whole pages: as many as its bytes need."""
+        return self._pages(nbytes) * self.page_bytes
+
+    def _pages(self, nbytes: int) -> int:
+        if nbytes > self.max_chunk_bytes:
+            raise InvalidArgumentError(
+                "nbytes", f"{nbytes} bytes exceed the slot size {self.max_chunk_bytes}"
+            )
+        return -(-nbytes // self.page_bytes)
 
     def _row(self, where: _Slot, nbytes: int) -> torch.Tensor:
-        return self._space.rows(where[0])[where[1], :nbytes]
+        start = where[1] * self.page_bytes
+        return self._space.flat(where[0])[start : start + nbytes]
 
     def reserve(self, chunk_ids: Sequence[bytes], sizes: Sequence[int]) -> list[WriteSlot]:
         """See :meth:`StorageTier.reserve`."""
         check_batch(chunk_ids, sizes)
-        for size in sizes:
-            self.charge(size)
+        pages = [self._pages(size) for size in sizes]
         with self._lock:
             for cid in chunk_ids:
                 if cid in self._committed or cid in self._reserved_ids:
                     raise ConflictError(
                         f"chunk {cid.hex()} is already present or being written in {self.level.name}"
                     )
-            free = self._space.free_slots()
-            if len(chunk_ids) > free:
+            free = self._space.free_pages()
+            if sum(pages) > free:
+                self._check_utilisation(sum(pages))
                 raise CapacityError(
-                    f"{self.level.name}: {len(chunk_ids)} slots wanted, {free} free of {self.num_slots}"
+                    f"{self.level.name}: {sum(pages)} pages wanted, {free} free of {self.num_pages}"
                 )
+            taken: list[_Slot] = []
+            try:
+                for cid, count in zip(chunk_ids, pages):
+                    part = self.partition_of(cid)
+                    taken.append((part, self._space.take(part, count)))
+            except CapacityError as exc:
+                for where, count in zip(taken, pages):
+                    self._space.give(*where, count)
+                self._check_utilisation(sum(pages))
+                raise CapacityError(f"{self.level.name}: {exc}") from None
             out = []
-            for cid, size in zip(chunk_ids, sizes):
-                part = self.partition_of(cid)
-                where = (part, self._space.take(part))
+            for cid, size, count, where in zip(chunk_ids, sizes, pages, taken):
                 token = next(self._tokens)
-                self._reserved[token] = (cid, where)
+                self._reserved[token] = (cid, where, count, size)
                 self._reserved_ids.add(cid)
+                self._held_pages += count
+                self._reserved_payload += size
                 out.append(WriteSlot(cid, size, self._row(where, size), token, where[1]))
+            self._check_utilisation(0)
             return out
 
+    def _check_utilisation(self, wanted_pages: int) -> None:
+        """Warn once when the tier is full while its chunks' bytes are a poor share of it (under the lock)."""
+        if not self._warned:
+            held = len(self._committed) + len(self._reserved)
+            self._warned = poor_utilisation(
+                self.level.name,
+                self._used_pages + self._held_pages + wanted_pages,
+                self.num_pages,
+                self.page_bytes,
+                self._payload + self._reserved_payload,
+                held,
+            )
+
     def commit(self, slots: Sequence[WriteSlot]) -> None:
-        """See :meth:`StorageTier.commit`. With checksums, each chunk's checksum is taken here."""
+        """See :meth:`StorageTier.commit`. With checksums, each chunk's checksum is taken here.
+
+        The checksums are taken outside the lock (hashing a large chunk would stall every other store and
+        read of the tier): the reservations are checked, hashed, then checked again and committed, so a
+        slot aborted or quarantined meanwhile is never committed (ConflictError, nothing committed).
+        """
         with self._lock:
-            for ws in slots:
-                if self._reserved.get(ws.token, (None, -1))[0] != ws.chunk_id:
-                    raise ConflictError(
-                        f"slot for {ws.chunk_id.hex()} is not a live reservation of {self.level.name}"
-                    )
-            if self._pool.is_cuda:
-                # Writers may have queued copies on the current stream; they must land before readers look.
-                torch.cuda.current_stream(self._pool.device).synchronize()
-            for ws in slots:
-                _, where = self._reserved.pop(ws.token)
+            wheres = self._live(slots)
+        if self._pool.is_cuda:
+            # Writers may have queued copies on the current stream; they must land before readers look.
+            torch.cuda.current_stream(self._pool.device).synchronize()
+        checks = self._checksums(slots, wheres)
+        with self._lock:
+            if self._live(slots) != wheres:
+                raise ConflictError(f"{self.level.name}: a reservation moved while its commit was hashed")
+            for ws, where, check in zip(slots, wheres, checks):
+                _, _, count, size = self._reserved.pop(ws.token)
                 self._reserved_ids.discard(ws.chunk_id)
-                check = checksum_of(self._row(where, ws.nbytes)) if self.checksums else None
-                self._committed[ws.chunk_id] = _Entry(where[0], where[1], ws.nbytes, check)
+                self._held_pages -= count
+                self._reserved_payload -= size
+                self._used_pages += count
+                self._payload += ws.nbytes
+                self._committed[ws.chunk_id] = _Entry(where[0], where[1], count, ws.nbytes, check)
+
+    def _live(self, slots: Sequence[WriteSlot]) -> list[_Slot]:
+        """Where each slot's live reservation is (call under the lock).
+
+        Raises:
+            ConflictError: a slot is not a live reservation (committed, aborted or quarantined), or is
+                given twice.
+        """
+        out: list[_Slot] = []
+        tokens: set[int] = set()
+        for ws in slots:
+            held = self._reserved.get(ws.token)
+            if held is None or held[0] != ws.chunk_id or ws.token in tokens:
+                raise ConflictError(
+                    f"slot for {ws.chunk_id.hex()} is not a live reservation of {self.level.name}"
+                )
+            tokens.add(ws.token)
+            out.append(held[1])
+        return out
+
+    def _checksums(self, slots: Sequence[WriteSlot], wheres: Sequence[_Slot]) -> list[int | None]:
+        """The commit-time checksum of each reserved chunk's bytes (None without checksums). Runs without
+        the lock: the rows stay reserved unless aborted, which the commit checks afterwards."""
+        if not self.checksums:
+            return [None] * len(slots)
+        return [checksum_of(self._row(where, ws.nbytes)) for ws, where in zip(slots, wheres)]
 
     def abort(self, slots: Sequence[WriteSlot]) -> None:
         """See :meth:`StorageTier.abort`."""
         with self._lock:
-            for where in self._unreserve(slots):
-                self._space.give(*where)
+            for where, count in self._unreserve(slots):
+                self._held_pages -= count
+                self._space.give(*where, count)
 
     def quarantine(self, slots: Sequence[WriteSlot], until: float) -> None:
         """Abort reservations whose writer may still be writing (an expired store ticket): their slots stay
         out of use until :meth:`release_quarantined` is called with a time at or after ``until``."""
         with self._lock:
-            for where in self._unreserve(slots):
-                heapq.heappush(self._quarantine, (until, *where))
+            for where, count in self._unreserve(slots):
+                heapq.heappush(self._quarantine, (until, *where, count))
 
     def release_quarantined(self, now: float) -> int:
         """Free the quarantined slots whose time is over; returns how many."""
         freed = 0
         with self._lock:
             while self._quarantine and self._quarantine[0][0] <= now:
-                _, part, row = heapq.heappop(self._quarantine)
-                self._space.give(part, row)
+                _, part, start, count = heapq.heappop(self._quarantine)
+                self._held_pages -= count
+                self._space.give(part, start, count)
                 freed += 1
         return freed
 
-    def _unreserve(self, slots: Sequence[WriteSlot]) -> list[_Slot]:
+    def _unreserve(self, slots: Sequence[WriteSlot]) -> list[tuple[_Slot, int]]:
+        """Drop live reservations (their pages stay held: the caller frees or quarantines them)."""
         out = []
         for ws in slots:
             held = self._reserved.get(ws.token)
@@ -236,7 +305,8 @@ class SlotPoolTier(SlotTier):
                 continue
             del self._reserved[ws.token]
             self._reserved_ids.discard(ws.chunk_id)
-            out.append(held[1])
+            self._reserved_payload -= held[3]
+            out.append((held[1], held[2]))
         return out
 
     def read_into(self, chunk_ids: Sequence[bytes], dsts: Sequence[torch.Tensor]) -> list[bool]:
@@ -298,7 +368,7 @@ class SlotPoolTier(SlotTier):
             return
         self._corrupt += 1
         logger.warning(
-            "%s chunk %s failed its checksum (slot %d of partition %r); dropping it",
+            "%s chunk %s failed its checksum (page %d of partition %r); dropping it",
             self.level.name,
             cid.hex(),
             entry.slot,
@@ -312,9 +382,9 @@ class SlotPoolTier(SlotTier):
             self._readers[where] = left
             return
         del self._readers[where]
-        if where in self._free_after_read:
-            self._free_after_read.discard(where)
-            self._space.give(*where)
+        count = self._free_after_read.pop(where, 0)
+        if count:
+            self._space.give(*where, count)
 
     def contains(self, chunk_ids: Sequence[bytes]) -> list[bool]:
         """See :meth:`StorageTier.contains`."""
@@ -330,10 +400,12 @@ class SlotPoolTier(SlotTier):
         entry = self._committed.pop(cid, None)
         if entry is None:
             return False
+        self._used_pages -= entry.pages
+        self._payload -= entry.nbytes
         if entry.where in self._readers:
-            self._free_after_read.add(entry.where)
+            self._free_after_read[entry.where] = entry.pages
         else:
-            self._space.give(*entry.where)
+            self._space.give(*entry.where, entry.pages)
         return True
 
     def entries(self) -> list[tuple[bytes, int]]:
@@ -342,15 +414,16 @@ class SlotPoolTier(SlotTier):
             return [(cid, e.nbytes) for cid, e in self._committed.items()]
 
     def usage(self) -> TierUsage:
-        """See :meth:`StorageTier.usage`. Quarantined slots count as reserved."""
+        """See :meth:`StorageTier.usage`. Used bytes are whole pages; quarantined pages count as reserved."""
         with self._lock:
             return TierUsage(
                 level=self.level,
                 chunks=len(self._committed),
-                used_bytes=len(self._committed) * self.slot_bytes,
-                reserved_bytes=(len(self._reserved) + len(self._quarantine)) * self.slot_bytes,
-                capacity_bytes=self.num_slots * self.slot_bytes,
+                used_bytes=self._used_pages * self.page_bytes,
+                reserved_bytes=self._held_pages * self.page_bytes,
+                capacity_bytes=self.num_pages * self.page_bytes,
                 corrupt_reads=self._corrupt,
+                payload_bytes=self._payload,
             )
 
     def view(self, chunk_id: bytes) -> torch.Tensor | None:
@@ -360,7 +433,7 @@ class SlotPoolTier(SlotTier):
             return None if entry is None else self._row(entry.where, entry.nbytes)
 
     def slot_of(self, chunk_id: bytes) -> int | None:
-        """See :meth:`SlotTier.slot_of` (the row within the chunk's partition)."""
+        """See :meth:`SlotTier.slot_of` (the first page of the chunk's run within its partition)."""
         with self._lock:
             entry = self._committed.get(chunk_id)
             return None if entry is None else entry.slot
@@ -372,4 +445,6 @@ class SlotPoolTier(SlotTier):
             self._reserved.clear()
             self._reserved_ids.clear()
             self._quarantine.clear()
-            self._space = SlotSpace(torch.empty((0, self.slot_bytes), dtype=torch.uint8))
+            self._free_after_read.clear()
+            self._used_pages = self._held_pages = self._payload = self._reserved_payload = 0
+            self._space = SlotSpace(torch.empty((0, self.page_bytes), dtype=torch.uint8))
