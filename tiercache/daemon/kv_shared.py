@@ -25,6 +25,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from tiercache.cache import StoreTicket
+from tiercache.cache.rules import DEVICE_LEVEL
 from tiercache.errors import ExpiredError, NotFoundError
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.wire import LOAD_POLICIES
@@ -146,7 +147,8 @@ class SharedMemoryRpcs(ServicerBase):
         ticket = outcome.ticket
         if ticket.lease_id:
             self._leases.add(ticket.lease_id, handle, ticket.expires_at)
-            self.fire(self._rules.warm_after_load, handle, keys, ticket)
+            if DEVICE_LEVEL in self._manager.levels:  # else the warm-up has nothing to do: no executor hop
+                self.fire(self._rules.warm_after_load, handle, keys, ticket)
         self._deps.metrics.add_bytes("shm", "load", len(ticket.chunks) * info.chunk_bytes)
         plan = outcome.plan
         return pb.AcquireLoadResponse(
