@@ -59,14 +59,14 @@ def test_tiny_run_json_is_complete_and_consistent(work: Path, tmp_path: Path) ->
 def test_a_flipped_byte_in_a_load_fails_the_run(
     work: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    real = engine.chunk_to_kv
+    real = engine.run_to_kv
 
-    def corrupting(layout: KVLayout, buf: torch.Tensor, kv: Any, chunk: int, *rest: Any) -> None:
-        real(layout, buf, kv, chunk, *rest)
-        if chunk == 0:  # once per load: one flipped byte in what arrived in the engine's tensors
+    def corrupting(layout: KVLayout, run: torch.Tensor, kv: Any, first: int, *rest: Any) -> None:
+        real(layout, run, kv, first, *rest)
+        if first == 0:  # once per load: one flipped byte in what arrived in the engine's tensors
             kv.layers[-1].view(torch.uint8).view(-1)[5] ^= 0x10
 
-    monkeypatch.setattr(engine, "chunk_to_kv", corrupting)
+    monkeypatch.setattr(engine, "run_to_kv", corrupting)
     out = tmp_path / "c.json"
     argv = ["connector", *TINY, "--layouts", "tiny", "--no-stream", "--dir", str(work), "--json", str(out)]
     assert main(argv) == 1

@@ -195,13 +195,13 @@ def test_engine_copy_errors_release_the_lease_and_abort_the_store(
     import tiercache.connector.shm_plane as engine_module
 
     with monkeypatch.context() as m:
-        m.setattr(engine_module, "kv_to_chunk", broken)
+        m.setattr(engine_module, "kv_to_run", broken)
         with pytest.raises(RuntimeError, match="engine-side copy"):
             conn.store(tokens, src)
     # Aborted, not left "being stored" until its 60 s TTL: a new store gets every chunk.
     assert conn.store(tokens, src).tokens_stored == FULL
     with monkeypatch.context() as m:
-        m.setattr(engine_module, "chunk_to_kv", broken)
+        m.setattr(engine_module, "run_to_kv", broken)
         with pytest.raises(RuntimeError, match="engine-side copy"):
             conn.load(tokens, engine_mod.empty_kv(9, TOKENS, False))
     assert conn.client.stats().active_leases == 0  # released, not waiting for its 60 s TTL

@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tiercache.connector.kv import ContiguousKV, PagedKV, check_kv, chunk_to_kv, kv_to_chunk
+from tiercache.connector.kv import (
+    ContiguousKV,
+    PagedKV,
+    check_kv,
+    chunk_runs,
+    chunk_to_kv,
+    kv_to_chunk,
+    kv_to_run,
+    run_to_kv,
+)
 from tiercache.errors import InvalidArgumentError
 from tiercache.layout import KVDtype, KVLayout
 
@@ -209,3 +218,77 @@ def test_cuda_engine_tensors_round_trip_through_a_host_buffer(paged: bool) -> No
             else ContiguousKV([t.cpu() for t in dst.layers])
         )
         assert _reference_chunk(layout, back, chunk) == buf.numpy().tobytes()
+
+
+def _slots(layout: KVLayout, slot_bytes: int, positions: list[int]) -> list[tuple[int, torch.Tensor]]:
+    """Chunk buffers ``(chunk index, 1-D view)`` at ``positions`` (slot numbers) of one segment-like tensor."""
+    memory = torch.zeros(slot_bytes * (max(positions) + 2), dtype=torch.uint8)
+    return [
+        (i, memory[p * slot_bytes : p * slot_bytes + layout.chunk_bytes]) for i, p in enumerate(positions)
+    ]
+
+
+def test_chunk_runs_group_evenly_spaced_consecutive_chunks_only() -> None:
+    layout = LAYOUTS["fp32-mha"]
+    slot = layout.chunk_bytes + 64  # slots larger than the chunk: a run strides over the gap
+    bufs = _slots(layout, slot, [3, 4, 5, 9, 10, 2, 11])
+    runs = chunk_runs(bufs)
+    assert [(first, tuple(run.shape)) for first, run in runs] == [
+        (0, (3, layout.chunk_bytes)),
+        (3, (2, layout.chunk_bytes)),
+        (5, (2, layout.chunk_bytes)),  # slots 2 and 11: evenly spaced too
+    ]
+    for first, run in runs:
+        for i in range(run.shape[0]):
+            assert run[i].data_ptr() == bufs[first + i][1].data_ptr()
+    # A gap in the chunk indices ends a run even where the slots are consecutive.
+    skipped = [bufs[0], (5, bufs[1][1])]
+    assert [first for first, _ in chunk_runs(skipped)] == [0, 5]
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_runs_move_the_same_bytes_as_chunk_by_chunk_copies(name: str) -> None:
+    layout = LAYOUTS[name]
+    tokens = 5 * layout.chunk_tokens
+    src = _contiguous(layout, tokens, seed=11)
+    bufs = _slots(layout, layout.chunk_bytes + 32, [7, 8, 9, 1, 2])  # two runs: chunks 0-2 and 3-4
+    runs = chunk_runs(bufs)
+    assert [first for first, _ in runs] == [0, 3]
+    for first, run in runs:
+        kv_to_run(layout, src, first, run)
+    for index, buf in bufs:
+        assert buf.numpy().tobytes() == _reference_chunk(layout, src, index)
+    dst = _contiguous(layout, tokens, seed=12)
+    for first, run in runs:
+        run_to_kv(layout, run, dst, first)
+    for index, buf in bufs:
+        assert _reference_chunk(layout, dst, index) == buf.numpy().tobytes()
+    one_layer = _contiguous(layout, tokens, seed=13)
+    before = [t.clone() for t in one_layer.layers]
+    run_to_kv(layout, runs[0][1], one_layer, 0, layers=[1])
+    assert torch.equal(one_layer.layers[0], before[0])
+    assert not torch.equal(one_layer.layers[1], before[1])
+
+
+def test_runs_into_a_paged_kv_and_bad_runs() -> None:
+    layout = LAYOUTS["bf16-gqa"]
+    per = layout.chunk_tokens // layout.page_tokens
+    ids = list(range(20, 20 + 2 * per))
+    src = _paged(layout, 64, ids, seed=21)
+    bufs = _slots(layout, layout.chunk_bytes, [0, 1])
+    ((first, run),) = chunk_runs(bufs)
+    kv_to_run(layout, src, first, run)
+    dst = _paged(layout, 64, ids, seed=22)
+    run_to_kv(layout, run, dst, first)
+    for index, buf in bufs:
+        assert (
+            buf.numpy().tobytes()
+            == _reference_chunk(layout, src, index)
+            == _reference_chunk(layout, dst, index)
+        )
+    with pytest.raises(InvalidArgumentError, match="run"):
+        run_to_kv(layout, run[:, :-2], _contiguous(layout, 2 * layout.chunk_tokens, 1), 0)
+    with pytest.raises(InvalidArgumentError, match="layer"):
+        run_to_kv(
+            layout, torch.zeros(1, layout.chunk_bytes, dtype=torch.uint8), _contiguous(layout, 16, 1), 0, [9]
+        )

@@ -8,6 +8,9 @@ connection supplies its current handle. The engine's cost models (prefill model 
 deadline model for timeout loads) are declared per namespace with :meth:`TierCacheClient.declare_models`
 and sent with every (re-)registration.
 
+Lease releases and usage reports that need no answer ride on the namespace's next AcquireLoad or
+BeginStore (:meth:`defer_release`, :meth:`defer_usage`, :mod:`.settle`): one round trip per load phase.
+
 The byte-stream RPCs take and give wire messages: framing and encoding are the byte-stream data plane's
 (:mod:`.stream_plane`, :mod:`.stream`). The daemon's shared-memory segments are mapped once per client
 (:meth:`TierCacheClient.slot_mapping`) and dropped when a re-registration names another segment.
@@ -16,14 +19,15 @@ Primitives:
     ClientConfig: deadlines, backoff and channel options (defined in :mod:`.connection`).
     TierCacheClient: connect, declare_models, register / registration, slot_mapping, lookup, prefetch /
         start_prefetch / cancel_prefetch, begin_store / commit_store / abort_store, acquire_load /
-        release_load / release_load_nowait, claim_prefill / wait_prefill / release_prefill, report_usage,
-        pin / unpin, purge, stats, stream_store / stream_load, wait_ready, close.
+        release_load / release_load_nowait / defer_release, claim_prefill / wait_prefill / release_prefill, report_usage / defer_usage,
+        settle, pin / unpin, purge, stats, stream_store / stream_load, wait_ready, close.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import partial
 from typing import TypeVar, cast
 
 from tiercache.codec import Codec
@@ -48,6 +52,7 @@ from .results import (
     StreamStoreResult,
 )
 from .segments import SegmentMaps, SlotMapping
+from .settle import SETTLE_AFTER_S, PendingSettlements, send_alone
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +68,15 @@ class TierCacheClient:
     """
 
     def __init__(
-        self, endpoint: Endpoint, token: str | None = None, config: ClientConfig | None = None
+        self,
+        endpoint: Endpoint,
+        token: str | None = None,
+        config: ClientConfig | None = None,
+        settle_after_s: float = SETTLE_AFTER_S,
     ) -> None:
         """Prepare a client; nothing is dialled until the first call.
+
+        ``settle_after_s``: how long a deferred release or usage report waits for a call to carry it.
 
         Raises:
             InvalidArgumentError: a malformed token.
@@ -74,6 +85,7 @@ class TierCacheClient:
         self.config = config or ClientConfig()
         self._segments = SegmentMaps(token)
         self._conn = Connection(endpoint, token, self.config, on_registered=self._segments.retain)
+        self._pending = PendingSettlements(partial(send_alone, self, wait=False), settle_after_s)
 
     @classmethod
     def connect(
@@ -103,7 +115,9 @@ class TierCacheClient:
         self.close()
 
     def close(self) -> None:
-        """Close the channel and unmap the shared-memory segments (idempotent)."""
+        """Settle what is queued, close the channel and unmap the shared-memory segments (idempotent)."""
+        self._pending.close()
+        self.settle()
         self._conn.close()
         self._segments.close()
 
@@ -197,11 +211,17 @@ class TierCacheClient:
     def begin_store(
         self, namespace: Namespace, keys: Sequence[bytes], start_depth: int = 0, ttl_s: float = 0.0
     ) -> StoreGrant:
-        """Reserve shared-memory slots for the chunks of ``keys`` not cached yet (fill, then commit)."""
+        """Reserve shared-memory slots for the chunks of ``keys`` not cached yet (fill, then commit).
+
+        The call carries the namespace's deferred releases and usage (settled by the daemon first).
+        """
+        settle = self._pending.take(namespace)
         resp = self._conn.unary(
             rpcs.BEGIN_STORE,
             namespace,
-            lambda h: pb.BeginStoreRequest(handle=h, keys=keys, start_depth=start_depth, ttl_s=ttl_s),
+            lambda h: pb.BeginStoreRequest(
+                handle=h, keys=keys, start_depth=start_depth, ttl_s=ttl_s, settle=settle
+            ),
         )
         return StoreGrant.from_proto(resp)
 
@@ -243,6 +263,8 @@ class TierCacheClient:
     ) -> LoadLease:
         """Lease the slots of the cached prefix of ``keys`` that ``policy`` chooses (promoted into L2 first).
 
+        The call carries the namespace's deferred releases and usage (settled by the daemon first).
+
         Args:
             namespace: the namespace.
             keys: the prompt's chunk keys.
@@ -255,6 +277,7 @@ class TierCacheClient:
             InvalidArgumentError: a TIMEOUT without timeout or deadline model, a COST_AWARE without prefill
                 model (naming ``timeout_s`` / ``prefill``).
         """
+        settle = self._pending.take(namespace)
         resp = self._conn.unary(
             rpcs.ACQUIRE_LOAD,
             namespace,
@@ -265,6 +288,7 @@ class TierCacheClient:
                 policy=LOAD_POLICIES.to_proto(policy),
                 timeout_s=timeout_s,
                 prompt_tokens=prompt_tokens,
+                settle=settle,
             ),
             self.config.timeout_s + self._load_wait_s(namespace, len(keys), policy, timeout_s, prompt_tokens),
         )
@@ -309,6 +333,22 @@ class TierCacheClient:
         self._conn.unary_nowait(
             rpcs.RELEASE_LOAD, namespace, lambda h: pb.ReleaseLoadRequest(handle=h, lease_id=lease_id)
         )
+
+    def defer_release(self, namespace: Namespace, lease_id: int) -> None:
+        """End a lease (its copy was in time) with the namespace's next AcquireLoad or BeginStore, or one-way
+        after ``settle_after_s``; never raises (a lease not released lapses at its TTL)."""
+        self._pending.release(namespace, lease_id)
+
+    def defer_usage(
+        self, namespace: Namespace, effective_chunks: Mapping[TierLevel, int], recomputed_tokens: int
+    ) -> None:
+        """:meth:`report_usage`, carried like :meth:`defer_release` (reports queued meanwhile are summed)."""
+        self._pending.usage(namespace, effective_chunks, recomputed_tokens)
+
+    def settle(self) -> None:
+        """Send every deferred release and usage report now and wait for them (failures are logged)."""
+        for namespace, message in self._pending.take_all():
+            send_alone(self, namespace, message, wait=True)
 
     def claim_prefill(
         self, namespace: Namespace, keys: Sequence[bytes], ttl_s: float = 0.0
@@ -389,16 +429,20 @@ class TierCacheClient:
         return int(resp.chunks)
 
     def purge(self, namespace: Namespace) -> int:
-        """Remove every chunk of the namespace from every tier; returns how many."""
+        """Remove every chunk of the namespace from every tier (after settling); returns how many."""
+        self.settle()
         resp = self._conn.unary(rpcs.PURGE, namespace, lambda h: pb.PurgeRequest(handle=h))
         return int(resp.removed)
 
     def stats(self) -> CacheStats:
         """A snapshot of the daemon's tiers and counters (the core's schema, :mod:`tiercache.stats`).
 
+        Deferred releases and usage reports are settled first, so that the snapshot counts them.
+
         Raises:
             InvalidArgumentError: the daemon reports a tier this connector does not know.
         """
+        self.settle()
         resp = self._conn.unary(rpcs.STATS, None, lambda _h: pb.StatsRequest())
         return stats_from_proto(resp)
 

@@ -12,8 +12,8 @@ slots when its segment can be mapped in this process (:mod:`.shm_plane`), else t
 
 A load takes a policy (:mod:`.policy`: wait_complete by default, best_effort, timeout, cost_aware) and says
 how many tokens arrived and from which tiers; afterwards the connector reports to the daemon what the load
-was worth (ReportUsage: chunks whose prefill is skipped per source tier, cached tokens recomputed anyway),
-best effort. Layer-by-layer loads and saves live in :mod:`.layerwise`, single-flight prefill in
+was worth (chunks whose prefill is skipped per source tier, cached tokens recomputed anyway), best effort,
+carried by its next call (:mod:`.settle`). Layer-by-layer loads and saves live in :mod:`.layerwise`, single-flight prefill in
 :mod:`.prefill`.
 
 Primitives:
@@ -182,14 +182,12 @@ class KVConnector:
             return LayerwiseLoad.unleased(self._layout, kv, failed, self._report)
 
     def report_usage(self, result: LoadResult) -> None:
-        """Tell the daemon what a load was worth (best effort; never raises on daemon trouble)."""
+        """Tell the daemon what a load was worth, with the namespace's next call (best effort: deferred, see
+        :meth:`~.client.TierCacheClient.defer_usage`; never raises on daemon trouble)."""
         chunks, recomputed = usage_of(result, self._layout.chunk_tokens)
         if not chunks and not recomputed:
             return
-        try:
-            self.client.report_usage(self.namespace, chunks, recomputed, wait=False)
-        except TierCacheError as exc:
-            logger.info("tiercache usage report failed (%s)", exc)
+        self.client.defer_usage(self.namespace, chunks, recomputed)
 
     def _report(self, result: LoadResult) -> None:
         if self.config.report_usage:

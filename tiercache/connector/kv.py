@@ -13,10 +13,18 @@ the engine tensor: a slice ``copy_`` when the chunk's blocks are consecutive, on
 ``index_select(out=)`` when they are scattered on the same device, else one copy per run of consecutive
 blocks. No intermediate buffers.
 
+A request's chunks usually sit in slots at a constant distance from each other (consecutive slots of one
+store): :func:`chunk_runs` groups such chunk buffers into runs, one strided ``[n, chunk_bytes]`` view each,
+and :func:`run_to_kv` / :func:`kv_to_run` move a whole run of a contiguous KV with one copy per layer (a
+paged KV still moves chunk by chunk). The per-request cost is then a few C-speed copies, not Python per
+chunk.
+
 Primitives:
     ContiguousKV, PagedKV, EngineKV: the engine's tensors.
     check_kv: validate an engine KV against a layout for a number of chunks.
     chunk_to_kv / kv_to_chunk: copy one chunk (all layers, or one layer) in or out.
+    chunk_runs: group (chunk index, chunk buffer) pairs into runs of evenly spaced buffers.
+    run_to_kv / kv_to_run: copy a run of consecutive chunks in or out (one copy per layer).
 """
 
 from __future__ import annotations
@@ -232,3 +240,102 @@ def kv_to_chunk(
     layout.check_buffer(chunk_buf, field="chunk_buf")
     for layer in range(layout.num_layers) if layers is None else layers:
         _copy_layer(layout, kv, chunk, layer, chunk_buf, into_kv=False)
+
+
+def chunk_runs(buffers: Sequence[tuple[int, torch.Tensor]]) -> list[tuple[int, torch.Tensor]]:
+    """Group chunk buffers into runs: consecutive chunk indices whose buffers lie at one constant distance.
+
+    Args:
+        buffers: ``(chunk index, 1-D uint8 buffer)`` pairs, in order; buffers of one size, in one storage
+            (e.g. the slots of one shared-memory segment).
+
+    Returns:
+        ``(first chunk index, [n, chunk_bytes] view)`` per run: the view strides over the storage between
+        the run's buffers (no copy), so it covers exactly those buffers.
+    """
+    runs: list[tuple[int, torch.Tensor]] = []
+    start = 0
+    while start < len(buffers):
+        first_index, first = buffers[start]
+        end = start + 1
+        step = 0
+        while end < len(buffers):
+            index, buf = buffers[end]
+            gap = buf.data_ptr() - buffers[end - 1][1].data_ptr()
+            same_run = (
+                index == first_index + (end - start)
+                and buf.numel() == first.numel()
+                and buf.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+                and gap > 0
+                and (step == 0 or gap == step)
+            )
+            if not same_run:
+                break
+            step = gap
+            end += 1
+        n = end - start
+        runs.append((first_index, first.as_strided((n, first.numel()), (step or first.numel(), 1))))
+        start = end
+    return runs
+
+
+def _run_layers(layout: KVLayout, run: torch.Tensor) -> torch.Tensor:
+    """A run ``[n, chunk_bytes]`` typed as ``[n, layers, *layer_shape]`` (a view)."""
+    if run.dtype != torch.uint8 or run.dim() != 2 or run.shape[1] != layout.chunk_bytes:
+        raise InvalidArgumentError(
+            "run", f"must be a [n, {layout.chunk_bytes}] uint8 tensor, got {run.dtype} {tuple(run.shape)}"
+        )
+    return run.view(layout.dtype.torch_dtype).view(run.shape[0], layout.num_layers, *layout.layer_shape)
+
+
+def _run_engine_view(layout: KVLayout, tensor: torch.Tensor, first: int, n: int) -> torch.Tensor:
+    """Chunks ``[first, first + n)`` of a contiguous KV layer as ``[n, *layer_shape]`` (a view)."""
+    c = layout.chunk_tokens
+    part = _engine_slice(layout, tensor, first * c, (first + n) * c)
+    if layout.mla:
+        return part.view(n, c, *part.shape[1:])
+    return part.view(part.shape[0], n, c, *part.shape[2:]).transpose(0, 1)
+
+
+def _move_run(
+    layout: KVLayout, run: torch.Tensor, kv: EngineKV, first: int, layers: Sequence[int] | None, into_kv: bool
+) -> None:
+    n = run.shape[0]
+    if isinstance(kv, PagedKV):
+        for i in range(n):
+            for layer in range(layout.num_layers) if layers is None else layers:
+                _copy_layer(layout, kv, first + i, layer, run[i], into_kv)
+        return
+    typed = _run_layers(layout, run)
+    for layer in range(layout.num_layers) if layers is None else layers:
+        layout.layer_range(layer)  # validates the index
+        chunks = typed[:, layer]
+        engine = _run_engine_view(layout, kv.layers[layer], first, n)
+        if into_kv:
+            engine.copy_(chunks)
+        else:
+            chunks.copy_(engine)
+
+
+def run_to_kv(
+    layout: KVLayout, run: torch.Tensor, kv: EngineKV, first: int, layers: Sequence[int] | None = None
+) -> None:
+    """Copy a run of chunks (from :func:`chunk_runs`) into the engine's tensors: chunk ``first + i`` from
+    ``run[i]``, one copy per layer for a contiguous KV.
+
+    Raises:
+        InvalidArgumentError: ``run`` is not ``[n, chunk_bytes]`` uint8, or a layer is out of range.
+    """
+    _move_run(layout, run, kv, first, layers, into_kv=True)
+
+
+def kv_to_run(
+    layout: KVLayout, kv: EngineKV, first: int, run: torch.Tensor, layers: Sequence[int] | None = None
+) -> None:
+    """Copy chunks ``first, first + 1, ...`` of the engine's tensors into a run of chunk buffers (from
+    :func:`chunk_runs`), one copy per layer for a contiguous KV.
+
+    Raises:
+        InvalidArgumentError: ``run`` is not ``[n, chunk_bytes]`` uint8, or a layer is out of range.
+    """
+    _move_run(layout, run, kv, first, layers, into_kv=False)

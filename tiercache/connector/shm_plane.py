@@ -1,9 +1,10 @@
 """The same-host data plane: copies straight between the daemon's shared-memory slots and the engine's KV.
 
 A load leases the slots of the cached prefix (AcquireLoad), copies each chunk from its slot into the
-engine's tensors (one copy per chunk and layer) and releases the lease. Its bytes count as loaded only if
-the lease provably covered the copy: the daemon confirmed the release, or the copy finished before the
-lease's expiry by the local clock. Otherwise the slots may have been reused and the load reports 0 tokens.
+engine's tensors and releases the lease. Its bytes count as loaded only if the lease provably covered the
+copy: the copy finished before the lease's expiry by the local clock (the release then rides on the
+namespace's next call: one round trip per load), or the daemon confirmed a waited release. Otherwise the
+slots may have been reused and the load reports 0 tokens.
 A store reserves slots (BeginStore), fills them and commits, or aborts on any failure so that no partial
 chunk is ever visible.
 
@@ -31,7 +32,7 @@ from tiercache.tiers.base import TierLevel
 from .client import TierCacheClient
 from .config import ConnectorConfig
 from .dataplane import DataPlane, DataPlaneKind, PrefillPublisher
-from .kv import EngineKV, chunk_to_kv, kv_to_chunk
+from .kv import EngineKV, chunk_runs, kv_to_chunk, kv_to_run, run_to_kv
 from .layerwise import LayerwiseLoad, LayerwiseSave
 from .outcomes import LoadResult, StoreResult
 from .policy import WirePolicy
@@ -80,9 +81,9 @@ class SharedMemoryPlane(DataPlane):
         in_time = False
         try:
             with self.mapping().use() as slots:
-                for ref in refs:
-                    chunk_to_kv(self._layout, slots.view(ref), kv, ref.index)
-                    copied += 1
+                for first, run in chunk_runs([(ref.index, slots.view(ref)) for ref in refs]):
+                    run_to_kv(self._layout, run, kv, first)
+                    copied += run.shape[0]
             # The lease's TTL started at the daemon after ``started``: by the local clock it held throughout.
             in_time = self._clock() < started + lease.expires_in_s
         finally:
@@ -143,7 +144,9 @@ class SharedMemoryPlane(DataPlane):
                             f"store slot for chunk {ref.index} holds {ref.nbytes} bytes,"
                             f" expected {self._layout.chunk_bytes}"
                         )
-                    kv_to_chunk(self._layout, kv, ref.index, slots.view(ref))
+                bufs = [(ref.index, slots.view(ref)) for ref in sorted(grant.slots, key=lambda r: r.index)]
+                for first, run in chunk_runs(bufs):
+                    kv_to_run(self._layout, kv, first, run)
             stored = self.client.commit_store(self.namespace, grant.ticket_id)
             committed = True
         finally:
@@ -231,11 +234,12 @@ class SharedMemoryPlane(DataPlane):
         )
 
     def _release(self, lease: LoadLease, wait: bool = True) -> bool | None:
-        """Release a lease; None when not waited for, or when the daemon could not answer (it then expires
-        at its TTL)."""
+        """Release a lease; None when not waited for (deferred to the namespace's next call, see
+        :meth:`~.client.TierCacheClient.defer_release`), or when the daemon could not answer (it then
+        expires at its TTL)."""
         try:
             if not wait:
-                self.client.release_load_nowait(self.namespace, lease.lease_id)
+                self.client.defer_release(self.namespace, lease.lease_id)
                 return None
             return self.client.release_load(self.namespace, lease.lease_id)
         except TierCacheError as exc:

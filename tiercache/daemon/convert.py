@@ -86,7 +86,10 @@ def keys_from_proto(keys: Sequence[bytes], field: str = "keys") -> list[bytes]:
     Raises:
         InvalidArgumentError: ``keys[i]: must be 32 bytes, got N``.
     """
-    return [check_key_field(k, f"{field}[{i}]") for i, k in enumerate(keys)]
+    out = list(keys)
+    if all(type(k) is bytes and len(k) == KEY_BYTES for k in out):
+        return out  # the usual case, checked in bulk (a 512-key lookup pays no Python call per key)
+    return [check_key_field(k, f"{field}[{i}]") for i, k in enumerate(out)]
 
 
 def ttl_from_proto(ttl_s: float, field: str = "ttl_s") -> float | None:

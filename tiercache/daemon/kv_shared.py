@@ -7,7 +7,9 @@ ticket and load lease is remembered under the handle it was taken with (:class:`
 one engine cannot commit or release another namespace's work. A commit after the ticket's TTL is refused
 with FAILED_PRECONDITION naming the ticket (:class:`~tiercache.errors.ExpiredError`).
 
-AcquireLoad's policies are resolved in :mod:`.loads`. A load that may wait for promotion out of a slow L3
+AcquireLoad and BeginStore first settle what the request carries (:mod:`.settle`: leases the engine is done
+with, its usage report), in the same executor job as their own work. AcquireLoad's policies are resolved in
+:mod:`.loads`. A load that may wait for promotion out of a slow L3
 runs in the bounded wait executor; a load that waits for nothing (``wait_s == 0``) in the short one.
 
 Primitives:
@@ -22,6 +24,8 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
+from tiercache.cache import StoreTicket
+from tiercache.cache.rules import DEVICE_LEVEL
 from tiercache.errors import ExpiredError, NotFoundError
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.wire import LOAD_POLICIES
@@ -30,6 +34,7 @@ from . import convert
 from .handles import Claims
 from .loads import LoadOutcome, resolve_policy, run_load
 from .rpc import Caller, ServiceDeps, ServicerBase, unary
+from .settle import Settled, apply, taken
 
 logger = logging.getLogger(__name__)
 
@@ -47,11 +52,12 @@ class SharedMemoryRpcs(ServicerBase):
     async def BeginStore(
         self, request: pb.BeginStoreRequest, caller: Caller, context: Any
     ) -> pb.BeginStoreResponse:
-        """Reserve L2 slots for the chunks not cached yet."""
+        """Reserve L2 slots for the chunks not cached yet (after settling what the request carries)."""
         keys = convert.keys_from_proto(request.keys)
         ttl = convert.ttl_from_proto(request.ttl_s)
+        settled = self._settled(request.settle, caller) if request.HasField("settle") else None
         ticket = await self.run(
-            self._rules.begin_shared_store, caller.namespace_id, keys, ttl, request.start_depth
+            self._begin_store, settled, caller.namespace_id, keys, ttl, request.start_depth
         )
         self._tickets.add(ticket.ticket_id, caller.namespace_id, ticket.expires_at)
         return pb.BeginStoreResponse(
@@ -60,6 +66,17 @@ class SharedMemoryRpcs(ServicerBase):
             skipped=ticket.skipped,
             expires_in_s=self.expires_in(ticket.expires_at),
         )
+
+    def _begin_store(
+        self, settled: Settled | None, handle: bytes, keys: list[bytes], ttl: float | None, start_depth: int
+    ) -> StoreTicket:
+        if settled is not None and not settled.empty:
+            apply(self._manager, settled)
+        return self._rules.begin_shared_store(handle, keys, ttl, start_depth)
+
+    def _settled(self, settle: pb.Settlement, caller: Caller) -> Settled:
+        """The request's settlement, its leases taken out of this handle's claims."""
+        return taken(self._leases, settle, caller.namespace_id, caller.info.chunk_tokens)
 
     @unary
     async def CommitStore(
@@ -118,7 +135,10 @@ class SharedMemoryRpcs(ServicerBase):
         wait_s = policy.wait_s(request.prompt_tokens or len(keys) * info.chunk_tokens)
         executor = self._deps.executor if wait_s == 0 else self.long_executor
         level = self._rules.shared_level
-        fut = executor.submit(run_load, self._manager, handle, keys, level, ttl, policy, wait_s, arrived)
+        settled = self._settled(request.settle, caller) if request.HasField("settle") else None
+        fut = executor.submit(
+            run_load, self._manager, handle, keys, level, ttl, policy, wait_s, arrived, settled
+        )
         try:
             outcome = await asyncio.wrap_future(fut)
         except asyncio.CancelledError:
@@ -127,7 +147,8 @@ class SharedMemoryRpcs(ServicerBase):
         ticket = outcome.ticket
         if ticket.lease_id:
             self._leases.add(ticket.lease_id, handle, ticket.expires_at)
-            self.fire(self._rules.warm_after_load, handle, keys, ticket)
+            if DEVICE_LEVEL in self._manager.levels:  # else the warm-up has nothing to do: no executor hop
+                self.fire(self._rules.warm_after_load, handle, keys, ticket)
         self._deps.metrics.add_bytes("shm", "load", len(ticket.chunks) * info.chunk_bytes)
         plan = outcome.plan
         return pb.AcquireLoadResponse(

@@ -16,7 +16,7 @@ The servicer resolves the wire policy against what the engine declared at regist
 Primitives:
     LoadOutcome: the lease, the cached prefix and the cost estimates behind the decision.
     resolve_policy: the request's policy with the declared models (validates that the needed one exists).
-    run_load: the blocking lookup + plan + acquire.
+    run_load: the blocking settlement (:mod:`.settle`) + lookup + plan + acquire.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from tiercache.policies.load import CostPlan, LoadPolicy, LoadPolicyKind, make_l
 from tiercache.tiers.base import TierLevel
 
 from .handles import HandleInfo
+from .settle import Settled, apply
 
 _LATE_WAIT_S = 1e-3
 """A deadline that passed while the call queued still starts background promotion (for the next load)."""
@@ -74,8 +75,10 @@ def run_load(
     policy: LoadPolicy,
     wait_s: float | None,
     arrived: float,
+    settled: Settled | None = None,
 ) -> LoadOutcome:
-    """Look the chain up, let the policy choose its prefix and lease it (blocking: run it in an executor).
+    """Settle what the request carries, look the chain up, let the policy choose its prefix and lease it
+    (blocking: run it in an executor).
 
     Args:
         manager: the cache.
@@ -86,10 +89,13 @@ def run_load(
         policy: from :func:`resolve_policy`.
         wait_s: the policy's ``wait_s`` for the prompt; counted from ``arrived``.
         arrived: ``time.monotonic()`` when the RPC arrived.
+        settled: the request's settlement (leases ended and usage recorded first).
 
     Raises:
         NotFoundError, InvalidArgumentError: from the cache manager.
     """
+    if settled is not None and not settled.empty:
+        apply(manager, settled)
     cached = manager.lookup(handle, keys).chunks
     choice = policy.choose(keys[:cached], lambda ks, prefill: manager.plan_load(handle, ks, prefill, level))
     if wait_s is not None and wait_s > 0:

@@ -224,16 +224,18 @@ class CancelPrefetchResponse(_message.Message):
     def __init__(self, cancelled: _Optional[int] = ...) -> None: ...
 
 class BeginStoreRequest(_message.Message):
-    __slots__ = ("handle", "keys", "start_depth", "ttl_s")
+    __slots__ = ("handle", "keys", "start_depth", "ttl_s", "settle")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     START_DEPTH_FIELD_NUMBER: _ClassVar[int]
     TTL_S_FIELD_NUMBER: _ClassVar[int]
+    SETTLE_FIELD_NUMBER: _ClassVar[int]
     handle: bytes
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     start_depth: int
     ttl_s: float
-    def __init__(self, handle: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., start_depth: _Optional[int] = ..., ttl_s: _Optional[float] = ...) -> None: ...
+    settle: Settlement
+    def __init__(self, handle: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., start_depth: _Optional[int] = ..., ttl_s: _Optional[float] = ..., settle: _Optional[_Union[Settlement, _Mapping]] = ...) -> None: ...
 
 class SlotRef(_message.Message):
     __slots__ = ("index", "slot", "nbytes", "source")
@@ -290,20 +292,22 @@ class AbortStoreResponse(_message.Message):
     def __init__(self, aborted: _Optional[bool] = ...) -> None: ...
 
 class AcquireLoadRequest(_message.Message):
-    __slots__ = ("handle", "keys", "ttl_s", "policy", "timeout_s", "prompt_tokens")
+    __slots__ = ("handle", "keys", "ttl_s", "policy", "timeout_s", "prompt_tokens", "settle")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     TTL_S_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SETTLE_FIELD_NUMBER: _ClassVar[int]
     handle: bytes
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     ttl_s: float
     policy: LoadPolicy
     timeout_s: float
     prompt_tokens: int
-    def __init__(self, handle: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., ttl_s: _Optional[float] = ..., policy: _Optional[_Union[LoadPolicy, str]] = ..., timeout_s: _Optional[float] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+    settle: Settlement
+    def __init__(self, handle: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., ttl_s: _Optional[float] = ..., policy: _Optional[_Union[LoadPolicy, str]] = ..., timeout_s: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., settle: _Optional[_Union[Settlement, _Mapping]] = ...) -> None: ...
 
 class AcquireLoadResponse(_message.Message):
     __slots__ = ("lease_id", "slots", "expires_in_s", "cached", "estimated_load_s", "estimated_recompute_s")
@@ -512,6 +516,16 @@ class ReportUsageRequest(_message.Message):
 class ReportUsageResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class Settlement(_message.Message):
+    __slots__ = ("release_lease_ids", "effective_chunks", "recomputed_tokens")
+    RELEASE_LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
+    EFFECTIVE_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    RECOMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    release_lease_ids: _containers.RepeatedScalarFieldContainer[int]
+    effective_chunks: _containers.RepeatedCompositeFieldContainer[TierCount]
+    recomputed_tokens: int
+    def __init__(self, release_lease_ids: _Optional[_Iterable[int]] = ..., effective_chunks: _Optional[_Iterable[_Union[TierCount, _Mapping]]] = ..., recomputed_tokens: _Optional[int] = ...) -> None: ...
 
 class WatchEventsRequest(_message.Message):
     __slots__ = ("after_sequence", "epoch")
