@@ -19,8 +19,9 @@ Primitives:
     ClientConfig: deadlines, backoff and channel options (defined in :mod:`.connection`).
     TierCacheClient: connect, declare_models, register / registration, slot_mapping, lookup, prefetch /
         start_prefetch / cancel_prefetch, begin_store / commit_store / abort_store, acquire_load /
-        release_load / release_load_nowait / defer_release, claim_prefill / wait_prefill / release_prefill, report_usage / defer_usage,
-        settle, pin / unpin, purge, stats, stream_store / stream_load, wait_ready, close.
+        release_load / release_load_nowait / defer_release, claim_prefill / wait_prefill /
+        release_prefill, report_usage / defer_usage, settle, pin / unpin, purge, stats, stream_store /
+        stream_load, wait_ready, close.
 """
 
 from __future__ import annotations
@@ -259,9 +260,8 @@ class TierCacheClient:
         timeout_s: float = 0.0,
         prompt_tokens: int = 0,
     ) -> LoadLease:
-        """Lease the slots of the cached prefix of ``keys`` that ``policy`` chooses (promoted into L2 first).
-
-        The call carries the namespace's deferred releases and usage (settled by the daemon first).
+        """Lease the slots of the cached prefix of ``keys`` that ``policy`` chooses (promoted into L2 first);
+        carries the namespace's deferred releases and usage (settled first).
 
         Args:
             namespace: the namespace.
