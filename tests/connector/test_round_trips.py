@@ -135,3 +135,17 @@ def test_a_call_of_another_namespace_sends_the_queued_settlement_at_once(
     want = {"AcquireLoad": 2, "ReleaseLoad": 1, "ReportUsage": 1}
     _wait_for(lambda: metrics.since(before) == want, "A's settlement, sent with B's load")
     conn.client.close()
+
+
+def test_a_layerwise_load_is_one_round_trip(
+    daemon_factory: Callable[..., Daemon], engine_mod: ModuleType
+) -> None:
+    conn, metrics, tokens = _setup(daemon_factory, engine_mod, settle_after_s=60.0)
+    before = metrics.rpcs()
+    kv = engine_mod.empty_kv(801, N, False)
+    with conn.load_layerwise(tokens, kv) as load:
+        assert load.result().tokens_loaded == N
+    assert engine_mod.exact(kv, 801, N, N)
+    assert metrics.since(before) == {"AcquireLoad": 1}  # its release and usage wait for the next call
+    assert conn.client.stats().active_leases == 0
+    conn.client.close()
