@@ -119,3 +119,33 @@ def test_close_settles_what_is_queued(daemon_factory: Callable[..., Daemon], eng
     before = metrics.rpcs()
     conn.client.close()
     assert metrics.since(before) == {"ReleaseLoad": 1, "ReportUsage": 1}
+
+
+def test_a_call_of_another_namespace_sends_the_queued_settlement_at_once(
+    daemon_factory: Callable[..., Daemon], engine_mod: ModuleType
+) -> None:
+    conn, metrics, tokens = _setup(daemon_factory, engine_mod, settle_after_s=60.0)
+    other = KVConnector(conn.client, engine_mod.namespace("round-trips-b"), ConnectorConfig())
+    assert other.store(tokens, engine_mod.source_kv(801, N, False)).tokens_stored == N
+    before = metrics.rpcs()
+    assert conn.load(tokens, engine_mod.empty_kv(801, N, False)).tokens_loaded == N
+    # B's AcquireLoad cannot carry A's release (the daemon settles the caller's handle only): it goes
+    # one-way at once instead of waiting 60 s for A's next call.
+    assert other.load(tokens, engine_mod.empty_kv(801, N, False)).tokens_loaded == N
+    want = {"AcquireLoad": 2, "ReleaseLoad": 1, "ReportUsage": 1}
+    _wait_for(lambda: metrics.since(before) == want, "A's settlement, sent with B's load")
+    conn.client.close()
+
+
+def test_a_layerwise_load_is_one_round_trip(
+    daemon_factory: Callable[..., Daemon], engine_mod: ModuleType
+) -> None:
+    conn, metrics, tokens = _setup(daemon_factory, engine_mod, settle_after_s=60.0)
+    before = metrics.rpcs()
+    kv = engine_mod.empty_kv(801, N, False)
+    with conn.load_layerwise(tokens, kv) as load:
+        assert load.result().tokens_loaded == N
+    assert engine_mod.exact(kv, 801, N, N)
+    assert metrics.since(before) == {"AcquireLoad": 1}  # its release and usage wait for the next call
+    assert conn.client.stats().active_leases == 0
+    conn.client.close()

@@ -19,8 +19,9 @@ Primitives:
     ClientConfig: deadlines, backoff and channel options (defined in :mod:`.connection`).
     TierCacheClient: connect, declare_models, register / registration, slot_mapping, lookup, prefetch /
         start_prefetch / cancel_prefetch, begin_store / commit_store / abort_store, acquire_load /
-        release_load / release_load_nowait / defer_release, claim_prefill / wait_prefill / release_prefill, report_usage / defer_usage,
-        settle, pin / unpin, purge, stats, stream_store / stream_load, wait_ready, close.
+        release_load / release_load_nowait / defer_release, claim_prefill / wait_prefill /
+        release_prefill, report_usage / defer_usage, settle, pin / unpin, purge, stats, stream_store /
+        stream_load, wait_ready, close.
 """
 
 from __future__ import annotations
@@ -211,11 +212,9 @@ class TierCacheClient:
     def begin_store(
         self, namespace: Namespace, keys: Sequence[bytes], start_depth: int = 0, ttl_s: float = 0.0
     ) -> StoreGrant:
-        """Reserve shared-memory slots for the chunks of ``keys`` not cached yet (fill, then commit).
-
-        The call carries the namespace's deferred releases and usage (settled by the daemon first).
-        """
-        settle = self._pending.take(namespace)
+        """Reserve shared-memory slots for the chunks of ``keys`` not cached yet (fill, then commit); carries
+        the namespace's deferred releases and usage (settled first)."""
+        settle = self._take_settlement(namespace)
         resp = self._conn.unary(
             rpcs.BEGIN_STORE,
             namespace,
@@ -261,9 +260,8 @@ class TierCacheClient:
         timeout_s: float = 0.0,
         prompt_tokens: int = 0,
     ) -> LoadLease:
-        """Lease the slots of the cached prefix of ``keys`` that ``policy`` chooses (promoted into L2 first).
-
-        The call carries the namespace's deferred releases and usage (settled by the daemon first).
+        """Lease the slots of the cached prefix of ``keys`` that ``policy`` chooses (promoted into L2 first);
+        carries the namespace's deferred releases and usage (settled first).
 
         Args:
             namespace: the namespace.
@@ -277,7 +275,7 @@ class TierCacheClient:
             InvalidArgumentError: a TIMEOUT without timeout or deadline model, a COST_AWARE without prefill
                 model (naming ``timeout_s`` / ``prefill``).
         """
-        settle = self._pending.take(namespace)
+        settle = self._take_settlement(namespace)
         resp = self._conn.unary(
             rpcs.ACQUIRE_LOAD,
             namespace,
@@ -344,6 +342,12 @@ class TierCacheClient:
     ) -> None:
         """:meth:`report_usage`, carried like :meth:`defer_release` (reports queued meanwhile are summed)."""
         self._pending.usage(namespace, effective_chunks, recomputed_tokens)
+
+    def _take_settlement(self, namespace: Namespace) -> pb.Settlement | None:
+        """What a call of ``namespace`` carries; the other namespaces' queued settlements go one-way now."""
+        for other, message in self._pending.take_others(namespace):
+            send_alone(self, other, message, wait=False)
+        return self._pending.take(namespace)
 
     def settle(self) -> None:
         """Send every deferred release and usage report now and wait for them (failures are logged)."""

@@ -13,8 +13,8 @@ slots when its segment can be mapped in this process (:mod:`.shm_plane`), else t
 A load takes a policy (:mod:`.policy`: wait_complete by default, best_effort, timeout, cost_aware) and says
 how many tokens arrived and from which tiers; afterwards the connector reports to the daemon what the load
 was worth (chunks whose prefill is skipped per source tier, cached tokens recomputed anyway), best effort,
-carried by its next call (:mod:`.settle`). Layer-by-layer loads and saves live in :mod:`.layerwise`, single-flight prefill in
-:mod:`.prefill`.
+carried by its next call (:mod:`.settle`). Layer-by-layer loads and saves live in :mod:`.layerwise`,
+single-flight prefill in :mod:`.prefill`.
 
 Primitives:
     KVConnector: data_plane, lookup, prefetch / cancel_prefetch, load, load_layerwise, store, begin_save,

@@ -4,14 +4,16 @@ Ending a lease whose copy provably finished in time, and telling the daemon what
 answer: waiting for them, or even sending them as separate one-way calls, costs the engine CPU and a round
 trip on both sides while its prefill runs. :class:`PendingSettlements` keeps them per namespace until the
 next AcquireLoad or BeginStore of that namespace takes them (``Settlement`` in the .proto), so a load phase
-is one round trip. Whatever no call has taken after ``after_s`` is handed to ``send`` from a background
+is one round trip; such a call sends the other namespaces' queued settlements one-way at once (it cannot
+carry them), so that an engine juggling namespaces holds no lease longer than before. Whatever no call has taken after ``after_s`` is handed to ``send`` from a background
 thread (woken by a condition at the deadline, never polling), so an idle engine's leases still end well
 before their TTL; :meth:`PendingSettlements.take_all` empties everything at once (before Stats, Purge and
 close, so that what they see includes it and nothing is left behind).
 
 Primitives:
     SETTLE_AFTER_S: how long a settlement waits for a call to carry it (default of ``after_s``).
-    PendingSettlements: ``release``, ``usage``, ``take`` (for one request), ``take_all``, ``close``.
+    PendingSettlements: ``release``, ``usage``, ``take`` (for one request), ``take_others``, ``take_all``,
+        ``close``.
     send_alone: send one settlement as ReleaseLoad and ReportUsage calls of its own.
 """
 
@@ -97,6 +99,16 @@ class PendingSettlements:
         with self._cond:
             entry = self._pending.pop(namespace, None)
         return None if entry is None else entry.message()
+
+    def take_others(self, namespace: Namespace) -> list[tuple[Namespace, pb.Settlement]]:
+        """Every queued settlement of the other namespaces, emptied (a call of ``namespace`` cannot carry
+        them: the daemon settles only the caller's handle)."""
+        with self._cond:
+            if not self._pending or list(self._pending) == [namespace]:
+                return []
+            others = [ns for ns in self._pending if ns != namespace]
+            taken = [(ns, self._pending.pop(ns)) for ns in others]
+        return [(ns, entry.message()) for ns, entry in taken]
 
     def take_all(self) -> list[tuple[Namespace, pb.Settlement]]:
         """Every queued settlement, emptied."""

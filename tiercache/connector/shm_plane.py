@@ -124,8 +124,8 @@ class SharedMemoryPlane(DataPlane):
             kv,
             buffers(),
             planned,
-            valid=lambda: self._clock() < deadline,
-            release=lambda: self._release(lease),
+            valid=lambda: self._clock() < deadline,  # per layer, so the release needs no answer: deferred
+            release=lambda: self._release(lease, wait=False),
             on_result=on_result,
         )
 
