@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 
 from tiercache.errors import InvalidArgumentError, NotFoundError
-from tiercache.keys import Namespace, check_key, chunk_id
+from tiercache.keys import KEY_BYTES, Namespace, check_key, chunk_id
 from tiercache.tiers.base import StorageTier, TierLevel
 
 logger = logging.getLogger(__name__)
@@ -86,4 +86,7 @@ class Namespaces:
         self.get(namespace_id)
         if isinstance(keys, (bytes, bytearray, str)):
             raise InvalidArgumentError("keys", "must be a sequence of keys, not a single value")
-        return [chunk_id(bytes(namespace_id), check_key(k, f"keys[{i}]")) for i, k in enumerate(keys)]
+        prefix = bytes(namespace_id)
+        if all(type(k) is bytes and len(k) == KEY_BYTES for k in keys):  # the common case, in bulk
+            return [prefix + k for k in keys]
+        return [chunk_id(prefix, check_key(k, f"keys[{i}]")) for i, k in enumerate(keys)]
