@@ -25,6 +25,7 @@ def test_vllm_bench_prints_the_table_and_json(tmp_path: Path, capsys: pytest.Cap
     args = _args(
         "--lengths", "256", "--fractions", "0,100", "--repeats", "1", "--chunk-tokens", "64",
         "--hidden", "256", "--layers", "2", "--no-peers", "--json", str(out),
+        "--throughput-requests", "4", "--system-tokens", "128", "--user-tokens", "8",
     )  # fmt: skip
     assert run(args) == 0
     text = capsys.readouterr().out
@@ -41,3 +42,14 @@ def test_vllm_bench_prints_the_table_and_json(tmp_path: Path, capsys: pytest.Cap
     assert rows[(256, 0)]["cached_tokens"]["tiercache_l2"] == 0
     for row in rows.values():
         assert all(s is None or s > 0 for s in row["seconds"].values())
+    # The throughput line: 4 requests over two engines, with and without tiercache. Without it each engine
+    # computes the 128-token system prompt once, then its own prefix cache has it (64 tokens: whole
+    # blocks, never the whole prompt); with it the daemon already had the system prompt for both engines.
+    lines = {t["name"]: t for t in doc["throughput"]}
+    assert sorted(lines) == ["plain", "tiercache"]
+    assert all(
+        t["requests"] == 4 and t["requests_per_s"] > 0 and t["mean_ttft_s"] > 0 for t in lines.values()
+    )
+    assert lines["plain"]["cached_tokens"] == 2 * 128
+    assert lines["tiercache"]["cached_tokens"] == 4 * 128
+    assert "throughput: 4 requests over two engines" in text

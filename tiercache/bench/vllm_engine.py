@@ -1,15 +1,20 @@
 """One vLLM engine process of ``tiercache-bench vllm``: times requests of one output token, prints JSON.
 
-Run as ``python -m tiercache.bench.vllm_engine`` with the params as JSON on stdin (each engine is its own
-process, so that its own prefix cache starts empty). Params:
+Run as ``python -m tiercache.bench.vllm_engine``, or by path with another interpreter (the LMCache column
+runs it in LMCache's own venv: this module imports nothing of tiercache), with the params as one line of JSON
+on stdin (each engine is its own process, so that its own prefix cache starts empty). Params:
     model: the model directory; block_size; kv: null (no connector) or ``{"kv_connector": ...,
         "kv_connector_module_path": ..., "kv_connector_extra_config": {...}}``;
     jobs: ``[{"warm": [tokens] | null, "prompt": [tokens]}]``: ``warm`` runs first, untimed (it fills the
-        engine's own prefix cache, or stores through the connector), then ``prompt`` is timed.
-The result line starts with :data:`RESULT`: ``{"jobs": [{"s": seconds, "cached": tokens}], "start_s": s}``.
+        engine's own prefix cache, or stores through the connector), then ``prompt`` is timed;
+    wait_go: after the engine started, print :data:`READY` and wait for a second line on stdin before the
+        jobs (so that several engines run their jobs at the same time).
+The result line starts with :data:`RESULT`: ``{"jobs": [{"s": seconds, "cached": tokens, "t0": wall clock
+at the start, "t1": at the end}], "start_s": s}``.
 
 Primitives:
     RESULT: prefix of the result line.
+    READY: the line printed when the engine waits for the go line.
     main: the entry point.
 """
 
@@ -23,11 +28,13 @@ from typing import Any
 
 RESULT = "TIERCACHE-BENCH-VLLM "
 """Prefix of the result line (vLLM's processes log to stdout too)."""
+READY = "TIERCACHE-BENCH-VLLM-READY"
+"""Printed (alone on its line) when the engine has started and waits for the go line."""
 
 
 def main() -> None:
     """Run the jobs of the params on stdin and print the result line."""
-    params: dict[str, Any] = json.loads(sys.stdin.read())
+    params: dict[str, Any] = json.loads(sys.stdin.readline())
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
     from vllm import LLM, SamplingParams
@@ -51,15 +58,19 @@ def main() -> None:
         seed=0,
     )
     start_s = time.perf_counter() - started
+    if params.get("wait_go"):
+        print(READY, flush=True)
+        sys.stdin.readline()
     one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     results = []
     for job in params["jobs"]:
         if job.get("warm"):
             llm.generate([TokensPrompt(prompt_token_ids=job["warm"])], one, use_tqdm=False)
-        t0 = time.perf_counter()
+        wall, t0 = time.time(), time.perf_counter()
         out = llm.generate([TokensPrompt(prompt_token_ids=job["prompt"])], one, use_tqdm=False)
         seconds = time.perf_counter() - t0
-        results.append({"s": seconds, "cached": int(out[0].num_cached_tokens or 0)})
+        cached = int(out[0].num_cached_tokens or 0)
+        results.append({"s": seconds, "cached": cached, "t0": wall, "t1": wall + seconds})
     print(RESULT + json.dumps({"jobs": results, "start_s": start_s}), flush=True)
 
 

@@ -85,33 +85,38 @@ def prompt(seed: int, n: int) -> list[int]:
 RunVllm = Callable[..., dict[str, Any]]
 
 
+def run_engine(model: str, cwd: Path, record_dir: Path | None = None, **params: Any) -> dict[str, Any]:
+    """Run one engine process to completion with ``engine.py`` params; returns its JSON output."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TIERCACHE_", "VLLM_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
+    if record_dir is not None:
+        record_dir.mkdir(parents=True, exist_ok=True)
+        env["TIERCACHE_TEST_RECORD_DIR"] = str(record_dir)
+        params["connector"] = "RecordingConnector"
+    params.setdefault("model", model)
+    out = subprocess.run(
+        [sys.executable, str(ENGINE), json.dumps(params)],
+        capture_output=True,
+        text=True,
+        timeout=ENGINE_TIMEOUT_S,
+        env=env,
+        cwd=cwd,
+    )
+    assert out.returncode == 0, out.stderr[-5000:]
+    assert "Traceback" not in out.stderr, out.stderr[-5000:]
+    lines = [line for line in out.stdout.splitlines() if line.startswith("TIERCACHE-TEST-RESULT ")]
+    assert len(lines) == 1, out.stdout[-5000:]
+    result: dict[str, Any] = json.loads(lines[0].split(" ", 1)[1])
+    result["stderr"] = out.stderr
+    return result
+
+
 @pytest.fixture
 def run_vllm(tiny_model: str, tmp_path: Path) -> RunVllm:
-    """Run one engine process to completion with ``engine.py`` params; returns its JSON output."""
+    """:func:`run_engine` on the tiny model, in the test's temporary directory."""
 
     def run(record_dir: Path | None = None, **params: Any) -> dict[str, Any]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("TIERCACHE_", "VLLM_"))}
-        env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
-        if record_dir is not None:
-            record_dir.mkdir(parents=True, exist_ok=True)
-            env["TIERCACHE_TEST_RECORD_DIR"] = str(record_dir)
-            params["connector"] = "RecordingConnector"
-        params.setdefault("model", tiny_model)
-        out = subprocess.run(
-            [sys.executable, str(ENGINE), json.dumps(params)],
-            capture_output=True,
-            text=True,
-            timeout=ENGINE_TIMEOUT_S,
-            env=env,
-            cwd=tmp_path,
-        )
-        assert out.returncode == 0, out.stderr[-5000:]
-        assert "Traceback" not in out.stderr, out.stderr[-5000:]
-        lines = [line for line in out.stdout.splitlines() if line.startswith("TIERCACHE-TEST-RESULT ")]
-        assert len(lines) == 1, out.stdout[-5000:]
-        result: dict[str, Any] = json.loads(lines[0].split(" ", 1)[1])
-        result["stderr"] = out.stderr
-        return result
+        return run_engine(tiny_model, tmp_path, record_dir, **params)
 
     return run
 

@@ -3,13 +3,17 @@
 Usage: ``python engine.py '<json params>'``. Params:
     model: the model directory; revision: its revision (optional).
     extra: ``kv_connector_extra_config`` of the tiercache connector, or null for no connector.
-    connector: the connector class (``TierCacheConnector``, or ``RecordingConnector`` from ``recording.py``).
+    connector: the connector class (``TierCacheConnector``, ``RecordingConnector`` from ``recording.py`` or
+        ``GatedConnector`` from ``gated.py``).
     multiprocess: run EngineCore and Worker in their own processes (vLLM's default mode).
     batches: lists of prompts ``{"tokens": [...], "salt": "...", "lora": "<adapter dir>"}`` (salt and lora
         optional), generated one batch after the other.
     kill_pid: SIGKILL this process (the daemon) after the first batch, and wait until it is gone.
     abort: ``{"tokens": [...], "steps": n}``: step a long prompt n engine steps, abort it, then run the
         batches (which flush the abort to the worker).
+    held: ``{"tokens": [...]}`` (with ``GatedConnector``, after ``abort``): serve the prompt (one output
+        token) while the gate holds its commit, step the engine twice, open the gate, step until vLLM frees
+        the request; the figures seen on the way go to the output's ``held``.
     max_tokens, block_size, max_num_batched_tokens: engine options.
 The output, on a line starting with :data:`RESULT`: ``{"batches": [[{"tokens": [...], "cached": n}, ...], ...], "open_saves": n}``.
 """
@@ -36,6 +40,51 @@ def _kill(pid: int) -> None:
         os.close(fd)
 
 
+def _held(llm: Any, tokens: list[int]) -> dict[str, Any]:
+    """Finish a request while its save is in flight (the gate is closed); see the module docstring."""
+    from vllm import SamplingParams
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+    from vllm.inputs import TokensPrompt
+
+    from tiercache.keys import chunk_keys
+
+    conn = get_kv_transfer_group()
+    engine = llm.llm_engine
+    scheduler = engine.engine_core.engine_core.scheduler
+    pool = scheduler.kv_cache_manager.block_pool
+    ns = conn.identity.namespace()
+    keys = chunk_keys(ns, tokens)
+    for _ in range(1000):  # let vLLM free what earlier requests (an abort) still hold
+        if not scheduler.requests:
+            break
+        engine.step()
+    free_before = pool.get_num_free_blocks()
+    engine.add_request("held", TokensPrompt(prompt_token_ids=tokens), SamplingParams(max_tokens=1))
+    finished = False
+    for _ in range(50):
+        finished = any(o.request_id == "held" and o.finished for o in engine.step())
+        if finished:
+            break
+    seen: dict[str, Any] = {"finished": finished, "free_before": free_before}
+    seen["held_blocks"] = free_before - pool.get_num_free_blocks()
+    engine.step()
+    engine.step()
+    seen["held_after_steps"] = len(scheduler.requests)  # (vLLM suffixes the ids: count, don't look up)
+    seen["held_blocks_after_steps"] = free_before - pool.get_num_free_blocks()
+    seen["visible_in_flight"] = conn.client.lookup(ns, keys).chunks
+    conn.gate.set()
+    seen["committed"] = conn.committed.wait(60.0)
+    for _ in range(1000):  # vLLM frees the blocks at the first step whose get_finished reports the request
+        if not scheduler.requests:
+            break
+        engine.step()
+    seen["released"] = not scheduler.requests
+    seen["free_after"] = pool.get_num_free_blocks()
+    seen["visible_after"] = conn.client.lookup(ns, keys).chunks
+    seen["tickets_closed"] = [not conn.client.abort_store(ns, t) for t in conn.tickets]
+    return seen
+
+
 def main() -> None:
     p: dict[str, Any] = json.loads(sys.argv[1])
     if not p.get("multiprocess"):
@@ -48,10 +97,10 @@ def main() -> None:
 
     kv = None
     if p.get("extra") is not None:
-        recording = p.get("connector") == "RecordingConnector"
+        module = {"RecordingConnector": "recording", "GatedConnector": "gated"}
         kv = KVTransferConfig(
             kv_connector=p.get("connector", "TierCacheConnector"),
-            kv_connector_module_path="recording" if recording else "tiercache.connector.vllm",
+            kv_connector_module_path=module.get(p.get("connector", ""), "tiercache.connector.vllm"),
             kv_role="kv_both",
             kv_load_failure_policy="recompute",
             kv_connector_extra_config=p["extra"],
@@ -83,8 +132,10 @@ def main() -> None:
         engine.add_request("aborted", TokensPrompt(prompt_token_ids=p["abort"]["tokens"]), sp)
         for _ in range(p["abort"]["steps"]):
             engine.step()
-        out["open_saves"] = len(get_kv_transfer_group()._w()._saves)
+        out["open_saves"] = get_kv_transfer_group()._w().open_saves
         engine.abort_request(["aborted"])
+    if p.get("held"):
+        out["held"] = _held(llm, p["held"]["tokens"])
     for i, batch in enumerate(p.get("batches", [])):
         prompts = [
             TokensPrompt(prompt_token_ids=r["tokens"], cache_salt=r["salt"])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.connector.conftest import Daemon
-from tests.connector.vllm.conftest import CHUNK, RunVllm, extra, prompt
+from tests.connector.vllm.conftest import CHUNK, RunVllm, extra, prompt, run_engine
 from tiercache.connector import TierCacheClient
 from tiercache.connector.vllm.layout import BackendLayout
 from tiercache.connector.vllm.namespace import EngineIdentity
@@ -106,24 +106,60 @@ def test_salt_lora_and_revision_never_hit(run_vllm: RunVllm, vllm_daemon: Daemon
     assert _cached(same, 1) == [0]  # the same salt and revision, through a LoRA adapter
 
 
-def test_aborted_request_mid_save_leaves_nothing(
-    run_vllm: RunVllm, vllm_daemon: Daemon, tiny_model: str
-) -> None:
-    long = prompt(11, 8 * CHUNK + 1)
+LONG = prompt(11, 8 * CHUNK + 1)
+HELD = prompt(14, 4 * CHUNK + 5)
+
+
+@pytest.fixture(scope="module")
+def aborted_and_held(  # type: ignore[no-untyped-def]
+    tiny_model: str, vllm_daemon: Daemon, tmp_path_factory: pytest.TempPathFactory
+):
+    """One engine: a request aborted mid-save, then a request finished while its commit is held back.
+
+    Yields the daemon's stats before and after, and the engine's output.
+    """
     before = _stats(vllm_daemon)
-    out = run_vllm(
+    out = run_engine(
+        tiny_model,
+        tmp_path_factory.mktemp("aborted-and-held"),
         extra=extra(vllm_daemon.address),
-        abort={"tokens": long, "steps": 2},
+        connector="GatedConnector",
+        abort={"tokens": LONG, "steps": 2},
+        held={"tokens": HELD},
         batches=[_batch([prompt(12, 40)])],
         max_num_batched_tokens=2 * CHUNK,
     )
+    return before, _stats(vllm_daemon), out
+
+
+def test_aborted_request_mid_save_leaves_nothing(
+    aborted_and_held, vllm_daemon: Daemon, tiny_model: str
+) -> None:  # type: ignore[no-untyped-def]
+    before, after, out = aborted_and_held
     assert out["open_saves"] == 1  # the reservation was open (chunks copied) when the request was aborted
-    after = _stats(vllm_daemon)
     assert after.active_leases == 0
     assert after.expired_leases == before.expired_leases  # dropped by the connector, not at the TTL
     ns = _identity(tiny_model).namespace()
     with TierCacheClient.connect(vllm_daemon.address) as client:
-        assert client.lookup(ns, chunk_keys(ns, long)).chunks == 0
+        assert client.lookup(ns, chunk_keys(ns, LONG)).chunks == 0
+
+
+def test_blocks_held_while_save_in_flight(aborted_and_held, vllm_daemon: Daemon, tiny_model: str) -> None:  # type: ignore[no-untyped-def]
+    """vLLM keeps a finished request's blocks until the connector reports its save done; then it is visible."""
+    before, after, out = aborted_and_held
+    held = out["held"]
+    assert held["finished"]  # the request finished (its output token was returned) ...
+    assert held["held_blocks"] == 5  # ... and its 5 blocks stayed allocated: the save was in flight
+    assert held["held_after_steps"] == 1 and held["held_blocks_after_steps"] == 5  # steps did not report it
+    assert held["visible_in_flight"] == 0  # nothing visible before the commit
+    assert held["committed"] and held["released"]
+    assert held["free_after"] == held["free_before"]  # reported once committed: vLLM freed the blocks
+    assert held["visible_after"] == 4  # every full chunk, published at once
+    assert held["tickets_closed"] == [True]  # the ticket was committed, not left to lapse
+    assert after.active_leases == 0 and after.expired_leases == before.expired_leases
+    ns = _identity(tiny_model).namespace()
+    with TierCacheClient.connect(vllm_daemon.address) as client:
+        assert client.lookup(ns, chunk_keys(ns, HELD)).chunks == 4
 
 
 def test_default_multiprocess_engine_loads(run_vllm: RunVllm, vllm_daemon: Daemon) -> None:

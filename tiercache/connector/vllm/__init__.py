@@ -20,9 +20,10 @@ Modules:
     config: ``VllmConnectorConfig`` from ``kv_connector_extra_config``.
     namespace: the engine's and each request's namespace.
     layout: block copies for the CPU and the GPU (flash) cache layouts.
-    metadata: the per-step plan (loads, saves, aborts).
+    metadata: the per-step plan (loads, saves, preempted saving requests).
     scheduler: ``SchedulerSide``.
     loads: ``LayerLoader`` (layer-by-layer copies, CUDA stream and per-layer events).
+    saves: ``SaveQueue`` (background copies out of the blocks, two-phase commits).
     worker: ``WorkerSide``.
 
 Primitives:
@@ -109,12 +110,19 @@ class TierCacheConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def wait_for_layer_load(self, layer_name: str) -> None:
         self._w().wait_for_layer_load(layer_name)
 
+    def bind_connector_metadata(self, connector_metadata: Any) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        self._w().before_forward(self._meta())
+
     def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
-        self._w().save_kv_layer(layer_name, kv_layer, self._meta())
+        """Nothing per layer: the step's chunks are copied after the forward pass (``wait_for_save``)."""
 
     def wait_for_save(self) -> None:
         if self.has_connector_metadata():
             self._w().wait_for_save(self._meta())
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        return self._w().get_finished(finished_req_ids) or None, None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._w().get_block_ids_with_load_errors()

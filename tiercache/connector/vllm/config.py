@@ -6,7 +6,23 @@ Keys (all optional):
     load_policy: ``wait_complete`` | ``best_effort`` | ``timeout`` | ``cost_aware`` (default wait_complete).
     timeout_s: deadline of each daemon call, and the load deadline of the ``timeout`` policy (default 2).
     chunk_tokens: tokens per chunk, a positive multiple of vLLM's block size (default: the smallest multiple
-        of the block size that is at least :data:`DEFAULT_MIN_CHUNK_TOKENS`).
+        of the block size that is at least :data:`DEFAULT_MIN_CHUNK_TOKENS`, i.e. 256 for vLLM's usual
+        block sizes of 32 to 256 and one block above; measured below).
+
+Why 256 by default: TTFT of a fresh engine loading from L2 (``tiercache-bench vllm`` model, 32-token blocks,
+median of 2 prompts each, 2-core machine loaded by other jobs: figures vary by +-50 % between runs), ms:
+
+    chunk tokens     1K 50 %   1K 100 %   2K 50 %   2K 100 %
+    32 (1 block)       1004       312       2274       230
+    128                 533       116       1084       175
+    256                 578       164        792        98
+    512                 671       193        790       142
+
+One-block chunks lose clearly (per-chunk keys, slots and copies: 32 chunks per 1K prompt); 128, 256 and 512
+are within the noise of each other, with 256 best or near-best in every cell, and a larger chunk wastes more
+of a prefix that ends inside it (only the whole blocks of the last cached chunk are loaded, but a prompt's
+last partial chunk is never stored). The command: ``tiercache-bench vllm --lengths 1024,2048 --fractions
+50,100 --repeats 2 --no-peers --no-throughput --chunk-tokens N`` (bench/results/2026-12-issue10/README.md).
     prefill_tokens_per_s: the engine's prefill rate, declared to the daemon; required by ``cost_aware``
         (which loads only the prefix whose load beats recomputing it).
 

@@ -2,12 +2,13 @@
 
 The scheduler knows the prompts and the block tables; the worker owns the KV tensors and moves the bytes.
 Each step's :class:`TierCacheMetadata` says which blocks to load from which chunks, which newly computed
-full chunks to copy into a store reservation, when to commit it, and which reservations to drop.
+full chunks to copy into a store reservation, when to commit it, and which requests lost their blocks to a
+preemption (the worker finishes their copies before the forward pass and drops their reservations).
 
 Primitives:
     LoadSpec: one request's load (its prefix tokens, the blocks they land in, the blocks vLLM computed).
     SaveSpec: one request's save work in this step (the chunks completed now, commit or not).
-    TierCacheMetadata: the step's loads, saves and aborted saves.
+    TierCacheMetadata: the step's loads, saves and preempted saving requests.
 """
 
 from __future__ import annotations
@@ -73,9 +74,10 @@ class TierCacheMetadata(KVConnectorMetadata):  # type: ignore[misc]
     Attributes:
         loads: requests whose cached prefix is loaded before this forward pass.
         saves: requests with chunks to copy (and maybe commit) in this forward pass.
-        aborts: requests whose open reservation is dropped (finished, aborted or preempted before commit).
+        preempted: requests with save work that were preempted since the last step (vLLM freed their
+            blocks): the worker waits for their copies before this forward pass and drops their reservation.
     """
 
     loads: list[LoadSpec] = field(default_factory=list)
     saves: list[SaveSpec] = field(default_factory=list)
-    aborts: list[str] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)

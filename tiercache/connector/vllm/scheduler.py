@@ -9,9 +9,12 @@
   and the step's block tables into a :class:`~.metadata.TierCacheMetadata`: the blocks to load, and the
   full chunks of each prompt completed by this step, to be copied into one store reservation per request,
   committed in the step that completes the prompt's last full chunk.
-* ``request_finished`` (and a preemption) before that commit tells the worker to drop the reservation, so
-  an aborted request publishes nothing. Saves are committed synchronously within the step, so blocks are
-  never held after a request finishes.
+* The worker copies and commits in the background (:mod:`.saves`), so ``request_finished`` returns True
+  for a request that had save work: vLLM holds its blocks until the worker's ``get_finished`` reports the
+  request (its copies done, its reservation committed — or dropped, when the request ended before its last
+  full chunk: an aborted request publishes nothing). A preempted request with save work is named in the
+  next step's ``preempted``: the worker finishes its copies before vLLM's next forward pass reuses the
+  blocks, and drops its reservation.
 
 Primitives:
     SchedulerSide: get_num_new_matched_tokens, update_state_after_alloc, build_connector_meta,
@@ -60,7 +63,6 @@ class SchedulerSide:
         self._chunk = identity.layout.chunk_tokens
         self._block = identity.layout.page_tokens
         self._requests: dict[str, _Request] = {}
-        self._aborts: list[str] = []
         self.lookup_failures = 0
 
     # ------------------------------------------------------------------ lookups
@@ -103,8 +105,7 @@ class SchedulerSide:
 
     def build_connector_meta(self, so: Any) -> TierCacheMetadata:
         """The step's loads, saves and dropped reservations (see the module docstring)."""
-        meta = TierCacheMetadata(aborts=self._aborts)
-        self._aborts = []
+        meta = TierCacheMetadata()
         for req_id in so.preempted_req_ids or ():
             self._preempted(req_id, meta)
         for new in so.scheduled_new_reqs:
@@ -170,14 +171,12 @@ class SchedulerSide:
         tracked.save_open, tracked.saved_upto, tracked.save_done = True, done, commit
 
     def _preempted(self, req_id: str, meta: TierCacheMetadata) -> None:
-        """A preempted request loses its blocks: drop its reservation and look it up again when resumed."""
+        """A preempted request loses its blocks: fence its copies and look it up again when resumed."""
         tracked = self._requests.pop(req_id, None)
-        if tracked is not None and tracked.save_open and not tracked.save_done:
-            meta.aborts.append(req_id)
+        if tracked is not None and tracked.save_open:
+            meta.preempted.append(req_id)
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        """Forget the request; an open reservation is dropped by the worker at the next step."""
+        """Forget the request; hold its blocks (True) when it had save work, until the worker reports it."""
         tracked = self._requests.pop(request.request_id, None)
-        if tracked is not None and tracked.save_open and not tracked.save_done:
-            self._aborts.append(request.request_id)
-        return False, None
+        return tracked is not None and tracked.save_open, None

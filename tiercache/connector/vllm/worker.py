@@ -6,16 +6,18 @@
   :class:`~.loads.LayerLoader`; ``wait_for_layer_load`` waits for one layer; chunks the daemon no longer
   offers, leases that lapsed and failed copies become ``get_block_ids_with_load_errors`` (vLLM then
   recomputes those blocks when its ``kv_load_failure_policy`` is ``recompute``).
-* ``save_kv_layer`` reserves slots at a request's first save (one BeginStore: nothing is visible yet) and
-  copies layer l of the chunks this step completed; ``wait_for_save`` commits the reservation in the step
-  that completed the prompt's last full chunk — only if every chunk was copied at every layer — and drops
-  reservations the scheduler reports finished, aborted or preempted.
+* ``wait_for_save`` hands the full chunks the forward pass completed to a :class:`~.saves.SaveQueue`, which
+  reserves, copies and commits them in a background thread (two-phase: a request publishes all of its
+  chunks or none); ``get_finished`` reports the finished requests whose saves are done (vLLM held their
+  blocks until then); ``before_forward`` finishes the copies of preempted requests before vLLM's next
+  forward pass may write their blocks.
 
 Daemon trouble is logged and counted, never raised into vLLM.
 
 Primitives:
-    WorkerSide: register_kv_caches, start_load_kv, wait_for_layer_load, save_kv_layer, wait_for_save,
-        get_block_ids_with_load_errors, shutdown; ``load_failures`` / ``save_failures`` counters.
+    WorkerSide: register_kv_caches, start_load_kv, wait_for_layer_load, before_forward, wait_for_save,
+        get_finished, get_block_ids_with_load_errors, shutdown; ``load_failures`` / ``save_failures``
+        counters, ``open_saves``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 
 import torch
 
@@ -32,26 +33,15 @@ from tiercache.keys import Namespace, chunk_keys
 from tiercache.policies.load import LoadPolicyKind
 
 from ..client import TierCacheClient
-from ..results import SlotRef, StoreGrant
-from ..segments import SlotMapping
+from ..results import SlotRef
 from .config import VllmConnectorConfig
-from .layout import block_planes, check_cache, chunk_planes, copy_from_cache
+from .layout import block_planes, check_cache
 from .loads import LayerLoader, LeasedLoad
-from .metadata import LoadSpec, SaveSpec, TierCacheMetadata
+from .metadata import LoadSpec, TierCacheMetadata
 from .namespace import EngineIdentity
+from .saves import SaveQueue
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _OpenSave:
-    """A request's store reservation while its chunks are being copied."""
-
-    namespace: Namespace
-    grant: StoreGrant
-    mapping: SlotMapping
-    slots: dict[int, SlotRef]
-    layers_copied: dict[int, int] = field(default_factory=dict)
 
 
 class WorkerSide:
@@ -74,10 +64,8 @@ class WorkerSide:
         self._caches: list[torch.Tensor] = []
         self._loader: LayerLoader | None = None
         self._errors: set[int] = set()
-        self._saves: dict[str, _OpenSave] = {}
-        self._step_saves: list[SaveSpec] = []
+        self._saves = SaveQueue(client, identity, lambda: self._caches)
         self.load_failures = 0
-        self.save_failures = 0
 
     @property
     def enabled(self) -> bool:
@@ -183,102 +171,31 @@ class WorkerSide:
 
     # ------------------------------------------------------------------ saves
 
-    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, meta: TierCacheMetadata) -> None:
-        """Copy this layer of the chunks the step completed into their reserved slots."""
-        layer = self._layers.get(layer_name)
-        if layer is None or not meta.saves:
-            return
-        if layer == 0:
-            self._step_saves = list(meta.saves)
-            for spec in meta.saves:
-                if spec.tokens and spec.req_id not in self._saves:
-                    self._open(spec)
-        cache = self._caches[layer]
-        per = self._layout.chunk_tokens // self._layout.page_tokens
-        for spec in self._step_saves:
-            save = self._saves.get(spec.req_id)
-            if save is None:
-                continue
-            try:
-                with save.mapping.use() as slots:
-                    for pos in spec.chunks:
-                        ref = save.slots.get(pos)
-                        if ref is None:
-                            continue  # cached already, or being stored by another engine
-                        blocks = spec.block_ids[pos * per : (pos + 1) * per]
-                        index = torch.tensor(blocks, dtype=torch.int64, device=cache.device)
-                        copy_from_cache(
-                            cache,
-                            chunk_planes(self._identity.backend, self._layout, slots.view(ref), layer),
-                            0,
-                            index,
-                        )
-                        save.layers_copied[pos] = save.layers_copied.get(pos, 0) + 1
-            except TierCacheError as exc:
-                logger.warning("tiercache save of request %s failed (%s); not caching", spec.req_id, exc)
-                self._drop(spec.req_id)
+    @property
+    def open_saves(self) -> int:
+        """Requests with chunks submitted for saving and no commit yet."""
+        return self._saves.open_saves
 
-    def _open(self, spec: SaveSpec) -> None:
-        """Reserve slots for chunks ``start_chunk ..`` of the request (invisible until committed)."""
-        if not self.enabled:
-            return
-        ns = self._identity.namespace(spec.adapter, spec.cache_salt)
-        keys = chunk_keys(ns, spec.tokens)[spec.start_chunk :]
-        if not keys:
-            return
-        try:
-            grant = self._client.begin_store(ns, keys, start_depth=spec.start_chunk)
-            mapping = self._client.slot_mapping(ns)
-        except TierCacheError as exc:
-            self.save_failures += 1
-            logger.warning("tiercache store of request %s failed (%s); not caching", spec.req_id, exc)
-            return
-        if mapping is None or not grant.slots:
-            self._abort(ns, grant)
-            return
-        slots = {spec.start_chunk + r.index: r for r in grant.slots if r.nbytes == self._layout.chunk_bytes}
-        if len(slots) != len(grant.slots):
-            self._abort(ns, grant)
-            return
-        self._saves[spec.req_id] = _OpenSave(ns, grant, mapping, slots)
+    @property
+    def save_failures(self) -> int:
+        """Saves the daemon refused or failed (the request was not cached)."""
+        return self._saves.failures
+
+    def before_forward(self, meta: TierCacheMetadata) -> None:
+        """Before the forward pass may write the blocks of preempted requests: finish their copies."""
+        if meta.preempted:
+            self._saves.fence(meta.preempted)
 
     def wait_for_save(self, meta: TierCacheMetadata) -> None:
-        """Commit the reservations this step completed; drop those the scheduler gave up."""
-        if self._caches and self._caches[0].device.type == "cuda" and self._step_saves:
-            torch.cuda.current_stream(self._caches[0].device).synchronize()
-        for spec in self._step_saves:
-            save = self._saves.get(spec.req_id)
-            if save is None or not spec.commit:
-                continue
-            del self._saves[spec.req_id]
-            complete = all(save.layers_copied.get(pos) == self._layout.num_layers for pos in save.slots)
-            if not complete:
-                logger.warning("request %s: a chunk missed a layer; not caching", spec.req_id)
-                self._abort(save.namespace, save.grant)
-                continue
-            try:
-                self._client.commit_store(save.namespace, save.grant.ticket_id)
-            except TierCacheError as exc:
-                self.save_failures += 1
-                logger.warning("tiercache commit of request %s failed (%s); not caching", spec.req_id, exc)
-                self._abort(save.namespace, save.grant)
-        self._step_saves = []
-        for req_id in meta.aborts:
-            self._drop(req_id)
+        """Hand the chunks this forward pass completed to the background saves (:mod:`.saves`)."""
+        if meta.saves:  # even when disabled: the queue owes vLLM the held requests back
+            self._saves.submit(meta.saves)
 
-    def _drop(self, req_id: str) -> None:
-        save = self._saves.pop(req_id, None)
-        if save is not None:
-            self._abort(save.namespace, save.grant)
-
-    def _abort(self, ns: Namespace, grant: StoreGrant) -> None:
-        try:
-            self._client.abort_store(ns, grant.ticket_id)
-        except TierCacheError as exc:
-            logger.warning("aborting store ticket %d failed (%s); it lapses at its TTL", grant.ticket_id, exc)
+    def get_finished(self, finished_req_ids: set[str]) -> set[str]:
+        """Finished requests held for a save whose copies and commit are done (vLLM frees their blocks)."""
+        return self._saves.finished(finished_req_ids)
 
     def shutdown(self) -> None:
-        """Finish the loads, drop open reservations."""
+        """Finish the loads and the saves (open reservations are dropped)."""
         self._wait_loader()
-        for req_id in list(self._saves):
-            self._drop(req_id)
+        self._saves.close()
