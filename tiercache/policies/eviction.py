@@ -79,6 +79,11 @@ class SegmentedPolicy(EvictionPolicy):
     optimum), while anything read again (a system prompt, a chat history, a popular document) is protected
     and ranked by recency. Among equals the deepest chunk of a chain goes first, so shared ancestors
     survive.
+
+    The price: never-read chunks that arrived early stay until they are read or pushed out by read ones,
+    while the newest unread ones come and go; traffic whose reuse is recent (a chat's next turn after the
+    cache filled with one-off prompts) loses. Hence it is a choice for cyclic or scan-heavy traffic, not
+    the default.
     """
 
     def priority(self, c: Candidate) -> tuple[int, ...]:
