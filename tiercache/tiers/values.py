@@ -22,7 +22,7 @@ value fails) and the raw checksum; a value that fails any check is malformed, an
 instead of raising: to a tier, a malformed value is a miss.
 
 A store that keeps the header and the payload as two parts of one atomic record (the shared tier: two
-fields of one Redis hash) uses :func:`encode` / :func:`decode_parts`, with the same checks: the payload
+keys in one Redis hash slot, written by one MSET) uses :func:`encode` / :func:`decode_parts`, with the same checks: the payload
 is then sent straight from the caller's buffer, never copied behind a header.
 
 Primitives:
