@@ -31,6 +31,7 @@ Primitives:
     ValueHeader: a parsed header.
     checksum: the xxh3_64 checksum of raw bytes.
     pack_header / parse_header: write a header / read and check one (with the value's length).
+    parse_head: read and check a header kept apart from its payload (with the payload's length).
     encode: the header and the payload of raw bytes (the payload is the raw bytes themselves unless
         compressed).
     encode_staged: the value of raw bytes staged behind room for the header (compressed when smaller).
@@ -104,6 +105,15 @@ def parse_header(value: memoryview) -> ValueHeader | str:
     return _parse(value, len(value) - HEADER_BYTES)
 
 
+def parse_head(head: memoryview, payload_len: int) -> ValueHeader | str:
+    """The header ``head`` (exactly :data:`HEADER_BYTES`) of a payload of ``payload_len`` bytes kept apart
+    from it, or why it is malformed; the payload's checksum is left to the caller (who may check the bytes
+    where they land, see :func:`decode_parts` for the all-in-one form)."""
+    if len(head) != HEADER_BYTES:
+        return f"header of {len(head)} bytes, expected {HEADER_BYTES}"
+    return _parse(head, payload_len)
+
+
 def _parse(head: memoryview, payload_len: int) -> ValueHeader | str:
     """The header at the front of ``head``, checked against a payload of ``payload_len`` bytes."""
     if len(head) < HEADER_BYTES:
@@ -167,9 +177,7 @@ def decode_parts(
 ) -> memoryview | bytes | str:
     """The verified raw bytes of a value kept as header and payload (a view of ``payload`` when raw), or
     what is wrong; the same checks as :func:`decode`."""
-    if len(head) != HEADER_BYTES:
-        return f"header of {len(head)} bytes, expected {HEADER_BYTES}"
-    header = _parse(head, len(payload))
+    header = parse_head(head, len(payload))
     if isinstance(header, str):
         return header
     raw: memoryview | bytes
