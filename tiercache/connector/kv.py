@@ -171,7 +171,13 @@ def _paged_chunk_view(layout: KVLayout, layer: torch.Tensor) -> torch.Tensor:
 
 
 def _copy_layer(
-    layout: KVLayout, kv: EngineKV, chunk: int, layer: int, buf: torch.Tensor, into_kv: bool
+    layout: KVLayout,
+    kv: EngineKV,
+    chunk: int,
+    layer: int,
+    buf: torch.Tensor,
+    into_kv: bool,
+    non_blocking: bool = False,
 ) -> None:
     src_or_dst = layout.layer_view(buf, layer)
     engine = kv.layers[layer]
@@ -179,7 +185,7 @@ def _copy_layer(
         c = layout.chunk_tokens
         target = _engine_slice(layout, engine, chunk * c, (chunk + 1) * c)
         if into_kv:
-            target.copy_(src_or_dst)
+            target.copy_(src_or_dst, non_blocking=non_blocking)
         else:
             src_or_dst.copy_(target)
         return
@@ -197,13 +203,18 @@ def _copy_layer(
         part = _engine_slice(layout, blocks, pos, pos + length)
         target = _engine_slice(layout, engine, first, first + length)
         if into_kv:
-            target.copy_(part)
+            target.copy_(part, non_blocking=non_blocking)
         else:
             part.copy_(target)
 
 
 def chunk_to_kv(
-    layout: KVLayout, chunk_buf: torch.Tensor, kv: EngineKV, chunk: int, layers: Sequence[int] | None = None
+    layout: KVLayout,
+    chunk_buf: torch.Tensor,
+    kv: EngineKV,
+    chunk: int,
+    layers: Sequence[int] | None = None,
+    non_blocking: bool = False,
 ) -> None:
     """Copy chunk ``chunk`` from a chunk buffer into the engine's tensors.
 
@@ -213,13 +224,16 @@ def chunk_to_kv(
         kv: the engine's tensors (validated with :func:`check_kv` for at least ``chunk + 1`` chunks).
         chunk: position of the chunk in the request.
         layers: the layers to copy (default all), e.g. one at a time for layerwise loading.
+        non_blocking: queue host-to-device copies on the current CUDA stream without waiting; from pinned
+            memory they are then truly asynchronous and ``chunk_buf`` must stay valid until the stream has
+            passed them (synchronize before it is released or reused).
 
     Raises:
         InvalidArgumentError: ``chunk_buf`` has the wrong dtype, rank or size, or a layer is out of range.
     """
     layout.check_buffer(chunk_buf, field="chunk_buf")
     for layer in range(layout.num_layers) if layers is None else layers:
-        _copy_layer(layout, kv, chunk, layer, chunk_buf, into_kv=True)
+        _copy_layer(layout, kv, chunk, layer, chunk_buf, into_kv=True, non_blocking=non_blocking)
 
 
 def kv_to_chunk(
@@ -301,10 +315,16 @@ def _move_run(
     layout: KVLayout, run: torch.Tensor, kv: EngineKV, first: int, layers: Sequence[int] | None, into_kv: bool
 ) -> None:
     n = run.shape[0]
-    if isinstance(kv, PagedKV):
+    # Host-to-device: queue every copy, then wait once (from pinned memory they overlap; the caller's buffer
+    # may be released as soon as this returns). Each source is one chunk's contiguous layer: a strided
+    # host source would be staged through a pageable temporary first.
+    to_device = into_kv and run.device.type == "cpu" and kv.layers[0].device.type == "cuda"
+    if isinstance(kv, PagedKV) or to_device:
         for i in range(n):
             for layer in range(layout.num_layers) if layers is None else layers:
-                _copy_layer(layout, kv, first + i, layer, run[i], into_kv)
+                _copy_layer(layout, kv, first + i, layer, run[i], into_kv, non_blocking=to_device)
+        if to_device:
+            torch.cuda.current_stream(kv.layers[0].device).synchronize()
         return
     typed = _run_layers(layout, run)
     for layer in range(layout.num_layers) if layers is None else layers:
@@ -321,7 +341,9 @@ def run_to_kv(
     layout: KVLayout, run: torch.Tensor, kv: EngineKV, first: int, layers: Sequence[int] | None = None
 ) -> None:
     """Copy a run of chunks (from :func:`chunk_runs`) into the engine's tensors: chunk ``first + i`` from
-    ``run[i]``, one copy per layer for a contiguous KV.
+    ``run[i]``, one copy per layer for a contiguous KV on the host. Into a CUDA engine, every (chunk, layer)
+    copy is queued without waiting on the current stream and the stream is synchronized once at the end (from
+    a pinned segment the copies run at the link's pinned peak); ``run`` may be released when this returns.
 
     Raises:
         InvalidArgumentError: ``run`` is not ``[n, chunk_bytes]`` uint8, or a layer is out of range.

@@ -8,9 +8,10 @@ finished layer l. On CUDA the worker issues the copies on a dedicated ``torch.cu
 for the engine's stream at the time of the load) and records one ``torch.cuda.Event`` per layer;
 ``wait_layer(l)`` makes the caller's current stream wait on event l — there is no device-wide synchronize,
 and the host only waits until the copies of layer l have been issued. The lease is released by the worker
-after the last layer (after waiting for the last event: the slots may be reused once released), or when the
-load is closed or fails. Every layer's copy is checked to have finished before the lease's expiry by the
-local clock; a load that fails — lease lapsed, daemon gone, copy error — reports 0 tokens from then on and
+after the last layer (after waiting for the stream: the slots may be reused once released), or when the
+load is closed or fails. The copies are queued without waiting (``non_blocking``: from a pinned segment
+they are asynchronous DMA). Every layer's copy is checked to have finished (on CUDA: the stream to have
+passed the last one) before the lease's expiry by the local clock; a load that fails — lease lapsed, daemon gone, copy error — reports 0 tokens from then on and
 the engine recomputes the whole prefix.
 
 Save (:class:`LayerwiseSave`): slots for the request's new full chunks are reserved up front (invisible to
@@ -231,6 +232,13 @@ class LayerwiseLoad:
             self._finish(ok, failed=not ok)
 
     def _copy_layers(self, chunks: Sequence[tuple[int, torch.Tensor]]) -> bool:
+        try:
+            return self._copy_each_layer(chunks)
+        finally:
+            if self._stream is not None:
+                self._stream.synchronize()  # the slots may be unmapped or reused once this returns
+
+    def _copy_each_layer(self, chunks: Sequence[tuple[int, torch.Tensor]]) -> bool:
         for layer in range(self.layout.num_layers):
             if self._stop.is_set():
                 return False
@@ -238,8 +246,8 @@ class LayerwiseLoad:
             started = time.perf_counter()
             if self._stream is not None:
                 with torch.cuda.stream(self._stream):
-                    for index, buf in chunks:
-                        chunk_to_kv(self.layout, buf, self._kv, index, layers=(layer,))
+                    for index, buf in chunks:  # queued: from a pinned segment the copies are asynchronous
+                        chunk_to_kv(self.layout, buf, self._kv, index, layers=(layer,), non_blocking=True)
                     event = torch.cuda.Event()  # type: ignore[no-untyped-call]
                     event.record(self._stream)
             else:
@@ -254,8 +262,11 @@ class LayerwiseLoad:
                 self._timeline.append((started, time.perf_counter()))
                 self._layers_done = layer + 1
                 self._cond.notify_all()
-        if self._events:
-            self._events[-1].synchronize()  # the slots may be reused once the lease is released
+        if self._stream is not None:
+            self._stream.synchronize()  # queued copies: the lease must have held until the last one ended
+            if not self._valid():
+                logger.warning("load lease lapsed before the last layer's copies ended; recomputing")
+                return False
         return True
 
     def _finish(self, ok: bool, failed: bool) -> None:

@@ -7,6 +7,12 @@ copies go straight between the daemon's slot and the engine's tensors. Views are
 :meth:`SlotMapping.use`; the mapping is unmapped when it is retired and no ``use`` is active, so a view can
 never outlive the memory under it. :class:`SegmentMaps` is a client's cache of mappings by segment name.
 
+With CUDA present, a named segment (the daemon's default L2, which the daemon pins in its own process) is
+registered as pinned memory in this process too (:mod:`tiercache.pinning`), so the engine's host-to-device
+copies out of it are DMA at the link's pinned peak and can be queued asynchronously; it is unregistered
+before it is unmapped. A tenant's descriptor-passed pool is sparse and is not pinned (pinning would fault in
+every page of it), as in the daemon.
+
 Primitives:
     SlotMapping.attach: map a daemon's segment as described by its SegmentInfo (by name or by descriptor).
     SlotMapping.use: a context in which ``SlotAccess.view(ref)`` gives a slot's bytes as a tensor.
@@ -23,7 +29,7 @@ from contextlib import contextmanager
 
 import torch
 
-from tiercache import fdpass
+from tiercache import fdpass, pinning
 from tiercache.errors import (
     InvalidArgumentError,
     NotFoundError,
@@ -69,17 +75,22 @@ class SlotAccess:
 class SlotMapping:
     """One mapped daemon segment, shared by every registration that names it. Thread-safe."""
 
-    def __init__(self, segment: SharedSegment, info: SegmentInfo) -> None:
+    def __init__(self, segment: SharedSegment, info: SegmentInfo, pin: bool = False) -> None:
+        """Wrap a mapped segment; ``pin``: register it as pinned memory when CUDA is present."""
         self.info = info
         self._segment: SharedSegment | None = segment
         self._memory: torch.Tensor | None = torch.frombuffer(segment.buffer, dtype=torch.uint8)
+        self.pinned = pin and pinning.pin(self._memory, info.shm_segment)
         self._lock = threading.Lock()
         self._users = 0
         self._retired = False
 
     @classmethod
-    def attach(cls, info: SegmentInfo, token: str | None = None, timeout_s: float = 10.0) -> SlotMapping:
-        """Map the segment ``info`` names (by name, or by descriptor from ``info.fd_socket`` with ``token``).
+    def attach(
+        cls, info: SegmentInfo, token: str | None = None, timeout_s: float = 10.0, pin: bool = True
+    ) -> SlotMapping:
+        """Map the segment ``info`` names (by name, or by descriptor from ``info.fd_socket`` with ``token``);
+        ``pin``: register a named segment as pinned memory when CUDA is present (never a descriptor's pool).
 
         Raises:
             NotFoundError: no such segment on this host (the daemon runs elsewhere).
@@ -105,7 +116,7 @@ class SlotMapping:
                 f"segment {info.shm_segment} has {segment.size} bytes, expected {info.segment_bytes}",
             )
         logger.debug("attached shared-memory segment %s (%d bytes)", info.shm_segment, segment.size)
-        return cls(segment, info)
+        return cls(segment, info, pin=pin and not info.fd_socket)
 
     @property
     def name(self) -> str:
@@ -146,7 +157,10 @@ class SlotMapping:
     def _unmap(self) -> None:
         with self._lock:
             segment, self._segment = self._segment, None
-            self._memory = None
+            memory, self._memory = self._memory, None
+            pinned, self.pinned = self.pinned, False
+        if pinned and memory is not None:
+            pinning.unpin(memory, self.info.shm_segment)  # before the pages under it go
         if segment is not None:
             segment.close()
             logger.debug("unmapped shared-memory segment %s", self.info.shm_segment)
@@ -158,9 +172,11 @@ class SegmentMaps:
     Thread-safe. Registrations of several namespaces name the same segment: it is mapped once.
     """
 
-    def __init__(self, token: str | None = None) -> None:
-        """Args: token: the client's bearer token (presented on the daemon's fd socket)."""
+    def __init__(self, token: str | None = None, pin: bool = True) -> None:
+        """Args: token: the client's bearer token (presented on the daemon's fd socket); pin: register
+        named segments as pinned memory when CUDA is present."""
         self._token = token
+        self._pin = pin
         self._lock = threading.Lock()
         self._maps: dict[str, SlotMapping | None] = {}
 
@@ -172,7 +188,7 @@ class SegmentMaps:
                 return self._maps[info.shm_segment]
         mapping: SlotMapping | None
         try:
-            mapping = SlotMapping.attach(info, self._token)
+            mapping = SlotMapping.attach(info, self._token, pin=self._pin)
         except (NotFoundError, InvalidArgumentError, UnavailableError, PermissionDeniedError, OSError) as exc:
             logger.info(
                 "shared-memory segment %s not usable here (%s); using the byte stream", info.shm_segment, exc

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
+from tiercache import pinning
 from tiercache.shm import SharedSegment, clean_stale_segments
 from tiercache.tiers.base import TierLevel
 from tiercache.tiers.pages import page_count
@@ -36,11 +36,6 @@ from tiercache.tiers.slots import SlotPoolTier
 from tiercache.tiers.slotspace import DEFAULT_PARTITION, PartitionBacking
 
 logger = logging.getLogger(__name__)
-
-
-def _cudart() -> Any:
-    """The CUDA runtime bindings torch ships (cudaHostRegister / cudaHostUnregister)."""
-    return torch.cuda.cudart()  # type: ignore[no-untyped-call]
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,15 +108,8 @@ class HostTier(SlotPoolTier):
         self._segment = SharedSegment.create(
             config.segment_prefix, num_pages * page, prefault=config.prefault
         )
-        self._pinned = False
         pool = torch.frombuffer(self._segment.buffer, dtype=torch.uint8).view(num_pages, page)
-        if config.pin and torch.cuda.is_available():
-            err = _cudart().cudaHostRegister(pool.data_ptr(), pool.numel(), 0)
-            self._pinned = int(err) == 0
-            if not self._pinned:
-                logger.warning(
-                    "cudaHostRegister of %s failed (%s); L2 stays pageable", self.segment_name, err
-                )
+        self._pinned = config.pin and pinning.pin(pool, self._segment.name)
         label = self._segment.name.replace(config.segment_prefix, config.segment_prefix + "-tenant", 1)
         self._segments = _TenantSegments(self._segment, label, page)
         super().__init__(
@@ -153,7 +141,7 @@ class HostTier(SlotPoolTier):
         """Forget every chunk, unpin, unmap and unlink the segment (idempotent)."""
         super().close()
         if self._pinned:
-            _cudart().cudaHostUnregister(self._pool.data_ptr())
+            pinning.unpin(self._pool, self.segment_name)
             self._pinned = False
         self._pool = torch.empty((0, self.page_bytes), dtype=torch.uint8)
         self._segment.unlink()
