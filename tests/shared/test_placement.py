@@ -5,6 +5,7 @@ contiguity, write policies, chunks the cluster loses, corrupt values, tenants an
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import redis
@@ -19,7 +20,8 @@ from tiercache.policies.load import PrefillModel
 from tiercache.stats import ChunkEvent, EventKind
 from tiercache.tiers.base import TierLevel
 from tiercache.tiers.shared import store_key
-from tiercache.tiers.shared_client import record_keys
+from tiercache.tiers.shared_client import SharedStore, record_keys
+from tiercache.tiers.shared_config import SharedTierConfig
 from tiercache.tiers.values import HEADER_BYTES
 
 Payload = Callable[[int, int], torch.Tensor]
@@ -277,3 +279,29 @@ def test_the_tier_works_on_a_single_server(
     assert all(g is not None and torch.equal(g, p) for g, p in zip(got, payloads, strict=True))
     assert host2.tier(TierLevel.SHARED).store_kind == "server"  # type: ignore[attr-defined]
     assert host1.tier(TierLevel.SHARED).store_kind == "server"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("deployment", ["single", "cluster"])
+def test_payloads_go_to_the_socket_as_they_are_even_with_hiredis(
+    deployment: str, request: pytest.FixtureRequest
+) -> None:
+    """hiredis's command packer copies a memoryview argument twice; the tier's connections use redis-py's
+    own packer, which sends a large argument as a separate piece: the payload object itself."""
+    url = request.getfixturevalue(deployment).url
+    store = SharedStore(SharedTierConfig(url=url))
+    try:
+        assert store.exists_many([b"tc:{00}"]) == [False]  # connects
+        client: Any = store._connect()
+        pool = (
+            client.connection_pool
+            if deployment == "single"
+            else client.get_default_node().redis_connection.connection_pool
+        )
+        conn = pool.get_connection()
+        try:
+            payload = memoryview(bytearray(1 << 20))
+            assert any(piece is payload for piece in conn.pack_command("SET", b"k", payload))
+        finally:
+            pool.release(conn)
+    finally:
+        store.close()

@@ -1,7 +1,8 @@
 """The shared tier's ceiling in ``tiercache-bench tiers``: raw redis-py SET / GET of the same bytes on the
 same store (cluster or server), in the same run, batched like the tier (one pipeline per batch).
 
-The ceiling is what the client library alone moves: a SET pipeline of the payload chunks (memoryviews, no
+The ceiling is what the client library alone moves, at its best (hiredis parses the replies; commands are
+packed with the tier's own connection class, which sends a large value to the socket as it is): a SET pipeline of the payload chunks (memoryviews, no
 copy on our side) and a GET pipeline that returns them as ``bytes`` (not copied on into a destination, not
 checked). The tier's put/get do the same round trips plus its value format (a 40-byte header, xxh3
 checksums, a copy into the caller's buffer), so the ratio is what the tier's own work costs.
@@ -23,6 +24,8 @@ import redis
 import torch
 from redis.cluster import RedisCluster
 
+from tiercache.tiers.shared_client import fast_connection_class
+
 from .ceilings import CeilingKind, CeilingResult
 from .payload import batch_ranges
 from .timing import time_calls
@@ -39,7 +42,9 @@ def open_client(url: str) -> redis.Redis | RedisCluster:
         cluster = int(probe.info("cluster").get("cluster_enabled", 0)) == 1
     finally:
         probe.close()
-    return RedisCluster.from_url(seed) if cluster else redis.Redis.from_url(seed)
+    packing = fast_connection_class(seed)  # the client library at its best: large values sent as they are
+    kwargs = {} if packing is None else {"connection_class": packing}
+    return RedisCluster.from_url(seed, **kwargs) if cluster else redis.Redis.from_url(seed, **kwargs)
 
 
 def _set(client: Any, keys: Sequence[bytes], values: Sequence[memoryview]) -> None:

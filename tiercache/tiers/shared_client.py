@@ -17,6 +17,11 @@ argument again (a hash field is copied: ``HSET`` measured 10-30 % slower than ``
 two keys within 5-10 %). A record with one part missing (the cluster's eviction took one key) reads as
 absent.
 
+hiredis, when installed, parses the replies (about twice as fast as redis-py's own parser for large values),
+but commands are packed by redis-py's Python packer (:class:`_ViewsAsIs`): hiredis's packer copies a
+``memoryview`` argument into ``bytes`` and then the whole command into one buffer, two copies of every
+payload, where the Python packer sends a large argument to the socket as it is.
+
 Every batch is one pipeline (no transaction: a cluster pipeline splits it by node), bounded by the socket
 timeout. Failures are raised as two errors of this module only, so that the tier needs to know nothing of
 redis-py: :class:`StoreUnavailable` (connection refused or lost, timeout, cluster down or reconfiguring)
@@ -27,6 +32,7 @@ Connecting is lazy and retried: a store that is down when the daemon starts is c
 Primitives:
     StoreUnavailable, StoreRefused: what a call can fail with.
     record_keys: the header and payload keys of a record base.
+    fast_connection_class: the redis-py connection class that sends large arguments without copies.
     SharedStore: read_many, write_many, exists_many, delete_many, kind, close.
 """
 
@@ -39,8 +45,10 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import redis
+from redis._parsers import Encoder
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
+from redis.connection import Connection, PythonRespSerializer, SSLConnection
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from redis.retry import Retry
 
@@ -67,6 +75,39 @@ class StoreUnavailable(UnavailableError):
 
 class StoreRefused(UnavailableError):
     """The store answered a command with an error (e.g. ``OOM command not allowed``)."""
+
+
+_PACKER_CUTOFF = 6000
+"""Arguments longer than this go to the socket as separate pieces, not copied (redis-py's default)."""
+
+
+def _packer() -> PythonRespSerializer:
+    return PythonRespSerializer(_PACKER_CUTOFF, Encoder("utf-8", "strict", False).encode)  # type: ignore[no-untyped-call]
+
+
+class _ViewsAsIs(Connection):
+    """A TCP connection whose commands are packed without copying large arguments (see the module
+    docstring); replies are still parsed by hiredis when it is installed."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("command_packer", _packer())
+        super().__init__(**kwargs)  # type: ignore[no-untyped-call]
+
+
+class _TlsViewsAsIs(SSLConnection):
+    """:class:`_ViewsAsIs` over TLS."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("command_packer", _packer())
+        super().__init__(**kwargs)
+
+
+def fast_connection_class(url: str) -> type[Connection] | None:
+    """The connection class for ``url`` that packs without copying large arguments (None: redis-py's own,
+    e.g. for a unix socket). Also what the bench's raw SET / GET ceiling uses, so that it is the best the
+    client library does."""
+    scheme = urlsplit(url).scheme
+    return {"redis": _ViewsAsIs, "rediss": _TlsViewsAsIs}.get(scheme)
 
 
 def _kwargs(config: SharedTierConfig) -> dict[str, Any]:
@@ -126,14 +167,20 @@ class SharedStore:
             raise StoreUnavailable("no seed answered: " + "; ".join(errors))
 
     def _open(self, seed: str, seeds: Sequence[str], cluster: bool) -> redis.Redis | RedisCluster:
+        kwargs = _kwargs(self._config)
+        packing = fast_connection_class(seed)
+        if packing is not None:
+            # A TLS cluster's URL sets redis-py's own SSL class over this one: its commands are packed by
+            # hiredis then (copies, correct).
+            kwargs["connection_class"] = packing
         if not cluster:
-            return redis.Redis.from_url(seed, **_kwargs(self._config))
+            return redis.Redis.from_url(seed, **kwargs)
         nodes = []
         for url in seeds:
             parts = urlsplit(url)
             nodes.append(ClusterNode(parts.hostname or "localhost", parts.port or 6379))  # type: ignore[no-untyped-call]
         try:
-            return RedisCluster.from_url(seed, startup_nodes=nodes, **_kwargs(self._config))
+            return RedisCluster.from_url(seed, startup_nodes=nodes, **kwargs)
         except (RedisError, RedisClusterException, OSError) as exc:
             raise StoreUnavailable(f"cluster through {_safe(seed)}: {exc}") from exc
 
