@@ -373,15 +373,16 @@ class Mover:
         False when the source's copy is gone or fails its checksum (nothing is committed then).
 
         When ``dst`` sends bytes on from wherever they are (the shared tier) and ``src`` is a slot tier,
-        the slot's bytes are checked in place and written from there: no copy through ``ws``'s buffer.
-        The hold the caller took keeps the slot from being reused meanwhile.
+        the slot's bytes are checked in place and written from there: no copy through ``ws``'s buffer,
+        and the checksum just verified goes with them (not hashed twice). The hold the caller took keeps
+        the slot from being reused meanwhile.
         """
         source, target = self._tiers[src], self._tiers[dst]
         if target.writes_from_sources and isinstance(source, SlotPoolTier):
             view = source.view(cid)
             if view is None or not source.verify(cid):
                 return False
-            target.commit_from([ws], [view])
+            target.commit_from([ws], [view], [source.checksum(cid)])
             return True
         if not source.read_into([cid], [ws.buffer])[0]:
             return False

@@ -49,10 +49,23 @@ def check_batch(chunk_ids: Sequence[bytes], sizes: Sequence[int]) -> None:
             raise InvalidArgumentError("sizes", f"must be positive integers, got {size!r}")
 
 
-def check_sources(slots: Sequence[WriteSlot], srcs: Sequence[torch.Tensor]) -> None:
-    """Validate ``commit_from`` sources: one 1-D ``uint8`` tensor of exactly ``nbytes`` per slot."""
+def check_sources(
+    slots: Sequence[WriteSlot], srcs: Sequence[torch.Tensor], checksums: Sequence[int | None] | None = None
+) -> None:
+    """Validate ``commit_from`` sources: one 1-D ``uint8`` tensor of exactly ``nbytes`` per slot, and, when
+    given, one checksum (an unsigned 64-bit int, or None) per source."""
     if len(slots) != len(srcs):
         raise InvalidArgumentError("srcs", f"{len(srcs)} sources for {len(slots)} slots")
+    if checksums is not None:
+        if len(checksums) != len(srcs):
+            raise InvalidArgumentError("checksums", f"{len(checksums)} checksums for {len(srcs)} sources")
+        for i, value in enumerate(checksums):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 64
+            ):
+                raise InvalidArgumentError(
+                    "checksums", f"[{i}] must be an unsigned 64-bit int or None, got {value!r}"
+                )
     for i, (slot, src) in enumerate(zip(slots, srcs, strict=True)):
         if not isinstance(src, torch.Tensor) or src.dtype != torch.uint8 or src.dim() != 1:
             raise InvalidArgumentError("srcs", f"[{i}] must be a 1-D uint8 tensor")
@@ -161,17 +174,27 @@ class StorageTier(abc.ABC):
     writes_from_sources: bool = False
     """Whether :meth:`commit_from` sends the sources on without copying them into the slots first."""
 
-    def commit_from(self, slots: Sequence[WriteSlot], srcs: Sequence[torch.Tensor]) -> None:
+    def commit_from(
+        self,
+        slots: Sequence[WriteSlot],
+        srcs: Sequence[torch.Tensor],
+        checksums: Sequence[int | None] | None = None,
+    ) -> None:
         """Commit reservations with the bytes of ``srcs`` (one per slot, exactly its ``nbytes``), as if
         each had been copied into its slot's buffer first; here, it is copied. Sources must not change
         until the call returns.
+
+        ``checksums``: per source, the xxh3-64 checksum of its bytes when the caller has just verified it
+        (e.g. a slot checked in place against its commit-time checksum), else None. A tier that stores a
+        checksum with each value may take it instead of hashing the source again; a wrong one makes the
+        value read as corrupt (a miss), never serves wrong bytes. Here they are not needed.
 
         Raises:
             InvalidArgumentError: lengths differ, or a source is not a 1-D ``uint8`` tensor of its slot's
                 size.
             ConflictError: as :meth:`commit`.
         """
-        check_sources(slots, srcs)
+        check_sources(slots, srcs, checksums)
         for slot, src in zip(slots, srcs, strict=True):
             slot.buffer.copy_(src)
         self.commit(slots)

@@ -265,16 +265,22 @@ class SharedTier(StorageTier):
 
     writes_from_sources = True
 
-    def commit_from(self, slots: Sequence[WriteSlot], srcs: Sequence[torch.Tensor]) -> None:
+    def commit_from(
+        self,
+        slots: Sequence[WriteSlot],
+        srcs: Sequence[torch.Tensor],
+        checksums: Sequence[int | None] | None = None,
+    ) -> None:
         """Like :meth:`commit`, with each chunk's bytes taken from ``srcs`` instead of its slot's buffer:
         a CPU source goes to the socket as it is (no copy at all); another device's is copied through the
-        slot's buffer. The source must not change until the call returns.
+        slot's buffer. The source must not change until the call returns. A known ``checksums[i]`` goes
+        into the value's header as it is (the source is not hashed again).
 
         Raises:
             InvalidArgumentError: see :func:`~tiercache.tiers.base.check_sources`.
             ConflictError, CapacityError: as :meth:`commit`.
         """
-        check_sources(slots, srcs)
+        check_sources(slots, srcs, checksums)
         raws: list[torch.Tensor] = []
         for slot, src in zip(slots, srcs, strict=True):
             if src.device.type == "cpu" and src.is_contiguous():
@@ -282,10 +288,15 @@ class SharedTier(StorageTier):
             else:
                 slot.buffer.copy_(src)
                 raws.append(slot.buffer)
-        self._commit(slots, raws)
+        self._commit(slots, raws, checksums)
 
-    def _commit(self, slots: Sequence[WriteSlot], srcs: Sequence[torch.Tensor] | None) -> None:
-        """Write the reservations' bytes (their buffers, or ``srcs``) as one pipeline of ``HSET``s."""
+    def _commit(
+        self,
+        slots: Sequence[WriteSlot],
+        srcs: Sequence[torch.Tensor] | None,
+        checksums: Sequence[int | None] | None = None,
+    ) -> None:
+        """Write the reservations' bytes (their buffers, or ``srcs``) as one pipeline of ``MSET``s."""
         if not slots:
             return
         with self._lock:
@@ -296,7 +307,8 @@ class SharedTier(StorageTier):
             if self._config.codec is Codec.ZSTD:
                 cctx = zstandard.ZstdCompressor(level=self._config.zstd_level)
             raws = [r.buffer for r in reservations] if srcs is None else srcs
-            parts = [encode(raw.numpy().data, cctx) for raw in raws]
+            known = [None] * len(raws) if checksums is None else checksums
+            parts = [encode(raw.numpy().data, cctx, c) for raw, c in zip(raws, known, strict=True)]
             if not self._breaker.available():
                 raise CapacityError("the shared tier is unavailable (backing off after a failure)")
             records = [(self._key(r.chunk_id), h, p) for r, (h, p) in zip(reservations, parts, strict=True)]

@@ -346,6 +346,13 @@ class SlotPoolTier(SlotTier):
                         self._corrupted(cid, entry)
         return ok
 
+    def checksum(self, chunk_id: bytes) -> int | None:
+        """A committed chunk's commit-time checksum (None without checksums, or for an absent chunk): after
+        :meth:`verify` succeeded, the checksum of the bytes in its slot."""
+        with self._lock:
+            entry = self._committed.get(chunk_id)
+        return None if entry is None else entry.checksum
+
     def verify(self, chunk_id: bytes) -> bool:
         """Check a committed chunk's bytes in place against its commit-time checksum (True without
         checksums). A chunk that fails is deleted and counted; False also when it is absent.

@@ -140,10 +140,14 @@ def _parse(head: memoryview, payload_len: int) -> ValueHeader | str:
     return ValueHeader(codec, raw_len, stored_len, raw_checksum)
 
 
-def encode(raw: ByteView, cctx: zstandard.ZstdCompressor | None) -> tuple[bytes, ByteView]:
+def encode(
+    raw: ByteView, cctx: zstandard.ZstdCompressor | None, raw_checksum: int | None = None
+) -> tuple[bytes, ByteView]:
     """The header and the payload of ``raw``: with ``cctx`` the zstd compression of ``raw`` when that is
-    smaller (a new ``bytes``), otherwise ``raw`` itself (no copy)."""
-    raw_checksum = checksum(raw)
+    smaller (a new ``bytes``), otherwise ``raw`` itself (no copy). ``raw_checksum``: the checksum of
+    ``raw`` when the caller has just verified it (not hashed again; a wrong one makes a corrupt value)."""
+    if raw_checksum is None:
+        raw_checksum = checksum(raw)
     if cctx is not None:
         compressed = cctx.compress(raw)
         if len(compressed) < len(raw):

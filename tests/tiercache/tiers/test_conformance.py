@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -227,12 +228,34 @@ def test_commit_from_stores_the_sources_bytes(tier: StorageTier) -> None:
     assert tier.contains([cid(1), cid(2)]) == [True, True]
 
 
+def test_commit_from_takes_known_checksums_and_never_serves_bytes_a_wrong_one_misdescribes(
+    tier: StorageTier,
+) -> None:
+    slots = tier.reserve([cid(4), cid(5)], [SLOT, SLOT])
+    right, wrong = xxhash.xxh3_64_intdigest(data(4).numpy().tobytes()), 12345
+    tier.commit_from(slots, [data(4), data(5)], [right, wrong])
+    assert torch.equal(read(tier, 4), data(4))  # type: ignore[arg-type]
+    got = read(tier, 5)
+    # A tier that keeps the given checksum reports the value corrupt (a miss); one that hashes itself serves
+    # the right bytes. Never bytes other than the source's.
+    assert got is None or torch.equal(got, data(5))
+    assert (got is None) == (tier.level is TierLevel.SHARED)
+
+
 def test_commit_from_checks_its_sources(tier: StorageTier) -> None:
     (slot,) = tier.reserve([cid(3)], [SLOT])
-    bad = ([], [data(3, SLOT - 1)], [data(3).view(torch.int8)], [data(3).reshape(2, -1)])
+    bad: tuple[list[torch.Tensor], ...] = (
+        [],
+        [data(3, SLOT - 1)],
+        [data(3).view(torch.int8)],
+        [data(3).reshape(2, -1)],
+    )
     for srcs in bad:
         with pytest.raises(InvalidArgumentError, match="srcs"):
             tier.commit_from([slot], srcs)
+    for checksums in ([], [None, None], [-1], [1 << 64], ["x"]):
+        with pytest.raises(InvalidArgumentError, match="checksums"):
+            tier.commit_from([slot], [data(3)], checksums)  # type: ignore[arg-type]
     assert tier.contains([cid(3)]) == [False]
     tier.commit_from([slot], [data(3)])  # still a live reservation after the refusals
     assert torch.equal(read(tier, 3), data(3))  # type: ignore[arg-type]
