@@ -30,7 +30,12 @@ def test_page_bytes_reaches_l1_and_l2(tmp_path: Path) -> None:
     tiers = load_config([*argv, "--page-bytes", "16K"], _env(tmp_path)).tiers
     assert tiers.l1 is not None and tiers.l1.page_size == 16 << 10 and tiers.l2.page_size == 16 << 10
     default = load_config(argv, _env(tmp_path)).tiers
-    assert default.l2.page_bytes == 0 and default.l2.page_size == 256 << 10  # one page per chunk
+    assert default.l2.page_size == 64 << 10 and default.l1 is not None and default.l1.page_size == 64 << 10
+    for slot, page in (("32K", 32 << 10), ("96K", 96 << 10), ("192K", 64 << 10)):
+        sized = [slot if a == "256K" else a for a in argv]
+        assert load_config(sized, _env(tmp_path)).tiers.l2.page_size == page  # 64K only where it divides
+    whole = load_config([*argv, "--page-bytes", "0"], _env(tmp_path)).tiers
+    assert whole.l2.page_bytes == 0 and whole.l2.page_size == 256 << 10  # 0: one page per chunk
     env = {**_env(tmp_path), "TIERCACHE_PAGE_BYTES": "64K"}
     assert load_config(argv, env).tiers.l2.page_size == 64 << 10
 
