@@ -122,15 +122,15 @@ class Index:
                 listed = [(cid, nbytes, None) for cid, nbytes in tier.entries()]
             found = self._index_found(level, listed)
             if found:
-                emit = self._emit
+                emit, stored = self._emit, EventKind.STORED
                 for entry in found:
-                    emit(ChunkEvent(EventKind.STORED, level, entry.namespace_id, entry.key))
+                    emit(ChunkEvent(stored, level, entry.namespace_id, entry.key))
                 logger.info("%s: indexed %d chunks found at start", level.name, len(found))
 
     def _index_found(self, level: TierLevel, listed: list[tuple[bytes, int, int | None]]) -> list[ChunkEntry]:
         """File and rank ``level``'s residency of each listed chunk (one tick each, in order); returns them."""
         found: list[ChunkEntry] = []
-        ranked: list[tuple[bytes, Priority]] = []
+        ranked: list[tuple[Priority, bytes]] = []
         namespaces: dict[bytes, bytes] = {}
         entries, tick, ns_len = self._entries, self.tick, NAMESPACE_ID_BYTES
         fresh = not entries  # the usual warm start: no chunk is known yet, none is listed twice
@@ -148,7 +148,7 @@ class Index:
                 ns_id = namespaces.setdefault(ns_id, ns_id)
                 entry = ChunkEntry(ns_id, cid[ns_len:], depth or 0, nbytes, {level: res})
                 entries[cid] = entry
-                ranked.append((cid, rank(tick, entry.depth, 0)))
+                ranked.append((rank(tick, entry.depth, 0), cid))
             else:
                 entry.res[level] = res
                 self._space.refresh(cid, entry)

@@ -70,11 +70,11 @@ class VictimQueue:
         heapq.heappush(self._heap, item)
         self._maybe_compact()
 
-    def push_many(self, items: Iterable[tuple[bytes, Priority]]) -> None:
-        """Queue many chunks at once (a warm start): one heapify instead of a push each."""
-        queued = [(priority, cid) for cid, priority in items]
-        self._live.update((item[1], item) for item in queued)
-        self._heap.extend(queued)
+    def push_many(self, items: list[tuple[Priority, bytes]]) -> None:
+        """Queue many chunks at once (a warm start), given as ``(priority, chunk id)`` items (the queue keeps
+        them): one heapify instead of a push each; a chunk given twice keeps its last item."""
+        self._live.update((item[1], item) for item in items)
+        self._heap.extend(items)
         heapq.heapify(self._heap)
         self._maybe_compact()
 

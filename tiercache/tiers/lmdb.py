@@ -116,7 +116,7 @@ class LmdbTier(StorageTier):
         self._corrupt_reads = opened.found.dropped
         self._depth_source: DepthSource | None = None
         self._index = opened.found.index()  # id -> (stored bytes, payload bytes, depth or None), use order
-        self._used = sum(opened.found.stored_bytes)
+        self._used = opened.found.used_bytes
         if self._used > self._capacity:
             logger.warning("L3 at %s holds %d bytes > capacity %d", config.path, self._used, self._capacity)
         shape = (len(self._index), self._used, self._capacity, config.codec.value, opened.writemap)

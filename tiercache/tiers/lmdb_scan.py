@@ -18,8 +18,6 @@ Primitives:
     ScanKind: how the chunks were found (from the records, or from the values).
     FoundChunks: the committed chunks, least recently used first, as parallel lists.
     scan: find the committed chunks of an open environment.
-    shared_triples: ``(stored bytes, payload bytes, depth)`` triples, one object per distinct triple (an
-        index of a million chunks of a few sizes and depths holds a few hundred tuples, not a million).
 """
 
 from __future__ import annotations
@@ -57,31 +55,71 @@ class ScanKind(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class FoundChunks:
     """The committed chunks of an environment, least recently used first (those without a stored sequence
-    number first, in key order), as parallel lists.
+    number first, in key order): their ids and a numpy table of their sizes and depths.
 
     Attributes:
         ids: chunk ids.
-        stored_bytes: bytes of each stored value (header + payload, possibly compressed).
-        nbytes: payload bytes of each once decoded.
-        depths: chain depth of each as stored with it, None when none was.
+        table: per chunk, in ``ids`` order: ``depth`` (:data:`UNKNOWN_DEPTH` when none was stored),
+            ``stored_bytes`` (header + payload, possibly compressed) and ``nbytes`` (payload once decoded).
         last_seq: the highest stored sequence number (0 if none).
         dropped: malformed values found and deleted (only a value scan finds them).
         kind: how they were found.
     """
 
     ids: list[bytes]
-    stored_bytes: list[int]
-    nbytes: list[int]
-    depths: list[int | None]
+    table: np.ndarray
     last_seq: int
     dropped: int
     kind: ScanKind
 
+    @property
+    def stored_bytes(self) -> list[int]:
+        """Bytes of each stored value."""
+        return cast("list[int]", self.table["stored_bytes"].tolist())
+
+    @property
+    def nbytes(self) -> list[int]:
+        """Payload bytes of each once decoded."""
+        return cast("list[int]", self.table["nbytes"].tolist())
+
+    @property
+    def depths(self) -> list[int | None]:
+        """Chain depth of each as stored with it, None when none was."""
+        return [None if d == UNKNOWN_DEPTH else d for d in self.table["depth"].tolist()]
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes of all the stored values."""
+        return int(self.table["stored_bytes"].sum())
+
     def index(self) -> dict[bytes, tuple[int, int, int | None]]:
-        """``chunk id -> (stored bytes, payload bytes, depth or None)`` in use order (equal triples share
-        one tuple; a plain dict, which keeps insertion order, is half the memory of an ``OrderedDict``)."""
+        """``chunk id -> (stored bytes, payload bytes, depth or None)`` in use order.
+
+        Equal triples are one shared tuple (a million chunks of a few sizes and depths hold a few hundred
+        tuples, not a million); a plain dict, which keeps insertion order, is half the memory of an
+        ``OrderedDict``.
+        """
+        if not self.ids:
+            return {}
         with collector_paused():
-            return dict(zip(self.ids, shared_triples(self.stored_bytes, self.nbytes, self.depths)))
+            # One integer code per chunk for its triple (from the distinct values of each column: 1-D
+            # integer sorts, fast), then one shared tuple per distinct code.
+            columns = [
+                np.unique(self.table[f], return_inverse=True) for f in ("stored_bytes", "nbytes", "depth")
+            ]
+            code = np.zeros(len(self.ids), dtype=np.int64)
+            for values, inverse in columns:
+                code = code * len(values) + inverse.reshape(-1)
+            distinct, which = np.unique(code, return_inverse=True)
+            shared = np.empty(len(distinct), dtype=object)
+            for i, c in enumerate(distinct.tolist()):
+                parts = []
+                for values, _ in reversed(columns):
+                    c, at = divmod(c, len(values))
+                    parts.append(int(values[at]))
+                depth, nbytes, stored = parts
+                shared[i] = (stored, nbytes, None if depth == UNKNOWN_DEPTH else depth)
+            return dict(zip(self.ids, shared[which.reshape(-1)].tolist()))
 
 
 def scan(env: lmdb.Environment, dbs: LmdbDatabases, path: str) -> FoundChunks:
@@ -125,25 +163,16 @@ def _scan(env: lmdb.Environment, dbs: LmdbDatabases, path: str) -> FoundChunks:
             logger.exception("L3 at %s: map full while dropping malformed values or writing records", path)
     # Chunks without a recorded sequence number go first (key order among them: ``ids`` is in key order).
     order = np.lexsort((table["seq"], table["has_seq"]))
-    depths = table["depth"][order].tolist()
+    by_id = np.empty(len(ids), dtype=object)
+    by_id[:] = ids
     logger.info("L3 at %s: %d chunks found from the %s", path, len(ids), kind.value)
     return FoundChunks(
-        ids=[ids[i] for i in order.tolist()],
-        stored_bytes=table["stored_bytes"][order].tolist(),
-        nbytes=table["nbytes"][order].tolist(),
-        depths=[None if d == UNKNOWN_DEPTH else d for d in depths],
+        ids=cast("list[bytes]", by_id[order].tolist()),
+        table=table[["depth", "stored_bytes", "nbytes"]][order],
         last_seq=int(table["seq"].max()) if len(ids) else 0,
         dropped=len(bad),
         kind=kind,
     )
-
-
-def shared_triples(
-    stored_bytes: list[int], nbytes: list[int], depths: list[int | None]
-) -> list[tuple[int, int, int | None]]:
-    """The triples ``(stored_bytes[i], nbytes[i], depths[i])``, equal triples being one shared tuple."""
-    seen: dict[tuple[int, int, int | None], tuple[int, int, int | None]] = {}
-    return [seen.setdefault(t, t) for t in zip(stored_bytes, nbytes, depths)]
 
 
 _TABLE = np.dtype(
@@ -160,17 +189,21 @@ def _pairs(txn: lmdb.Transaction, db: lmdb._Database) -> list[tuple[bytes, bytes
 def _seqs(
     txn: lmdb.Transaction, dbs: LmdbDatabases, ids: tuple[bytes, ...], table: np.ndarray
 ) -> list[bytes]:
-    """Fill ``table``'s sequence numbers from the ``order`` table; returns its stale keys."""
-    items = _pairs(txn, dbs.order)
-    keys = tuple(k for k, _ in items)
-    values = [v for _, v in items]
-    if keys == ids and all(len(v) == _SEQ_DTYPE.itemsize for v in values):  # the usual case: one per chunk
-        table["seq"] = np.frombuffer(b"".join(values), dtype=_SEQ_DTYPE) if ids else 0
-        table["has_seq"] = True
-        return []
+    """Fill ``table``'s sequence numbers from the ``order`` table; returns its stale keys.
+
+    The tier writes a chunk's order record with its value and deletes them together, so when the table
+    holds one record per chunk its records are the chunks' own, in the same key order: only their values
+    are read. Otherwise each record is matched by key (and those of no chunk are stale).
+    """
+    if txn.stat(dbs.order)["entries"] == len(ids):
+        values = cast("list[bytes]", list(txn.cursor(db=dbs.order).iternext(keys=False, values=True)))
+        if not ids or set(map(len, values)) == {_SEQ_DTYPE.itemsize}:
+            table["seq"] = np.frombuffer(b"".join(values), dtype=_SEQ_DTYPE) if ids else 0
+            table["has_seq"] = True
+            return []
     position = {cid: i for i, cid in enumerate(ids)}
     stale: list[bytes] = []
-    for key, value in items:
+    for key, value in _pairs(txn, dbs.order):
         i = position.get(key)
         seq = None if i is None else unpack_seq(value)
         if i is None or seq is None:
@@ -188,9 +221,8 @@ def _from_records(
     if txn.stat(dbs.meta)["entries"] != txn.stat(dbs.values)["entries"]:
         return None
     items = _pairs(txn, dbs.meta)
-    ids = tuple(k for k, _ in items)
-    records = [v for _, v in items]
-    if any(len(r) != META_BYTES for r in records):
+    ids, records = (tuple(column) for column in zip(*items)) if items else ((), ())
+    if records and set(map(len, records)) != {META_BYTES}:
         return None  # short records of an earlier version, or damage: the values say more
     parsed = np.frombuffer(b"".join(records), dtype=META_DTYPE) if records else np.zeros(0, META_DTYPE)
     if bool(np.any(parsed["nbytes"] == 0)) or bool(np.any(parsed["stored_bytes"] <= HEADER_BYTES)):

@@ -32,7 +32,7 @@ def test_push_many_is_the_same_queue_as_pushes() -> None:
     one, bulk = VictimQueue(), VictimQueue()
     for cid, priority in items:
         one.push(cid, priority)
-    bulk.push_many(items)
+    bulk.push_many([(priority, cid) for cid, priority in items])
     assert bulk.ordered() == one.ordered() and len(bulk) == len(one)
     for queue in (one, bulk):  # later changes land the same way on both
         queue.discard(items[0][0])
