@@ -106,9 +106,9 @@ class Index:
         A tier that keeps chain depths (:class:`~tiercache.tiers.depths.DepthKeeper`) gives back the depths
         it stored, and is bound to :meth:`depth_hint` so that it stores the depths of later commits.
 
-        Built in bulk (a million chunks in a few seconds): each chunk gets its own tick in the tier's order,
-        its namespace id is shared with the other chunks of its namespace, and each tier's victim queue is
-        filled in one heapify, with the garbage collector paused (:mod:`tiercache.gcpause`).
+        Built in bulk, without a call into the queues per chunk: each chunk gets its own tick in the tier's
+        order, its namespace id is shared with the other chunks of its namespace, and each tier's victim
+        queue is filled in one heapify, with the garbage collector paused (:mod:`tiercache.gcpause`).
         """
         with collector_paused():
             self._rebuild(tiers)

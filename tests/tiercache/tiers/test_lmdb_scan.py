@@ -135,3 +135,18 @@ def test_records_of_the_short_form_still_parse() -> None:
     full = pack_meta(ChunkMeta(None, 5, 140, 100))
     assert unpack_meta(full) == ChunkMeta(None, 5, 140, 100)
     assert unpack_meta(full[:-1]) is None
+
+
+def test_the_tier_index_shares_one_tuple_per_distinct_size_and_depth(tmp_path: Path) -> None:
+    tier = LmdbTier(_config(tmp_path))
+    ids = [bytes([i]) * 48 for i in range(8)]
+    tier.bind_depths(lambda cid: cid[0] % 2)  # two depths, one size: two distinct triples
+    slots = tier.reserve(ids, [64] * len(ids))
+    for slot in slots:
+        slot.buffer.fill_(3)
+    tier.commit(slots)
+    tier.close()
+    index = _open(tmp_path).index()
+    assert set(index) == set(ids)
+    assert {index[cid] for cid in ids} == {(64 + HEADER_BYTES, 64, 0), (64 + HEADER_BYTES, 64, 1)}
+    assert len({id(index[cid]) for cid in ids}) == 2
