@@ -150,3 +150,15 @@ def test_the_tier_index_shares_one_tuple_per_distinct_size_and_depth(tmp_path: P
     assert set(index) == set(ids)
     assert {index[cid] for cid in ids} == {(64 + HEADER_BYTES, 64, 0), (64 + HEADER_BYTES, 64, 1)}
     assert len({id(index[cid]) for cid in ids}) == 2
+
+
+def test_order_records_are_matched_by_key_when_one_is_missing(tmp_path: Path) -> None:
+    order = _write(tmp_path)
+    env = lmdb.open(str(tmp_path / "l3"), max_dbs=3, map_size=_config(tmp_path).effective_map_size_bytes)
+    with env.begin(write=True) as txn:
+        assert txn.delete(order[-1], db=env.open_db(b"order", txn=txn))  # the most recent loses its number
+    env.close()
+    found = _open(tmp_path)
+    assert found.kind is ScanKind.RECORDS
+    assert found.ids == [order[-1], *order[:-1]]  # a chunk without a number goes first
+    assert found.last_seq == 7
