@@ -26,7 +26,7 @@ from types import MappingProxyType
 
 from tiercache.cache.results import LookupResult
 from tiercache.cache.space import Priority, Space
-from tiercache.gcpause import collector_paused
+from tiercache.gcpause import collector_paused, settle
 from tiercache.keys import CHUNK_ID_BYTES, NAMESPACE_ID_BYTES
 from tiercache.rates import TierRate
 from tiercache.stats import ChunkEvent, EventKind, TierStats
@@ -108,12 +108,16 @@ class Index:
 
         Built in bulk, without a call into the queues per chunk: each chunk gets its own tick in the tier's
         order, its namespace id is shared with the other chunks of its namespace, and each tier's victim
-        queue is filled in one heapify, with the garbage collector paused (:mod:`tiercache.gcpause`).
+        queue is filled in one heapify, with the garbage collector paused and, after a large build, one full
+        collection (:mod:`tiercache.gcpause`).
         """
         with collector_paused():
-            self._rebuild(tiers)
+            found = self._rebuild(tiers)
+        settle(found)
 
-    def _rebuild(self, tiers: Mapping[TierLevel, StorageTier]) -> None:
+    def _rebuild(self, tiers: Mapping[TierLevel, StorageTier]) -> int:
+        """:meth:`rebuild`; returns the residencies filed."""
+        filed = 0
         for level, tier in tiers.items():
             if isinstance(tier, DepthKeeper):
                 listed = tier.depth_entries()
@@ -126,6 +130,8 @@ class Index:
                 for entry in found:
                     emit(ChunkEvent(stored, level, entry.namespace_id, entry.key))
                 logger.info("%s: indexed %d chunks found at start", level.name, len(found))
+            filed += len(found)
+        return filed
 
     def _index_found(self, level: TierLevel, listed: list[tuple[bytes, int, int | None]]) -> list[ChunkEntry]:
         """File and rank ``level``'s residency of each listed chunk (one tick each, in order); returns them."""
