@@ -45,3 +45,22 @@ def test_bad_counts_flag_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["scale", "--counts", "a,b"])
     assert exc.value.code == 2 and "--counts" in capsys.readouterr().err
+
+
+def test_bulk_sweep_warm_starts_on_every_chunk(work: Path, tmp_path: Path) -> None:
+    out = tmp_path / "b.json"
+    argv = ["scale", "--fill", "bulk", "--counts", "256,1024", "--prompt-chunks", "32", "--lookups", "20",
+            "--evictions", "4", "--dir", str(work), "--json", str(out), "-q"]  # fmt: skip
+    assert main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert doc["config"]["fill"] == "bulk"
+    for p in doc["points"]:
+        # the warm start found every chunk written in bulk
+        assert p["restart_chunks"] == p["chunks"] and p["restart_s"] > 0 and p["restart_cpu_s"] > 0
+        assert p["lookup"]["calls"] == 20 and p["evict_store"]["calls"] == 4 and p["evict_s_per_chunk"] > 0
+
+
+def test_unknown_fill_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["scale", "--fill", "sideways"])
+    assert exc.value.code == 2 and "--fill" in capsys.readouterr().err

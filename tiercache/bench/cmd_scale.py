@@ -11,9 +11,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from tiercache.errors import InvalidArgumentError
+from tiercache.policies.registry import parse_kind
+
 from .args import add_output_flags, positive_int
 from .command import FAILURES, failure_status, finish, progress_to_stderr
-from .scale import DEFAULT_COUNTS, ScaleConfig, run_scale
+from .scale import DEFAULT_COUNTS, ScaleConfig, ScaleFill, run_scale
 from .scale_report import format_scale_report, scale_charts, scale_to_dict
 
 
@@ -36,6 +39,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--evictions", type=positive_int, default=20, help="timed evicting stores per count (20)")
     p.add_argument("--no-restart", action="store_true", help="skip the warm restart")
     p.add_argument("--dir", type=Path, default=None, help="directory for the work dir (L3)")
+    p.add_argument("--fill", choices=[k.value for k in ScaleFill], default=ScaleFill.CACHE.value,
+                   help="cache: through the cache (L2 + L3); bulk: L3 written in bulk, the warm start on it "
+                   "measured (the way to 1e6 chunks)")  # fmt: skip
     add_output_flags(p, "plot lookup and eviction cost vs chunks (PNG)")
 
 
@@ -49,8 +55,9 @@ def run(args: argparse.Namespace) -> int:
             evictions=args.evictions,
             restart=not args.no_restart,
             work_root=args.dir,
+            fill=parse_kind(ScaleFill, args.fill, "fill"),
         )
-    except ValueError as exc:
+    except (ValueError, InvalidArgumentError) as exc:
         return failure_status(exc)
     with progress_to_stderr(not args.quiet):
         try:

@@ -13,10 +13,14 @@ from typing import Any
 
 from .documents import jsonable
 from .plot import Chart, Series
-from .scale import LOOKUP_TARGET, MEMORY_TARGET_BYTES, RESTART_TARGET_S, ScalePoint, ScaleReport
+from .scale import LOOKUP_TARGET, MEMORY_TARGET_BYTES, RESTART_TARGET_S, ScaleFill, ScalePoint, ScaleReport
 from .tables import columns
 
 SCHEMA = "tiercache-bench/scale/1"
+_FILLS = {
+    ScaleFill.CACHE: "L2 slots of 1 KiB + L3 (write-through), filled through the cache",
+    ScaleFill.BULK: "L3 of 1 KiB chunks written in bulk, the cache's warm start on it (L3 only, full)",
+}
 
 
 def _us(seconds: float) -> str:
@@ -57,6 +61,7 @@ def _row(p: ScalePoint, base: ScalePoint) -> list[str]:
         _us(p.evict_s_per_chunk),
         _vs(p.evict_s_per_chunk, base.evict_s_per_chunk),
         "-" if p.restart_s is None else f"{p.restart_s:.2f}",
+        "-" if p.restart_cpu_s is None else f"{p.restart_cpu_s:.2f}",
         "-" if p.restart_chunks is None else str(p.restart_chunks),
     ]
 
@@ -66,14 +71,14 @@ def format_scale_report(report: ScaleReport) -> str:
     cfg, base = report.config, report.points[0]
     t = _targets(report)
     lines = [
-        f"tiercache-bench scale — in-process cache, L2 slots of 1 KiB + L3 (write-through); lookups of "
+        f"tiercache-bench scale — in-process cache, {_FILLS[cfg.fill]}; lookups of "
         f"{cfg.prompt_chunks} keys; {report.elapsed_s:.1f} s in all.",
         "'x first' columns are ratios to the smallest count. Memory is anonymous RSS grown per chunk (index, "
         "queues, allocator slack).",
         "",
         *columns(
             ["chunks", "fill s", "lookup p50 us", "p99 us", "x first", "B/chunk", "evict us/chunk",
-             "x first", "restart s", "restart chunks"],
+             "x first", "restart s", "cpu s", "restart chunks"],
             [_row(p, base) for p in report.points],
             frozenset(),
         ),

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from tiercache.cache.results import LookupResult
-from tiercache.cache.space import Space
-from tiercache.errors import InvalidArgumentError
-from tiercache.keys import split_chunk_id
+from tiercache.cache.space import Priority, Space
+from tiercache.gcpause import collector_paused, settle
+from tiercache.keys import CHUNK_ID_BYTES, NAMESPACE_ID_BYTES
 from tiercache.rates import TierRate
 from tiercache.stats import ChunkEvent, EventKind, TierStats
 from tiercache.tiers.base import StorageTier, TierLevel, TierUsage
@@ -105,26 +105,63 @@ class Index:
 
         A tier that keeps chain depths (:class:`~tiercache.tiers.depths.DepthKeeper`) gives back the depths
         it stored, and is bound to :meth:`depth_hint` so that it stores the depths of later commits.
+
+        Built in bulk, without a call into the queues per chunk: each chunk gets its own tick in the tier's
+        order, its namespace id is shared with the other chunks of its namespace, and each tier's victim
+        queue is filled in one heapify, with the garbage collector paused and, after a large build, one full
+        collection (:mod:`tiercache.gcpause`).
         """
+        with collector_paused():
+            found = self._rebuild(tiers)
+        settle(found)
+
+    def _rebuild(self, tiers: Mapping[TierLevel, StorageTier]) -> int:
+        """:meth:`rebuild`; returns the residencies filed."""
+        filed = 0
         for level, tier in tiers.items():
-            found = 0
-            depths: Mapping[bytes, int] = {}
             if isinstance(tier, DepthKeeper):
-                depths = tier.stored_depths()
+                listed = tier.depth_entries()
                 tier.bind_depths(self.depth_hint)
-            for cid, nbytes in tier.entries():
-                try:
-                    ns_id, key = split_chunk_id(cid)
-                except InvalidArgumentError:
-                    logger.warning(
-                        "%s holds a chunk id of unexpected length %d; ignored", level.name, len(cid)
-                    )
-                    continue
-                entry = self._entries.get(cid) or ChunkEntry(ns_id, key, depths.get(cid, 0), nbytes)
-                self.add_residency(cid, entry, level, float("-inf"), tick=self.next_tick())
-                found += 1
+            else:
+                listed = [(cid, nbytes, None) for cid, nbytes in tier.entries()]
+            found = self._index_found(level, listed)
             if found:
-                logger.info("%s: indexed %d chunks found at start", level.name, found)
+                emit, stored = self._emit, EventKind.STORED
+                for entry in found:
+                    emit(ChunkEvent(stored, level, entry.namespace_id, entry.key))
+                logger.info("%s: indexed %d chunks found at start", level.name, len(found))
+            filed += len(found)
+        return filed
+
+    def _index_found(self, level: TierLevel, listed: list[tuple[bytes, int, int | None]]) -> list[ChunkEntry]:
+        """File and rank ``level``'s residency of each listed chunk (one tick each, in order); returns them."""
+        found: list[ChunkEntry] = []
+        ranked: list[tuple[Priority, bytes]] = []
+        namespaces: dict[bytes, bytes] = {}
+        entries, tick, ns_len = self._entries, self.tick, NAMESPACE_ID_BYTES
+        fresh = not entries  # the usual warm start: no chunk is known yet, none is listed twice
+        rank = self._space.priority
+        long_ago = float("-inf")
+        for cid, nbytes, depth in listed:
+            if len(cid) != CHUNK_ID_BYTES:
+                logger.warning("%s holds a chunk id of unexpected length %d; ignored", level.name, len(cid))
+                continue
+            tick += 1
+            res = Residency(tick, long_ago)
+            entry = None if fresh else entries.get(cid)
+            if entry is None:
+                ns_id = cid[:ns_len]
+                ns_id = namespaces.setdefault(ns_id, ns_id)
+                entry = ChunkEntry(ns_id, cid[ns_len:], depth or 0, nbytes, {level: res})
+                entries[cid] = entry
+                ranked.append((rank(tick, entry.depth, 0), cid))
+            else:
+                entry.res[level] = res
+                self._space.refresh(cid, entry)
+            found.append(entry)
+        self.tick = tick
+        self._space.queue(level).push_many(ranked)
+        return found
 
     def depth_hint(self, cid: bytes) -> int | None:
         """The chain depth of a known chunk, None for an unknown one.

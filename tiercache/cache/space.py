@@ -12,8 +12,8 @@ The index (:mod:`tiercache.cache.index`) tells :class:`Space` about every change
 here touches a tier. All methods run under the cache's index lock.
 
 Primitives:
-    VictimQueue: push / discard / pop_min(eligible) over one tier's chunks.
-    Space: the queues of every tier plus the policy: refresh, forget, victim.
+    VictimQueue: push / push_many / discard / pop_min(eligible) over one tier's chunks.
+    Space: the queues of every tier plus the policy: refresh, priority, forget, victim.
 """
 
 from __future__ import annotations
@@ -35,13 +35,17 @@ _COMPACT_SLACK = 64
 
 
 class VictimQueue:
-    """Evictable chunks of one tier, smallest (priority, chunk id) first."""
+    """Evictable chunks of one tier, smallest (priority, chunk id) first.
+
+    A heap item is ``(priority, chunk id)``; the live item of each chunk is kept by id, and a heap item that
+    is not (by identity) its chunk's live item is stale. Two objects per queued chunk (the item and its
+    priority), no counter: a full index is millions of them.
+    """
 
     def __init__(self) -> None:
         """An empty queue."""
-        self._heap: list[tuple[Priority, bytes, int]] = []
-        self._live: dict[bytes, tuple[Priority, int]] = {}
-        self._seq = 0
+        self._heap: list[tuple[Priority, bytes]] = []
+        self._live: dict[bytes, tuple[Priority, bytes]] = {}
 
     def __len__(self) -> int:
         """Chunks in the queue."""
@@ -61,9 +65,17 @@ class VictimQueue:
         current = self._live.get(cid)
         if current is not None and current[0] == priority:
             return
-        self._seq += 1
-        self._live[cid] = (priority, self._seq)
-        heapq.heappush(self._heap, (priority, cid, self._seq))
+        item = (priority, cid)
+        self._live[cid] = item
+        heapq.heappush(self._heap, item)
+        self._maybe_compact()
+
+    def push_many(self, items: list[tuple[Priority, bytes]]) -> None:
+        """Queue many chunks at once (a warm start), given as ``(priority, chunk id)`` items (the queue keeps
+        them): one heapify instead of a push each; a chunk given twice keeps its last item."""
+        self._live.update((item[1], item) for item in items)
+        self._heap.extend(items)
+        heapq.heapify(self._heap)
         self._maybe_compact()
 
     def discard(self, cid: bytes) -> None:
@@ -76,13 +88,12 @@ class VictimQueue:
 
         Chunks ``eligible`` refuses stay queued.
         """
-        skipped: list[tuple[Priority, bytes, int]] = []
+        skipped: list[tuple[Priority, bytes]] = []
         found = None
         while self._heap:
             item = heapq.heappop(self._heap)
-            _, cid, seq = item
-            live = self._live.get(cid)
-            if live is None or live[1] != seq:
+            cid = item[1]
+            if self._live.get(cid) is not item:
                 continue  # stale: the chunk was re-queued or discarded since
             if eligible(cid):
                 del self._live[cid]
@@ -95,7 +106,7 @@ class VictimQueue:
 
     def ordered(self) -> list[bytes]:
         """Every queued chunk, smallest first (for tests and diagnostics; O(n log n))."""
-        return [cid for cid, _ in sorted(self._live.items(), key=lambda kv: (kv[1][0], kv[0]))]
+        return [cid for _, cid in sorted(self._live.values())]
 
     def heap_size(self) -> int:
         """Items in the heap, stale ones included (bounded by twice the live ones plus a slack)."""
@@ -103,7 +114,7 @@ class VictimQueue:
 
     def _maybe_compact(self) -> None:
         if len(self._heap) > 2 * len(self._live) + _COMPACT_SLACK:
-            self._heap = [(p, cid, seq) for cid, (p, seq) in self._live.items()]
+            self._heap = list(self._live.values())
             heapq.heapify(self._heap)
 
 
@@ -137,6 +148,10 @@ class Space:
                 queue.discard(cid)
             else:
                 queue.push(cid, self._policy.priority(Candidate(res.last_access, entry.depth, entry.hits)))
+
+    def priority(self, last_access: int, depth: int, hits: int) -> Priority:
+        """The policy's rank of a residency (a warm start ranks a million at once, see ``push_many``)."""
+        return self._policy.priority(Candidate(last_access, depth, hits))
 
     def forget(self, cid: bytes, level: TierLevel) -> None:
         """A residency ended."""

@@ -7,8 +7,8 @@ a checksummed header followed by a raw or zstd payload (:mod:`tiercache.tiers.va
 
 Every read verifies the header checksum, the stored length against the value's real length (a truncated
 value fails) and the raw checksum. A value that fails any check is a miss, is counted in
-``corrupt_reads`` and is deleted. Opening the environment checks every header (not the payloads) and drops
-malformed or truncated values in the same way.
+``corrupt_reads`` and is deleted. Opening indexes the chunks from their per-chunk records, or (an older
+environment) checks every header and drops malformed values (:mod:`tiercache.tiers.lmdb_scan`).
 
 Durability follows ``LmdbTierConfig.durable`` (see :mod:`tiercache.tiers.lmdb_config`); a torn or damaged
 value is never served either way: the checksums turn it into a miss.
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 
 import lmdb
@@ -58,8 +57,7 @@ __all__ = ["LmdbTier", "LmdbTierConfig"]
 
 logger = logging.getLogger(__name__)
 
-_STAGING_CACHE_BYTES = 256 << 20
-"""Staging buffers kept for reuse after commit or abort."""
+_STAGING_CACHE_BYTES = 256 << 20  # staging buffers kept for reuse after commit or abort
 
 
 class LmdbTier(StorageTier):
@@ -114,24 +112,18 @@ class LmdbTier(StorageTier):
         self._env = opened.env
         self._dbs = opened.dbs
         self._max_key = opened.max_key_bytes
-        self._order = AccessOrder(opened.last_seq)
-        self._corrupt_reads = opened.dropped
+        self._order = AccessOrder(opened.found.last_seq)
+        self._corrupt_reads = opened.found.dropped
         self._depth_source: DepthSource | None = None
-        self._stored_depths = {c.chunk_id: c.depth for c in opened.chunks if c.depth is not None}
-        self._index: OrderedDict[bytes, tuple[int, int]] = OrderedDict(
-            (c.chunk_id, (c.stored_bytes, c.nbytes)) for c in opened.chunks
-        )
-        self._used = sum(c.stored_bytes for c in opened.chunks)
+        self._index = opened.found.index()  # id -> (stored bytes, payload bytes, depth or None), use order
+        self._used = opened.found.used_bytes
         if self._used > self._capacity:
             logger.warning("L3 at %s holds %d bytes > capacity %d", config.path, self._used, self._capacity)
+        shape = (len(self._index), self._used, self._capacity, config.codec.value, opened.writemap)
         logger.info(
-            "opened L3 tier at %s: %d chunks, %d bytes (capacity %d, codec %s, %s)",
+            "opened L3 tier at %s: %d chunks, %d bytes (capacity %d, codec %s, writemap %s)",
             config.path,
-            len(self._index),
-            self._used,
-            self._capacity,
-            config.codec.value,
-            "writemap" if opened.writemap else "no writemap",
+            *shape,
         )
 
     @property
@@ -163,8 +155,8 @@ class LmdbTier(StorageTier):
         """Mark chunks as just used; returns whether the access order is due for a flush."""
         with self._lock:
             for cid in chunk_ids:
-                if cid in self._index:
-                    self._index.move_to_end(cid)
+                if cid in self._index:  # a plain dict keeps insertion order: re-inserting moves to the end
+                    self._index[cid] = self._index.pop(cid)
                     self._order.read(cid)
             return self._order.flush_due
 
@@ -180,8 +172,15 @@ class LmdbTier(StorageTier):
         self._depth_source = source
 
     def stored_depths(self) -> dict[bytes, int]:
-        """The chain depths found when the environment was opened (chunks stored without one are absent)."""
-        return dict(self._stored_depths)
+        """The chain depths stored with the committed chunks (chunks stored without one are absent)."""
+        with self._lock:
+            return {cid: entry[2] for cid, entry in self._index.items() if entry[2] is not None}
+
+    def depth_entries(self) -> list[tuple[bytes, int, int | None]]:
+        """Committed chunks as ``(chunk_id, nbytes, stored depth or None)``, in :meth:`entries` order."""
+        with self._lock:
+            self._check_open()
+            return [(cid, entry[1], entry[2]) for cid, entry in self._index.items()]
 
     # ------------------------------------------------------------------------------------------ protocol
 
@@ -304,9 +303,9 @@ class LmdbTier(StorageTier):
                 raise
             with self._lock:
                 moved = self._order.last_seq != first + len(values) - 1
-                for token, res, value in zip(tokens, reservations, values, strict=True):
-                    self._index[res.chunk_id] = (len(value), res.nbytes)
-                    self._index.move_to_end(res.chunk_id)
+                for token, res, value, depth in zip(tokens, reservations, values, depths, strict=True):
+                    self._index.pop(res.chunk_id, None)  # to the end of the use order
+                    self._index[res.chunk_id] = (len(value), res.nbytes, depth)
                     if moved:  # reads touched other chunks meanwhile: this commit is now the latest use
                         self._order.used(res.chunk_id)
                     self._used += len(value)
@@ -442,7 +441,7 @@ class LmdbTier(StorageTier):
         """
         with self._lock:
             self._check_open()
-            return [(cid, nbytes) for cid, (_, nbytes) in self._index.items()]
+            return [(cid, entry[1]) for cid, entry in self._index.items()]
 
     def usage(self) -> TierUsage:
         """A snapshot of space and counters (``used_bytes`` counts stored headers + payloads)."""

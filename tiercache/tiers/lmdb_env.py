@@ -4,9 +4,10 @@ One environment (a directory) holds three sub-databases: ``values`` (chunk id ->
 :mod:`tiercache.tiers.values`), ``order`` (chunk id -> access sequence number, see
 :mod:`tiercache.tiers.lmdb_order`) and ``meta`` (chunk id -> chain depth and value checksum, see
 :mod:`tiercache.tiers.lmdb_meta`; an environment written before it had one simply has no records).
-Opening it checks every value's header (not the payloads), drops
-malformed or truncated values and stale order records, and sorts the chunks by their last use, so that a
-restart finds the index and the order the last process left. It also allocates the disk blocks of the
+Opening it finds the committed chunks (from the per-chunk records
+alone when they are complete, else by checking every value's header: :mod:`tiercache.tiers.lmdb_scan`),
+drops stale records and sorts the chunks by their last use, so that a restart finds the index and the order
+the last process left. It also allocates the disk blocks of the
 capacity up front (see :func:`open_environment`).
 
 An environment whose files are damaged (an OS crash without ``durable`` may do that) is moved aside to
@@ -15,7 +16,6 @@ An environment whose files are damaged (an OS crash without ``durable`` may do t
 Primitives:
     DAMAGE: the LMDB errors that mean damaged files.
     LmdbDatabases: the three databases of an open environment.
-    StoredChunk: one committed chunk found at open (id, stored bytes, payload bytes, depth if stored).
     OpenedEnvironment: the open environment, its databases and what they hold.
     open_environment: open (or create) and scan, failing on damage.
     open_or_recover: the same, moving a damaged environment aside and starting empty when allowed.
@@ -32,9 +32,7 @@ from dataclasses import dataclass
 import lmdb
 
 from tiercache.errors import InvalidArgumentError
-from tiercache.tiers.lmdb_meta import unpack_meta
-from tiercache.tiers.lmdb_order import unpack_seq
-from tiercache.tiers.values import parse_header
+from tiercache.tiers.lmdb_scan import FoundChunks, scan
 
 logger = logging.getLogger(__name__)
 
@@ -64,23 +62,6 @@ class LmdbDatabases:
 
 
 @dataclass(frozen=True, slots=True)
-class StoredChunk:
-    """A committed chunk found when the environment was opened.
-
-    Attributes:
-        chunk_id: its id.
-        stored_bytes: bytes of its stored value (header + payload, possibly compressed).
-        nbytes: its payload bytes once decoded.
-        depth: its chain depth as stored with it, None when none was.
-    """
-
-    chunk_id: bytes
-    stored_bytes: int
-    nbytes: int
-    depth: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class OpenedEnvironment:
     """An open environment and what it holds.
 
@@ -88,10 +69,8 @@ class OpenedEnvironment:
         env: the environment (the caller closes it).
         dbs: its databases.
         max_key_bytes: LMDB's largest key.
-        chunks: the committed chunks, least recently used first (those without a stored sequence number
-            first, in key order).
-        last_seq: the highest stored sequence number (0 if none).
-        dropped: malformed values found and deleted.
+        found: the committed chunks, least recently used first, the last sequence number and the malformed
+            values dropped.
         writemap: whether writes go through the shared writable map (only when it is backed by disk).
         disk_room_bytes: when the filesystem could not hold the preallocation, the bytes the data file can
             still grow to (its allocated blocks plus the free space); None otherwise.
@@ -100,9 +79,7 @@ class OpenedEnvironment:
     env: lmdb.Environment
     dbs: LmdbDatabases
     max_key_bytes: int
-    chunks: tuple[StoredChunk, ...]
-    last_seq: int
-    dropped: int
+    found: FoundChunks
     writemap: bool = False
     disk_room_bytes: int | None = None
 
@@ -155,7 +132,7 @@ def open_environment(
     try:
         max_key = int(env.max_key_size())
         dbs = LmdbDatabases(env.open_db(VALUES_DB), env.open_db(ORDER_DB), env.open_db(META_DB))
-        chunks, last_seq, dropped = _scan(env, dbs, path)
+        found = scan(env, dbs, path)
         reserved = _preallocate(path, preallocate_bytes)
     except DAMAGE:
         env.close()
@@ -175,7 +152,7 @@ def open_environment(
     logger.info(
         "L3 at %s: map %d bytes, %s", path, map_size_bytes, "writemap" if writemap else "pwrite (no writemap)"
     )
-    return OpenedEnvironment(env, dbs, max_key, chunks, last_seq, dropped, writemap, room)
+    return OpenedEnvironment(env, dbs, max_key, found, writemap, room)
 
 
 def open_or_recover(
@@ -200,54 +177,6 @@ def open_or_recover(
     return open_environment(
         path, map_size_bytes=map_size_bytes, durable=durable, preallocate_bytes=preallocate_bytes
     )
-
-
-def _scan(env: lmdb.Environment, dbs: LmdbDatabases, path: str) -> tuple[tuple[StoredChunk, ...], int, int]:
-    """The chunks in use order, the last sequence number and how many malformed values were dropped."""
-    found: dict[bytes, StoredChunk] = {}
-    bad: list[bytes] = []
-    seqs: dict[bytes, int] = {}
-    stale_order: list[bytes] = []
-    stale_meta: list[bytes] = []
-    with env.begin(buffers=True) as txn:
-        for key, value in txn.cursor(db=dbs.values):
-            cid = bytes(key)
-            header = parse_header(value)
-            if isinstance(header, str):
-                logger.warning("L3 value %s is malformed (%s); dropping it", cid.hex(), header)
-                bad.append(cid)
-            else:
-                found[cid] = StoredChunk(cid, len(value), header.raw_len)
-        for key, value in txn.cursor(db=dbs.order):
-            cid = bytes(key)
-            seq = unpack_seq(value) if cid in found else None
-            if seq is None:
-                stale_order.append(cid)
-            else:
-                seqs[cid] = seq
-        for key, value in txn.cursor(db=dbs.meta):
-            cid = bytes(key)
-            meta = unpack_meta(value) if cid in found else None
-            if meta is None:
-                stale_meta.append(cid)
-            elif meta.depth is not None:
-                found[cid] = StoredChunk(cid, found[cid].stored_bytes, found[cid].nbytes, meta.depth)
-    if bad or stale_order or stale_meta:
-        try:
-            with env.begin(write=True) as txn:
-                for cid in bad:
-                    txn.delete(cid, db=dbs.values)
-                    txn.delete(cid, db=dbs.order)
-                    txn.delete(cid, db=dbs.meta)
-                for cid in stale_order:
-                    txn.delete(cid, db=dbs.order)
-                for cid in stale_meta:
-                    txn.delete(cid, db=dbs.meta)
-        except lmdb.MapFullError:
-            logger.exception("L3 at %s: map full while dropping malformed values", path)
-    # Chunks without a recorded sequence number go first (key order among them).
-    ordered = sorted(found, key=lambda c: (c in seqs, seqs.get(c, 0), c))
-    return tuple(found[c] for c in ordered), max(seqs.values(), default=0), len(bad)
 
 
 def _preallocate(path: str, want: int) -> bool | int:

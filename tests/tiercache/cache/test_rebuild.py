@@ -1,0 +1,77 @@
+"""The bulk warm start of the index: victim queues filled at once, chunks filed in the tier's order.
+
+A queue filled with ``push_many`` behaves exactly like one filled push by push (also mixed with later pushes
+and discards); an index rebuilt over a real L3 files every chunk once, in the tier's use order (one tick
+each), with its stored depth, shares one namespace id object per namespace, ranks its victims least
+recently used first and announces one STORED event per chunk.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from tiercache.cache.index import Index
+from tiercache.cache.space import Space, VictimQueue
+from tiercache.keys import NAMESPACE_ID_BYTES
+from tiercache.policies import LruPolicy
+from tiercache.stats import ChunkEvent, EventKind
+from tiercache.tiers.base import TierLevel
+from tiercache.tiers.lmdb import LmdbTier, LmdbTierConfig
+
+L3 = TierLevel.L3
+
+
+def _cid(ns: int, i: int) -> bytes:
+    return bytes([ns]) * NAMESPACE_ID_BYTES + i.to_bytes(4, "big") * 8
+
+
+def test_push_many_is_the_same_queue_as_pushes() -> None:
+    rnd = random.Random(3)
+    items = [(_cid(0, rnd.randrange(50)), (rnd.randrange(9), -rnd.randrange(3))) for _ in range(200)]
+    one, bulk = VictimQueue(), VictimQueue()
+    for cid, priority in items:
+        one.push(cid, priority)
+    bulk.push_many([(priority, cid) for cid, priority in items])
+    assert bulk.ordered() == one.ordered() and len(bulk) == len(one)
+    for queue in (one, bulk):  # later changes land the same way on both
+        queue.discard(items[0][0])
+        queue.push(items[1][0], (-1, 0))
+    popped = [[q.pop_min(lambda _: True) for _ in range(len(q) + 1)] for q in (one, bulk)]
+    assert popped[0] == popped[1] and popped[0][0] == items[1][0] and popped[0][-1] is None
+
+
+def test_rebuild_files_the_l3_chunks_in_use_order_with_depths(tmp_path: Path) -> None:
+    config = LmdbTierConfig(path=str(tmp_path / "l3"), capacity_bytes=1 << 20)
+    cids = [_cid(ns, i) for i in range(5) for ns in (1, 2)]
+    tier = LmdbTier(config)
+    tier.bind_depths(lambda cid: int.from_bytes(cid[-4:], "big"))
+    for cid in cids:
+        slots = tier.reserve([cid], [64])
+        slots[0].buffer.fill_(1)
+        tier.commit(slots)
+    tier.close()
+
+    tier = LmdbTier(config)
+    try:
+        events: list[ChunkEvent] = []
+        space = Space([L3], LruPolicy(), min_residency_s=0.0)
+        index = Index([L3], space, events.append)
+        index.rebuild({L3: tier})
+        assert list(index) == cids and len(index) == len(cids)
+        entries = [index.get(cid) for cid in cids]
+        assert all(e is not None for e in entries)
+        ticks = [e.res[L3].last_access for e in entries if e is not None]
+        assert ticks == sorted(ticks) and len(set(ticks)) == len(cids)
+        assert [e.depth for e in entries if e is not None] == [i for i in range(5) for _ in (1, 2)]
+        by_ns = {
+            ns: {id(e.namespace_id) for e in entries if e is not None and e.namespace_id[0] == ns}
+            for ns in (1, 2)
+        }
+        assert all(len(ids) == 1 for ids in by_ns.values())  # one namespace id object per namespace
+        assert space.queue(L3).ordered() == cids  # least recently used first
+        assert [(e.kind, e.level, e.namespace_id + e.key) for e in events] == [
+            (EventKind.STORED, L3, cid) for cid in cids
+        ]
+    finally:
+        tier.close()
