@@ -20,6 +20,7 @@ import torch
 
 from tiercache.codec import Codec
 from tiercache.proto import tiercache_pb2 as pb
+from tiercache.wire.framing import Framed
 
 from .dataplane import DataPlane, DataPlaneKind, PrefillPublisher
 from .kv import EngineKV, chunk_to_kv, kv_to_chunk
@@ -27,7 +28,7 @@ from .layerwise import LayerwiseLoad, LayerwiseSave
 from .outcomes import LoadResult, StoreResult
 from .policy import WirePolicy
 from .results import StreamChunk, StreamStoreResult
-from .stream import Payload, StreamAssembler, message_limit, payload_view, piece_bytes, store_messages
+from .stream import Payload, StreamAssembler, message_limit, payload_view, piece_bytes, store_frames
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class ByteStreamPlane(DataPlane):
         staging = torch.empty(layout.chunk_bytes, dtype=torch.uint8)
 
         def payloads() -> Iterator[torch.Tensor]:
-            # One staging buffer: each chunk is cut into (copied) messages before the next is staged.
+            # One staging buffer: each chunk's pieces are written to the wire before the next is staged.
             for index in range(cached, len(keys)):
                 kv_to_chunk(layout, kv, index, staging)
                 yield staging
@@ -132,9 +133,9 @@ class ByteStreamPlane(DataPlane):
             message_limit(reg.max_stream_message_bytes, self.client.config.channel.max_message_bytes)
         )
 
-        def messages(handle: bytes) -> Iterator[pb.StreamStoreMessage]:
+        def messages(handle: bytes) -> Iterator[Framed[pb.StreamStoreMessage]]:
             views = (payload_view(p, i) for i, p in enumerate(payloads))
-            return store_messages(handle, keys, views, reg.chunk_bytes, piece, codec, start_depth)
+            return store_frames(handle, keys, views, reg.chunk_bytes, piece, codec, start_depth)
 
         return self.client.stream_store(self.namespace, messages)
 
@@ -155,7 +156,7 @@ class ByteStreamPlane(DataPlane):
         reg = self.client.registration(self.namespace)
         limit = message_limit(reg.max_stream_message_bytes, self.client.config.channel.max_message_bytes)
 
-        def read(messages: Iterator[pb.StreamLoadMessage]) -> int:
+        def read(messages: Iterator[Framed[pb.StreamLoadMessage]]) -> int:
             assembler = StreamAssembler(keys, reg.chunk_bytes, reuse_buffer)
             count = 0
             for msg in messages:

@@ -2,7 +2,10 @@
 
 For engines that cannot map the daemon's shared memory (another host, another container): chunks travel as
 pieces of at most the negotiated message size, optionally zstd per piece (:mod:`.streams` cuts and checks
-them). Large pieces are copied or coded in the executor, small ones on the event loop. A StreamStore names its
+them). Pieces travel framed (their data never copied by protobuf, see :data:`~.streams.STREAM_CODECS`).
+Large store pieces are copied or decoded in the executor, small ones on the event loop; a raw load piece is
+a view of the leased slot that gRPC copies once when it writes the message, and only zstd load pieces of
+more than ``INLINE_BYTES`` go to the executor. A StreamStore names its
 handle in its first message; the handle is checked there (the same check the decorators of :mod:`.rpc` make),
 and every later message must name the same handle or none.
 
@@ -22,18 +25,21 @@ from tiercache.codec import Codec
 from tiercache.errors import InvalidArgumentError
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.wire import CODECS
+from tiercache.wire.framing import Framed
 
 from . import convert
 from .rpc import Caller, ServicerBase, server_stream, unary_tenant
-from .streams import INLINE_BYTES, LOAD_ZSTD_LEVEL, ChunkAssembler, encode_piece
+from .streams import INLINE_BYTES, LOAD_ZSTD_LEVEL, STREAM_CODECS, ChunkAssembler, encode_piece
 
 
 class StreamRpcs(ServicerBase):
     """Stores and loads as streams of byte pieces."""
 
+    WIRE_CODECS = STREAM_CODECS
+
     @unary_tenant
     async def StreamStore(
-        self, request_iterator: AsyncIterator[pb.StreamStoreMessage], tenant: str, context: Any
+        self, request_iterator: AsyncIterator[Framed[pb.StreamStoreMessage]], tenant: str, context: Any
     ) -> pb.StreamStoreResponse:
         """Store chunks sent as pieces; all are committed when the client closes the stream."""
         handle = b""
@@ -44,12 +50,13 @@ class StreamRpcs(ServicerBase):
         chunk_bytes = 0
         try:
             async for msg in request_iterator:
+                header = msg.header
                 if assembler is None:
-                    caller = self.resolve(tenant, msg.handle)
+                    caller = self.resolve(tenant, header.handle)
                     handle, chunk_bytes = caller.namespace_id, caller.info.chunk_bytes
                     assembler = ChunkAssembler(chunk_bytes)
-                    start_depth = msg.start_depth
-                elif msg.handle and msg.handle != handle:
+                    start_depth = header.start_depth
+                elif header.handle and header.handle != handle:
                     raise InvalidArgumentError("handle", "differs from the stream's first message")
                 piece = assembler.check(msg)
                 if piece.starts_chunk:
@@ -60,7 +67,7 @@ class StreamRpcs(ServicerBase):
                     if not ticket.slots:
                         skipped.append(piece.index)
                     assembler.open(piece, ticket.slots[0].buffer if ticket.slots else None)
-                if len(piece.data) > INLINE_BYTES:
+                if memoryview(piece.data).nbytes > INLINE_BYTES:
                     await self.run(assembler.write, piece)
                 else:
                     assembler.write(piece)
@@ -80,7 +87,7 @@ class StreamRpcs(ServicerBase):
     @server_stream
     async def StreamLoad(
         self, request: pb.StreamLoadRequest, caller: Caller, context: Any
-    ) -> AsyncIterator[pb.StreamLoadMessage]:
+    ) -> AsyncIterator[Framed[pb.StreamLoadMessage]]:
         """Stream the cached prefix as pieces of at most the negotiated message size."""
         chunk_bytes = caller.info.chunk_bytes
         keys = convert.keys_from_proto(request.keys)
@@ -95,19 +102,19 @@ class StreamRpcs(ServicerBase):
             for chunk in ticket.chunks:
                 for start in range(0, chunk_bytes, piece_bytes):
                     stop = min(start + piece_bytes, chunk_bytes)
-                    if stop - start > INLINE_BYTES:
+                    if cctx is not None and stop - start > INLINE_BYTES:
                         data, packed = await self.run(encode_piece, chunk.view, start, stop, cctx)
                     else:
                         data, packed = encode_piece(chunk.view, start, stop, cctx)
-                    yield pb.StreamLoadMessage(
+                    header = pb.StreamLoadMessage(
                         index=chunk.index,
                         key=chunk.key,
                         offset=start,
-                        data=data,
                         codec=CODECS.to_proto(Codec.ZSTD if packed else Codec.RAW),
                         last=stop == chunk_bytes,
                         chunk_bytes=chunk_bytes,
                     )
+                    yield Framed(header, data)
                 self._deps.metrics.add_bytes("stream", "load", chunk_bytes)
             await self.run(self._manager.release, ticket.lease_id)
             done = True
