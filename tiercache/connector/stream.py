@@ -19,7 +19,7 @@ Primitives:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
 import zstandard
@@ -163,14 +163,23 @@ class StreamAssembler:
     The daemon sends the contiguous cached prefix: chunk 0, 1, 2, ... each as consecutive pieces.
     """
 
-    def __init__(self, keys: Sequence[bytes], chunk_bytes: int, reuse_buffer: bool = False) -> None:
+    def __init__(
+        self,
+        keys: Sequence[bytes],
+        chunk_bytes: int,
+        reuse_buffer: bool = False,
+        buffers: Callable[[], bytearray] | None = None,
+    ) -> None:
         """Args:
         keys: the request's keys.
         chunk_bytes: raw bytes per chunk.
         reuse_buffer: assemble every chunk in one buffer (the caller is done with a chunk's ``data``
             before it feeds the next message): a fresh multi-MiB buffer per chunk costs a page fault per
             4 KiB on first touch, several times the copy itself.
+        buffers: where each chunk is assembled instead (``chunk_bytes`` long; e.g. the rotating buffers
+            of a :class:`~.copier.ChunkCopier`).
         """
+        self._buffers = buffers
         self._keys = keys
         self._chunk_bytes = chunk_bytes
         self._zstd = zstandard.ZstdDecompressor()
@@ -179,6 +188,14 @@ class StreamAssembler:
         self._spare: bytearray | None = None
         self._reuse = reuse_buffer
         self._filled = 0
+
+    def _new_buffer(self) -> bytearray:
+        if self._buffers is not None:
+            buf = self._buffers()
+            if len(buf) != self._chunk_bytes:
+                raise ValueError(f"buffers gave {len(buf)} bytes for {self._chunk_bytes}-byte chunks")
+            return buf
+        return self._spare if self._spare is not None else bytearray(self._chunk_bytes)
 
     def _fail(self, message: str) -> TierCacheError:
         return TierCacheError(f"stream load: {message}")
@@ -195,7 +212,7 @@ class StreamAssembler:
                 raise self._fail(f"chunk {msg.index} arrived, expected {self._next_index}")
             if msg.offset != 0:
                 raise self._fail(f"chunk {msg.index} starts at offset {msg.offset}")
-            self._buffer = self._spare if self._spare is not None else bytearray(self._chunk_bytes)
+            self._buffer = self._new_buffer()
             self._filled = 0
         elif msg.index != self._next_index:
             raise self._fail(f"chunk {msg.index} interleaved with unfinished chunk {self._next_index}")

@@ -3,7 +3,8 @@
 Whole chunks travel over gRPC streams, framed by :mod:`.stream` into messages within both ends' size limit
 (per-piece zstd when the codec asks for it). A store first looks up the cached prefix and sends only what
 follows it, staging one chunk at a time; a load receives the contiguous cached prefix and copies each chunk
-into the engine's tensors as soon as it is complete (all chunks are assembled in one reused buffer). The
+into the engine's tensors as soon as it is complete, on a worker thread while the next chunk arrives
+(:class:`~.copier.ChunkCopier`: two assembly buffers in rotation). The
 daemon commits a stream store when the stream ends, so a failed stream leaves nothing visible.
 
 Primitives:
@@ -22,8 +23,9 @@ from tiercache.codec import Codec
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.wire.framing import Framed
 
+from .copier import ChunkCopier
 from .dataplane import DataPlane, DataPlaneKind, PrefillPublisher
-from .kv import EngineKV, chunk_to_kv, kv_to_chunk
+from .kv import EngineKV, kv_to_chunk
 from .layerwise import LayerwiseLoad, LayerwiseSave
 from .outcomes import LoadResult, StoreResult
 from .policy import WirePolicy
@@ -42,11 +44,8 @@ class ByteStreamPlane(DataPlane):
 
     def load(self, keys: Sequence[bytes], kv: EngineKV, policy: WirePolicy, prompt_tokens: int) -> LoadResult:
         layout = self.namespace.layout
-
-        def consume(chunk: StreamChunk) -> None:
-            chunk_to_kv(layout, torch.frombuffer(chunk.data, dtype=torch.uint8), kv, chunk.index)
-
-        loaded = self.receive(keys, consume, reuse_buffer=True)
+        with ChunkCopier(layout, kv) as copier:
+            loaded = self.receive(keys, copier.submit, buffers=copier.buffer)
         hit = loaded * layout.chunk_tokens
         return LoadResult(len(keys) * layout.chunk_tokens, hit, hit, remote=True, tokens_cached=hit)
 
@@ -140,12 +139,17 @@ class ByteStreamPlane(DataPlane):
         return self.client.stream_store(self.namespace, messages)
 
     def receive(
-        self, keys: Sequence[bytes], consume: Callable[[StreamChunk], None], reuse_buffer: bool
+        self,
+        keys: Sequence[bytes],
+        consume: Callable[[StreamChunk], None],
+        reuse_buffer: bool = False,
+        buffers: Callable[[], bytearray] | None = None,
     ) -> int:
         """Receive the contiguous cached prefix of ``keys``, handing each whole chunk to ``consume``.
 
         With ``reuse_buffer`` every chunk is assembled in the same buffer: ``consume`` must be done with
-        ``chunk.data`` when it returns. Returns the number of chunks consumed.
+        ``chunk.data`` when it returns; with ``buffers``, each chunk is assembled in the buffer it gives.
+        Returns the number of chunks consumed.
 
         Raises:
             TierCacheError: the stream was malformed (out-of-order pieces, bad sizes or zstd data).
@@ -157,7 +161,7 @@ class ByteStreamPlane(DataPlane):
         limit = message_limit(reg.max_stream_message_bytes, self.client.config.channel.max_message_bytes)
 
         def read(messages: Iterator[Framed[pb.StreamLoadMessage]]) -> int:
-            assembler = StreamAssembler(keys, reg.chunk_bytes, reuse_buffer)
+            assembler = StreamAssembler(keys, reg.chunk_bytes, reuse_buffer, buffers)
             count = 0
             for msg in messages:
                 chunk = assembler.feed(msg)
