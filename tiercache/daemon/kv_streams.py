@@ -15,8 +15,8 @@ Primitives:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, ClassVar
 
 import zstandard
 
@@ -28,6 +28,7 @@ from tiercache.wire import CODECS
 from tiercache.wire.framing import Framed
 
 from . import convert
+from .decode import WireCodec
 from .rpc import Caller, ServicerBase, server_stream, unary_tenant
 from .streams import INLINE_BYTES, LOAD_ZSTD_LEVEL, STREAM_CODECS, ChunkAssembler, encode_piece
 
@@ -35,7 +36,7 @@ from .streams import INLINE_BYTES, LOAD_ZSTD_LEVEL, STREAM_CODECS, ChunkAssemble
 class StreamRpcs(ServicerBase):
     """Stores and loads as streams of byte pieces."""
 
-    WIRE_CODECS = STREAM_CODECS
+    WIRE_CODECS: ClassVar[Mapping[str, WireCodec]] = STREAM_CODECS
 
     @unary_tenant
     async def StreamStore(
