@@ -9,14 +9,19 @@ with 1. So the scatter runs on one worker thread that uses a single intra-op thr
 only: the engine's own threads keep their setting), one chunk behind the receiver, with ``depth``
 assembly buffers in rotation.
 
+A byte-stream store works the other way round, with the same thread setting: :func:`staged_chunks`
+gathers each chunk out of the KV on its own worker, one chunk ahead of the sender.
+
 Primitives:
     ChunkCopier: ``buffer`` (a free assembly buffer), ``submit`` (scatter a whole chunk), ``finish``;
         a context manager that always waits for its copies and stops its thread.
+    staged_chunks: the chunks at some positions of the KV, gathered one ahead on a worker thread.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 
@@ -24,7 +29,7 @@ import torch
 
 from tiercache.layout import KVLayout
 
-from .kv import EngineKV, chunk_to_kv
+from .kv import EngineKV, chunk_to_kv, kv_to_chunk
 from .results import StreamChunk
 
 
@@ -97,3 +102,36 @@ class ChunkCopier:
             future, buf = self._pending.popleft()
             future.result()
             self._free.append(buf)
+
+
+def staged_chunks(
+    layout: KVLayout, kv: EngineKV, positions: Sequence[int], depth: int = 2
+) -> Iterator[torch.Tensor]:
+    """The chunks at ``positions`` of ``kv``, each gathered into a staging buffer on a worker thread
+    while the caller sends the one before.
+
+    A yielded buffer is reused ``depth`` chunks later, once the caller asks for the next chunk: the caller
+    must be done with it by then (the byte stream writes a chunk's pieces to the wire before it asks).
+
+    Raises:
+        Exception: the gather of a chunk failed (its exception, when that chunk is due).
+    """
+    if not positions:
+        return
+    with ThreadPoolExecutor(
+        1, thread_name_prefix="tiercache-stage", initializer=_single_intraop_thread
+    ) as pool:
+        buffers = [
+            torch.empty(layout.chunk_bytes, dtype=torch.uint8) for _ in range(min(depth, len(positions)))
+        ]
+        due: deque[tuple[Future[None], torch.Tensor]] = deque()
+        upcoming = iter(positions)
+        for buf, position in zip(buffers, upcoming):
+            due.append((pool.submit(kv_to_chunk, layout, kv, position, buf), buf))
+        while due:
+            future, buf = due.popleft()
+            future.result()
+            yield buf
+            following = next(upcoming, None)
+            if following is not None:
+                due.append((pool.submit(kv_to_chunk, layout, kv, following, buf), buf))

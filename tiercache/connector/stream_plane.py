@@ -2,7 +2,7 @@
 
 Whole chunks travel over gRPC streams, framed by :mod:`.stream` into messages within both ends' size limit
 (per-piece zstd when the codec asks for it). A store first looks up the cached prefix and sends only what
-follows it, staging one chunk at a time; a load receives the contiguous cached prefix and copies each chunk
+follows it, each chunk gathered on a worker thread while the one before is sent; a load receives the contiguous cached prefix and copies each chunk
 into the engine's tensors as soon as it is complete, on a worker thread while the next chunk arrives
 (:class:`~.copier.ChunkCopier`: two assembly buffers in rotation). The
 daemon commits a stream store when the stream ends, so a failed stream leaves nothing visible.
@@ -23,9 +23,9 @@ from tiercache.codec import Codec
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.wire.framing import Framed
 
-from .copier import ChunkCopier
+from .copier import ChunkCopier, staged_chunks
 from .dataplane import DataPlane, DataPlaneKind, PrefillPublisher
-from .kv import EngineKV, kv_to_chunk
+from .kv import EngineKV
 from .layerwise import LayerwiseLoad, LayerwiseSave
 from .outcomes import LoadResult, StoreResult
 from .policy import WirePolicy
@@ -74,15 +74,8 @@ class ByteStreamPlane(DataPlane):
         cached = self.client.lookup(self.namespace, keys).chunks
         if cached >= len(keys):
             return StoreResult(offered, 0, offered, remote=True)
-        staging = torch.empty(layout.chunk_bytes, dtype=torch.uint8)
-
-        def payloads() -> Iterator[torch.Tensor]:
-            # One staging buffer: each chunk's pieces are written to the wire before the next is staged.
-            for index in range(cached, len(keys)):
-                kv_to_chunk(layout, kv, index, staging)
-                yield staging
-
-        result = self.send(keys[cached:], payloads(), start_depth=cached, codec=self.config.codec)
+        payloads = staged_chunks(layout, kv, range(cached, len(keys)))
+        result = self.send(keys[cached:], payloads, start_depth=cached, codec=self.config.codec)
         skipped = cached + len(result.skipped)
         return StoreResult(offered, result.stored * c_tokens, skipped * c_tokens, remote=True)
 
@@ -188,17 +181,10 @@ class _StreamPublisher(PrefillPublisher):
         return False
 
     def publish(self, kv: EngineKV, positions: Sequence[int]) -> int:
-        layout = self._plane.namespace.layout
-        staging = torch.empty(layout.chunk_bytes, dtype=torch.uint8)
-
-        def payloads() -> Iterator[torch.Tensor]:
-            for p in positions:
-                kv_to_chunk(layout, kv, p, staging)
-                yield staging
-
+        payloads = staged_chunks(self._plane.namespace.layout, kv, positions)
         keys = [self._keys[p] for p in positions]
         # Publications travel raw, whatever the connector's codec (as they always have).
-        return self._plane.send(keys, payloads(), start_depth=positions[0]).stored
+        return self._plane.send(keys, payloads, start_depth=positions[0]).stored
 
     def abort(self) -> None:
         return None

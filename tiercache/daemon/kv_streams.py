@@ -3,7 +3,9 @@
 For engines that cannot map the daemon's shared memory (another host, another container): chunks travel as
 pieces of at most the negotiated message size, optionally zstd per piece (:mod:`.streams` cuts and checks
 them). Pieces travel framed (their data never copied by protobuf, see :data:`~.streams.STREAM_CODECS`).
-Large store pieces are copied or decoded in the executor, small ones on the event loop; a raw load piece is
+A chunk's first store piece is written in the executor call that reserves the chunk, later large pieces in
+the executor (each while the next message arrives), small ones on the event loop, and the stream commits in
+one executor call; a raw load piece is
 a view of the leased slot that gRPC copies once when it writes the message, and only zstd load pieces of
 more than ``INLINE_BYTES`` go to the executor. A StreamStore names its
 handle in its first message; the handle is checked there (the same check the decorators of :mod:`.rpc` make),
@@ -15,8 +17,10 @@ Primitives:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
-from typing import Any, ClassVar
+import asyncio
+import functools
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, ClassVar, ParamSpec
 
 import zstandard
 
@@ -30,7 +34,9 @@ from tiercache.wire.framing import Framed
 from . import convert
 from .decode import WireCodec
 from .rpc import Caller, ServicerBase, server_stream, unary_tenant
-from .streams import INLINE_BYTES, LOAD_ZSTD_LEVEL, STREAM_CODECS, ChunkAssembler, encode_piece
+from .streams import INLINE_BYTES, LOAD_ZSTD_LEVEL, STREAM_CODECS, ChunkAssembler, Piece, encode_piece
+
+P = ParamSpec("P")
 
 
 class StreamRpcs(ServicerBase):
@@ -42,15 +48,23 @@ class StreamRpcs(ServicerBase):
     async def StreamStore(
         self, request_iterator: AsyncIterator[Framed[pb.StreamStoreMessage]], tenant: str, context: Any
     ) -> pb.StreamStoreResponse:
-        """Store chunks sent as pieces; all are committed when the client closes the stream."""
+        """Store chunks sent as pieces; all are committed when the client closes the stream.
+
+        A piece's write runs in the executor while the next message is received (the write is waited for
+        before that message is checked: the checks follow the writes' progress).
+        """
         handle = b""
         start_depth = 0
         assembler: ChunkAssembler | None = None
         tickets: list[StoreTicket] = []
         skipped: list[int] = []
         chunk_bytes = 0
+        writing: asyncio.Future[None] | None = None
         try:
             async for msg in request_iterator:
+                if writing is not None:
+                    await writing
+                    writing = None
                 header = msg.header
                 if assembler is None:
                     caller = self.resolve(tenant, header.handle)
@@ -60,30 +74,63 @@ class StreamRpcs(ServicerBase):
                 elif header.handle and header.handle != handle:
                     raise InvalidArgumentError("handle", "differs from the stream's first message")
                 piece = assembler.check(msg)
-                if piece.starts_chunk:
-                    ticket = await self.run(
-                        self._rules.begin_stream_store, handle, piece.key, start_depth + piece.index
+                if piece.starts_chunk:  # reserve and write in one executor call
+                    depth = start_depth + piece.index
+                    writing = self._submit(
+                        self._start_chunk, assembler, handle, piece, depth, tickets, skipped
                     )
-                    tickets.append(ticket)
-                    if not ticket.slots:
-                        skipped.append(piece.index)
-                    assembler.open(piece, ticket.slots[0].buffer if ticket.slots else None)
-                if memoryview(piece.data).nbytes > INLINE_BYTES:
-                    await self.run(assembler.write, piece)
+                elif memoryview(piece.data).nbytes > INLINE_BYTES:
+                    writing = self._submit(assembler.write, piece)
                 else:
                     assembler.write(piece)
+            if writing is not None:
+                await writing
+                writing = None
             if assembler is None:
                 return pb.StreamStoreResponse()
             assembler.finish()
-            stored = 0
-            while tickets:
-                stored += await self.run(self._manager.commit_store, tickets[0].ticket_id)
-                tickets.pop(0)
+            stored = await self.run(self._commit_all, tickets)
         finally:
+            if writing is not None:  # failed or cancelled meanwhile: its ticket must be listed first
+                await asyncio.wait([writing])
+                if not writing.cancelled():
+                    writing.exception()  # retrieved: the stream's own failure is the one reported
             for ticket in tickets:
                 self.fire(self._manager.abort_store, ticket.ticket_id)
         self._deps.metrics.add_bytes("stream", "store", stored * chunk_bytes)
         return pb.StreamStoreResponse(stored=stored, skipped=skipped)
+
+    def _submit(self, fn: Callable[P, None], *args: P.args, **kwargs: P.kwargs) -> asyncio.Future[None]:
+        """Start a blocking call in the executor; the caller awaits it later."""
+        loop = asyncio.get_running_loop()
+        return loop.run_in_executor(self._deps.executor, functools.partial(fn, *args, **kwargs))
+
+    def _start_chunk(
+        self,
+        assembler: ChunkAssembler,
+        handle: bytes,
+        piece: Piece,
+        depth: int,
+        tickets: list[StoreTicket],
+        skipped: list[int],
+    ) -> None:
+        """Reserve the chunk of a first piece (its ticket joins ``tickets`` at once, to be aborted if the
+        stream fails) and write the piece into it. Blocking: runs in the executor."""
+        ticket = self._rules.begin_stream_store(handle, piece.key, depth)
+        tickets.append(ticket)
+        if not ticket.slots:
+            skipped.append(piece.index)
+        assembler.open(piece, ticket.slots[0].buffer if ticket.slots else None)
+        assembler.write(piece)
+
+    def _commit_all(self, tickets: list[StoreTicket]) -> int:
+        """Commit the tickets in order, each leaving ``tickets`` once committed (what is left when one
+        fails is aborted by the caller). Blocking: runs in the executor, one call for the whole stream."""
+        stored = 0
+        while tickets:
+            stored += self._manager.commit_store(tickets[0].ticket_id)
+            tickets.pop(0)
+        return stored
 
     @server_stream
     async def StreamLoad(
