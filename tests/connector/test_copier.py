@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tiercache.connector.copier import ChunkCopier
+from tiercache.connector.copier import ChunkCopier, staged_chunks
 from tiercache.connector.kv import ContiguousKV, kv_to_chunk
 from tiercache.connector.results import StreamChunk
 from tiercache.layout import KVDtype, KVLayout
@@ -47,3 +47,26 @@ def test_a_failed_copy_is_raised_and_the_thread_stops() -> None:
         copier.buffer()  # waits for that copy: its failure surfaces here
     with pytest.raises(RuntimeError, match="shutdown"):
         copier.submit(StreamChunk(0, b"k", bytearray(LAYOUT.chunk_bytes)))
+
+
+def test_staged_chunks_are_the_kv_chunks_in_order_through_two_buffers() -> None:
+    src = _kv(2)
+    positions = [3, 0, 4, 1]
+    expected = []
+    for p in positions:
+        buf = torch.empty(LAYOUT.chunk_bytes, dtype=torch.uint8)
+        kv_to_chunk(LAYOUT, src, p, buf)
+        expected.append(bytes(buf.numpy()))
+    got, buffers = [], set()
+    for staged in staged_chunks(LAYOUT, src, positions):
+        got.append(bytes(staged.numpy()))  # used before the next is asked for
+        buffers.add(staged.data_ptr())
+    assert got == expected and len(buffers) == 2
+    assert list(staged_chunks(LAYOUT, src, [])) == []
+
+
+def test_a_failed_gather_is_raised_when_its_chunk_is_due() -> None:
+    chunks = staged_chunks(LAYOUT, _kv(2), [0, CHUNKS + 3])
+    next(chunks)
+    with pytest.raises(RuntimeError, match="size of tensor"):
+        next(chunks)
