@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
+import numpy as np
 import torch
 import zstandard
 
@@ -228,7 +229,8 @@ class StreamAssembler:
         stop = self._filled + len(raw)
         if stop > self._chunk_bytes:
             raise self._fail(f"chunk {msg.index} overflows {self._chunk_bytes} bytes")
-        self._buffer[self._filled : stop] = raw
+        # numpy copies without holding the GIL (gRPC's receiving thread runs meanwhile)
+        np.frombuffer(self._buffer, dtype=np.uint8)[self._filled : stop] = np.frombuffer(raw, dtype=np.uint8)
         self._filled = stop
         if not msg.last:
             return None
