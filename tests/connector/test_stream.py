@@ -8,9 +8,10 @@ import pytest
 import zstandard
 
 from tiercache.codec import Codec
-from tiercache.connector.stream import StreamAssembler, piece_bytes, store_messages
+from tiercache.connector.stream import StreamAssembler, piece_bytes, store_frames, store_messages
 from tiercache.errors import InvalidArgumentError, TierCacheError
 from tiercache.proto import tiercache_pb2 as pb
+from tiercache.wire.framing import Framed, split
 
 KEYS = [bytes([i]) * 32 for i in range(3)]
 CHUNK = 10_000
@@ -127,3 +128,48 @@ def test_a_reused_buffer_holds_each_chunk_until_the_next_one_starts() -> None:
             buffers.add(id(chunk.data))
     assert seen == payloads
     assert len(buffers) == 1  # one buffer for all chunks: no fresh multi-MiB allocation per chunk
+
+
+def _framed(msg: pb.StreamLoadMessage) -> Framed[pb.StreamLoadMessage]:
+    return split(msg.SerializeToString(), pb.StreamLoadMessage)  # as the connector's stub receives it
+
+
+@pytest.mark.parametrize(
+    ("msgs", "match"),
+    [
+        ([_msg(data=b"a" * 11)], "overflows"),
+        ([_msg(data=b"a" * 9)], "ended after 9"),
+        ([_msg(data=b"a" * 4, last=False), _msg(offset=5, data=b"a" * 6)], "offset 5, expected 4"),
+        ([_msg(data=b"not zstd at all", codec=pb.CODEC_ZSTD)], "bad zstd"),
+    ],
+)
+def test_framed_pieces_read_in_place_are_checked_the_same(
+    msgs: list[pb.StreamLoadMessage], match: str
+) -> None:
+    asm = StreamAssembler(KEYS, 10)
+    with pytest.raises(TierCacheError, match=match):
+        for m in msgs:
+            asm.feed(_framed(m))
+
+
+@pytest.mark.parametrize("codec", [Codec.RAW, Codec.ZSTD])
+def test_store_frames_view_the_payload_and_round_trip_through_the_wire(codec: Codec) -> None:
+    payloads = _payloads(True)
+    frames = list(store_frames(b"h" * 16, KEYS, map(memoryview, payloads), CHUNK, 3000, codec, 2))
+    if codec is Codec.RAW:
+        assert all(memoryview(f.data).obj is p for f, p in zip(frames[::4], payloads))  # views, no copy
+    wire = [f.serialize() for f in frames]
+    assert [pb.StreamStoreMessage.FromString(w) for w in wire] == list(
+        store_messages(b"h" * 16, KEYS, map(memoryview, payloads), CHUNK, 3000, codec, 2)
+    )
+    asm = StreamAssembler(KEYS, CHUNK, buffers=lambda: bytearray(CHUNK))
+    got = [
+        c for w in wire if (c := asm.feed(_framed(_as_load(pb.StreamStoreMessage.FromString(w))))) is not None
+    ]
+    assert [bytes(c.data) for c in got] == payloads
+
+
+def test_buffers_of_the_wrong_size_are_refused() -> None:
+    asm = StreamAssembler(KEYS, 10, buffers=lambda: bytearray(9))
+    with pytest.raises(ValueError, match="9 bytes"):
+        asm.feed(_msg())

@@ -414,6 +414,12 @@ TENANT_CALLS: dict[str, Callable[[Stub, pb_grpc.DiagnosticsStub, Metadata], obje
     "EchoStream": lambda kv, diag, md: list(
         diag.EchoStream(iter([pb.EchoMessage(data=b"x")]), timeout=T, metadata=md)
     ),
+    "SinkStream": lambda kv, diag, md: diag.SinkStream(
+        iter([pb.EchoMessage(data=b"x")]), timeout=T, metadata=md
+    ),
+    "SourceStream": lambda kv, diag, md: list(
+        diag.SourceStream(pb.SourceRequest(message_bytes=1, count=1), timeout=T, metadata=md)
+    ),
 }
 """The RPCs that take no handle."""
 

@@ -276,6 +276,23 @@ def test_health_and_diagnostics(shared_daemon: DaemonProc) -> None:
     assert echoed == [b"a", b"bc"]
 
 
+def test_one_way_diagnostic_streams(shared_daemon: DaemonProc) -> None:
+    diag = pb_grpc.DiagnosticsStub(shared_daemon.channel())
+    sent = [pb.EchoMessage(data=b"a" * 1000), pb.EchoMessage(data=b""), pb.EchoMessage(data=b"bc")]
+    summary = diag.SinkStream(iter(sent), timeout=RPC_TIMEOUT_S)
+    assert (summary.messages, summary.bytes) == (3, 1002)
+    got = list(diag.SourceStream(pb.SourceRequest(message_bytes=300, count=3), timeout=RPC_TIMEOUT_S))
+    assert [m.data for m in got] == [(bytes(range(256)) + bytes(range(44)))] * 3
+    for request, field in [
+        (pb.SourceRequest(message_bytes=0, count=1), "message_bytes"),
+        (pb.SourceRequest(message_bytes=1 << 30, count=1), "message_bytes"),
+        (pb.SourceRequest(message_bytes=1, count=1 << 40), "count"),
+    ]:
+        with pytest.raises(grpc.RpcError) as err:
+            list(diag.SourceStream(request, timeout=RPC_TIMEOUT_S))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in str(err.value.details())
+
+
 def test_socket_file_mode_is_0600(shared_daemon: DaemonProc) -> None:
     mode = os.stat(shared_daemon.socket).st_mode
     assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600

@@ -31,6 +31,12 @@ class _Both(_EchoOnly):
     async def EchoStream(self, request_iterator: object, context: object) -> AsyncIterator[pb.EchoMessage]:
         yield pb.EchoMessage()
 
+    async def SinkStream(self, request_iterator: object, context: object) -> pb.SinkSummary:
+        return pb.SinkSummary()
+
+    async def SourceStream(self, request: object, context: object) -> AsyncIterator[pb.EchoMessage]:
+        yield pb.EchoMessage()
+
 
 def test_a_method_left_to_the_generated_stub_is_refused() -> None:
     with pytest.raises(TypeError, match=re.escape("tiercache.v1.Diagnostics/EchoStream")):

@@ -1,4 +1,4 @@
-"""Bare gRPC baselines over the daemon's own socket: ``Diagnostics.Echo`` and ``Diagnostics.EchoStream``.
+"""Bare gRPC baselines over the daemon's own socket: ``Diagnostics.Echo`` and the one-way streams.
 
 The daemon serves them on the same server and socket as the cache, with no cache work, so a cache RPC
 compared with them shows what the cache adds to the transport.
@@ -6,20 +6,20 @@ compared with them shows what the cache adds to the transport.
 Primitives:
     DiagnosticsProbe: a channel to the daemon's Diagnostics service.
     DiagnosticsProbe.echo_latency: per-call latency of a unary echo of a given size.
-    DiagnosticsProbe.stream_timing: throughput of a bidirectional echo stream of messages of a given size
-        (bytes sent plus bytes received).
+    DiagnosticsProbe.sink_timing / source_timing: throughput of a one-way stream of messages of a given
+        size to / from the daemon (the ceilings of StreamStore / StreamLoad).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from tiercache.connector import ChannelConfig, parse_address
 from tiercache.connector.channel import auth_metadata, open_channel
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.proto.tiercache_pb2_grpc import DiagnosticsStub
+from tiercache.wire.framing import split
 
 from .timing import Latency, Timing, summarize, time_latency
 
@@ -39,6 +39,11 @@ class DiagnosticsProbe:
             parse_address(address), ChannelConfig(max_message_bytes=max_message_bytes)
         )
         self._stub: Any = DiagnosticsStub(self._channel)
+        self._source_call = self._channel.unary_stream(
+            "/tiercache.v1.Diagnostics/SourceStream",
+            request_serializer=pb.SourceRequest.SerializeToString,
+            _registered_method=True,
+        )  # responses as received: checked in place, like the byte stream's pieces
         self._metadata = auth_metadata(token)
 
     def __enter__(self) -> DiagnosticsProbe:
@@ -67,36 +72,60 @@ class DiagnosticsProbe:
 
         return time_latency(call, calls, warmup)
 
-    def stream_timing(self, message_bytes: int, total_bytes: int, warmup: bool = True) -> Timing:
-        """Throughput of ``EchoStream`` over ``total_bytes`` in messages of ``message_bytes``.
-
-        The timing's bytes are the bytes sent plus the bytes received back: the bare transport moves data
-        both ways at once, so this is the conservative baseline for a one-way stream of the same messages
-        (the Diagnostics service has no one-way stream). Its one "call" is the whole stream.
+    def sink_timing(self, message_bytes: int, total_bytes: int, warmup: bool = True) -> Timing:
+        """Throughput of ``SinkStream``: ``total_bytes`` (rounded up to whole messages) sent one way, in
+        messages of ``message_bytes`` data bytes (one message, serialized for each send: one copy, like a
+        framed piece). Its one "call" is the whole stream.
 
         Raises:
-            EchoMismatchError: fewer bytes came back than were sent, or other bytes.
+            EchoMismatchError: the daemon counted other messages or bytes than were sent.
             grpc.RpcError: the call failed.
         """
         count = max(1, -(-total_bytes // message_bytes))
-        data = bytes(range(256)) * (message_bytes // 256) + bytes(message_bytes % 256)
+        message = pb.EchoMessage(data=_pattern(message_bytes))
         if warmup:
-            self._stream(data, min(count, 4))
+            self._sink(message, min(count, 4))
         start = time.perf_counter()
-        self._stream(data, count)
+        self._sink(message, count)
         seconds = time.perf_counter() - start
-        return summarize(2 * count * message_bytes, seconds, [seconds])
+        return summarize(count * message_bytes, seconds, [seconds])
 
-    def _stream(self, data: bytes, count: int) -> None:
-        def messages() -> Iterator[pb.EchoMessage]:
-            message = pb.EchoMessage(data=data)
-            for _ in range(count):
-                yield message
+    def source_timing(self, message_bytes: int, total_bytes: int, warmup: bool = True) -> Timing:
+        """Throughput of ``SourceStream``: the same, from the daemon; the messages are checked in place
+        (framed: their data is a view into the received bytes, never copied here).
 
+        Raises:
+            EchoMismatchError: other messages or bytes came back than were asked for.
+            grpc.RpcError: the call failed.
+        """
+        count = max(1, -(-total_bytes // message_bytes))
+        if warmup:
+            self._source(message_bytes, min(count, 4))
+        start = time.perf_counter()
+        self._source(message_bytes, count)
+        seconds = time.perf_counter() - start
+        return summarize(count * message_bytes, seconds, [seconds])
+
+    def _sink(self, message: pb.EchoMessage, count: int) -> None:
+        summary = self._stub.SinkStream(iter([message] * count), timeout=_TIMEOUT_S, metadata=self._metadata)
+        if summary.messages != count or summary.bytes != count * len(message.data):
+            raise EchoMismatchError(
+                f"SinkStream counted {summary.messages} messages / {summary.bytes} bytes for {count}"
+            )
+
+    def _source(self, message_bytes: int, count: int) -> None:
+        request = pb.SourceRequest(message_bytes=message_bytes, count=count)
+        head = _pattern(64)
         received = 0
-        for reply in self._stub.EchoStream(messages(), timeout=_TIMEOUT_S, metadata=self._metadata):
-            if len(reply.data) != len(data) or reply.data[:64] != data[:64]:
-                raise EchoMismatchError("EchoStream returned other bytes than were sent")
+        for raw in self._source_call(request, timeout=_TIMEOUT_S, metadata=self._metadata):
+            data = memoryview(split(raw, pb.EchoMessage).data)
+            if data.nbytes != message_bytes or data[: len(head)] != head[: data.nbytes]:
+                raise EchoMismatchError("SourceStream sent other bytes than were asked for")
             received += 1
         if received != count:
-            raise EchoMismatchError(f"EchoStream returned {received} messages for {count}")
+            raise EchoMismatchError(f"SourceStream sent {received} messages for {count}")
+
+
+def _pattern(nbytes: int) -> bytes:
+    """``nbytes`` bytes of 0, 1, ..., 255, 0, ... (as the daemon's SourceStream sends)."""
+    return bytes(range(256)) * (nbytes // 256) + bytes(range(nbytes % 256))

@@ -11,7 +11,9 @@ For each layout case (a model-like KV layout at a chunk size) the bench, in one 
    purged after each round so that no round evicts another;
 3. times ``Lookup`` of the stored chain against ``Diagnostics.Echo`` of a message of the same size;
 4. stores and loads through the byte stream (``ConnectorConfig(force_remote=True)``), verified the same
-   way, against ``Diagnostics.EchoStream`` of messages of the stream's piece size.
+   way, against the bare one-way streams ``Diagnostics.SinkStream`` / ``SourceStream`` of the same bytes in
+   messages of the path's own piece size (a store against the stream to the daemon, a load against the
+   stream from it).
 
 Targets (issue 3): same-host load/store >= 0.8x memcpy; lookup p50 <= 2x bare echo p50; byte stream
 >= 0.8x the bare stream.
@@ -48,7 +50,7 @@ from tiercache.connector import (
     KVConnector,
     TierCacheClient,
 )
-from tiercache.connector.stream import DEFAULT_MESSAGE_BYTES, piece_bytes
+from tiercache.connector.stream import message_limit, piece_bytes
 from tiercache.keys import Namespace, chunk_keys
 from tiercache.layout import KVLayout
 
@@ -117,7 +119,7 @@ class ConnectorFigure:
         op: ``store``, ``load`` or ``lookup``.
         unit: ``GB/s`` (throughput) or ``ms`` (p50 latency).
         value: the figure (GB/s, or the p50 latency in ms).
-        baseline: the baseline's label (``memcpy(cpu)``, ``echo``, ``echo_stream``).
+        baseline: the baseline's label (``memcpy(cpu)``, ``echo``, ``stream_sink``, ``stream_source``).
         baseline_value: the baseline in the same unit.
         ratio: value / baseline_value.
         target: the ratio to reach (at least, or at most for latencies), None when untargeted.
@@ -174,7 +176,7 @@ class ConnectorReport:
         config: what was asked for.
         machine: what it ran on.
         daemon: the daemon(s) used.
-        ceilings: per case (its label first): memcpy and, with the stream, the bare echo stream.
+        ceilings: per case (its label first): memcpy and, with the stream, the bare one-way streams.
         figures: every connector figure.
         elapsed_s: wall time.
     """
@@ -351,28 +353,37 @@ def _measure_case(
         bar.advance()
         ceilings = [memcpy]
         if config.stream:
-            reg = client.registration(ns)
-            limit = min(
-                reg.max_stream_message_bytes or DEFAULT_MESSAGE_BYTES, client_config.channel.max_message_bytes
-            )
-            piece = piece_bytes(limit)
-            bare = probe.stream_timing(piece, total)
-            ceilings.append(
-                CeilingResult(
-                    CeilingKind.ECHO_STREAM, "grpc", layout.chunk_bytes, bare, f"{piece}-byte messages"
-                )
-            )
+            sink, source = _stream_ceilings(client, ns, probe, layout.chunk_bytes, total)
+            ceilings += [sink, source]
             remote = KVConnector(client, ns, ConnectorConfig(force_remote=True))
             stream_prompts = distinct_prompts(config.rounds + 1, tokens, config.seed + 1)
             st = _run_path(remote, stream_prompts, src, dst, bar)
             figures += [
-                _figure(case, layout, chunks, "stream", "store", summarize(total * config.rounds, sum(st.store_s), st.store_s), ceilings[-1].label, bare.gbps, STREAM_TARGET),
-                _figure(case, layout, chunks, "stream", "load", summarize(total * config.rounds, sum(st.load_s), st.load_s), ceilings[-1].label, bare.gbps, STREAM_TARGET, st.verified),
+                _figure(case, layout, chunks, "stream", "store", summarize(total * config.rounds, sum(st.store_s), st.store_s), sink.label, sink.timing.gbps, STREAM_TARGET),
+                _figure(case, layout, chunks, "stream", "load", summarize(total * config.rounds, sum(st.load_s), st.load_s), source.label, source.timing.gbps, STREAM_TARGET, st.verified),
             ]  # fmt: skip
         return ceilings, figures
     finally:
         probe.close()
         client.close()
+
+
+def _stream_ceilings(
+    client: TierCacheClient, ns: Namespace, probe: DiagnosticsProbe, chunk_bytes: int, total: int
+) -> tuple[CeilingResult, CeilingResult]:
+    """The one-way bare streams of the byte stream's own messages: ``total`` bytes in messages of the data
+    bytes a store piece / a load piece carries (a chunk, or the largest piece when a chunk needs several)."""
+    limit = message_limit(
+        client.registration(ns).max_stream_message_bytes, client.config.channel.max_message_bytes
+    )
+    store_piece = min(chunk_bytes, piece_bytes(limit))
+    load_piece = min(chunk_bytes, limit)  # what the daemon sends for max_message_bytes=limit
+    sink = probe.sink_timing(store_piece, total)
+    source = probe.source_timing(load_piece, total)
+    return (
+        CeilingResult(CeilingKind.STREAM_SINK, "grpc", chunk_bytes, sink, f"one way to the daemon, {store_piece}-byte messages"),
+        CeilingResult(CeilingKind.STREAM_SOURCE, "grpc", chunk_bytes, source, f"one way from the daemon, {load_piece}-byte messages"),
+    )  # fmt: skip
 
 
 def _lookup_figure(

@@ -39,6 +39,7 @@ from tiercache.proto import tiercache_pb2 as pb
 from tiercache.stats import CacheStats
 from tiercache.tiers.base import TierLevel
 from tiercache.wire import CODECS, LOAD_POLICIES, stats_from_proto
+from tiercache.wire.framing import Framed
 
 from . import rpcs
 from .channel import Endpoint, parse_address
@@ -453,14 +454,13 @@ class TierCacheClient:
     # ------------------------------------------------------------------ byte stream
 
     def stream_store(
-        self, namespace: Namespace, messages: Callable[[bytes], Iterator[pb.StreamStoreMessage]]
+        self, namespace: Namespace, messages: Callable[[bytes], Iterator[Framed[pb.StreamStoreMessage]]]
     ) -> StreamStoreResult:
         """Send a byte-stream store (committed by the daemon when the stream ends); never retried.
 
         Args:
             namespace: the namespace.
-            messages: the messages for a handle, consumed lazily while the stream is sent (see
-                :func:`~.stream.store_messages`).
+            messages: the framed pieces for a handle, consumed lazily (:func:`~.stream.store_frames`).
 
         Raises:
             UnavailableError, DeadlineExceededError, ...: daemon failures. An exception raised by
@@ -473,7 +473,7 @@ class TierCacheClient:
         self,
         namespace: Namespace,
         keys: Sequence[bytes],
-        read: Callable[[Iterator[pb.StreamLoadMessage]], T],
+        read: Callable[[Iterator[Framed[pb.StreamLoadMessage]]], T],
         codec: Codec = Codec.RAW,
         max_message_bytes: int = 0,
     ) -> T:

@@ -41,12 +41,14 @@ from tiercache.policies.load import DeadlineModel, PrefillModel
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.proto.tiercache_pb2_grpc import KVCacheServiceStub
 from tiercache.wire import deadline_to_proto, namespace_to_proto, prefill_to_proto
+from tiercache.wire.framing import Framed
 
 from .backoff import Backoff, BackoffConfig
 from .channel import ChannelConfig, Endpoint, auth_metadata, open_channel
 from .errors import error_from_rpc, is_lost_handle
 from .results import Registration
 from .rpcs import REGISTER, Metadata, Req, Resp, StreamUnaryRpc, UnaryRpc, UnaryStreamRpc
+from .stub import ServiceStub
 
 logger = logging.getLogger(__name__)
 
@@ -236,7 +238,7 @@ class Connection:
         self,
         rpc: StreamUnaryRpc[Req, Resp],
         namespace: Namespace,
-        requests: Callable[[bytes], Iterator[Req]],
+        requests: Callable[[bytes], Iterator[Req | Framed[Req]]],
     ) -> Resp:
         """Send the request stream ``requests(handle)`` under ``config.stream_timeout_s``; never retried.
 
@@ -245,7 +247,7 @@ class Connection:
         """
         failures: list[BaseException] = []
 
-        def watched(handle: bytes) -> Iterator[Req]:
+        def watched(handle: bytes) -> Iterator[Req | Framed[Req]]:
             try:
                 yield from requests(handle)
             except BaseException as exc:
@@ -267,7 +269,7 @@ class Connection:
         rpc: UnaryStreamRpc[Req, Resp],
         namespace: Namespace,
         build: Callable[[bytes], Req],
-        read: Callable[[Iterator[Resp]], T],
+        read: Callable[[Iterator[Framed[Resp]]], T],
     ) -> T:
         """Call a server-streaming RPC and hand its messages to ``read`` under ``config.stream_timeout_s``.
 
@@ -323,7 +325,7 @@ class Connection:
                 )
             if self._stub is None:
                 self._channel = open_channel(self.endpoint, self.config.channel)
-                self._stub = KVCacheServiceStub(self._channel)
+                self._stub = ServiceStub(self._channel)
                 self._generation += 1
                 self._stale.update(self._registrations)
             return self._stub, self._generation

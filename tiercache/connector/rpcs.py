@@ -23,10 +23,11 @@ from google.protobuf.message import Message
 
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.proto.tiercache_pb2_grpc import KVCacheServiceStub
+from tiercache.wire.framing import Framed
 
 Req = TypeVar("Req", bound=Message)
 Resp = TypeVar("Resp", bound=Message)
-Resp_co = TypeVar("Resp_co", bound=Message, covariant=True)
+Resp_co = TypeVar("Resp_co", covariant=True)
 Metadata = tuple[tuple[str, str], ...]
 
 
@@ -74,15 +75,21 @@ class StreamUnaryRpc(Generic[Req, Resp]):
     response: type[Resp]
 
     def invoke(
-        self, stub: KVCacheServiceStub, requests: Iterable[Req], timeout_s: float, metadata: Metadata
+        self,
+        stub: KVCacheServiceStub,
+        requests: Iterable[Req | Framed[Req]],
+        timeout_s: float,
+        metadata: Metadata,
     ) -> Resp:
-        """Send ``requests`` (consumed lazily) and wait for the answer (raises ``grpc.RpcError``)."""
+        """Send ``requests`` (consumed lazily; framed pieces through :class:`~.stub.ServiceStub`) and wait
+        for the answer (raises ``grpc.RpcError``)."""
         return cast(Resp, getattr(stub, self.name)(iter(requests), timeout=timeout_s, metadata=metadata))
 
 
 @dataclass(frozen=True, slots=True)
 class UnaryStreamRpc(Generic[Req, Resp]):
-    """A server-streaming RPC: one request, a stream of responses."""
+    """A server-streaming RPC: one request, a stream of responses, which arrive framed (the byte stream's
+    pieces, parsed by :class:`~.stub.ServiceStub` with their data left in the received bytes)."""
 
     name: str
     request: type[Req]
@@ -90,10 +97,11 @@ class UnaryStreamRpc(Generic[Req, Resp]):
 
     def invoke(
         self, stub: KVCacheServiceStub, request: Req, timeout_s: float, metadata: Metadata
-    ) -> ResponseStream[Resp]:
+    ) -> ResponseStream[Framed[Resp]]:
         """Start the call; iterating the answer raises ``grpc.RpcError`` on failure."""
         return cast(
-            ResponseStream[Resp], getattr(stub, self.name)(request, timeout=timeout_s, metadata=metadata)
+            ResponseStream[Framed[Resp]],
+            getattr(stub, self.name)(request, timeout=timeout_s, metadata=metadata),
         )
 
 

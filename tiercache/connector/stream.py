@@ -2,20 +2,26 @@
 
 A chunk travels as pieces of at most ``piece_bytes`` raw bytes; each piece is compressed on its own (zstd
 level 1) when the codec asks for it and compression pays, so every message stays within the daemon's
-``max_stream_message_bytes`` and ``offset`` always counts raw bytes.
+``max_stream_message_bytes`` and ``offset`` always counts raw bytes. A raw piece is never copied here: it
+is a view of the payload until it is written to the wire, and a received piece is read from the view
+into the received message that :func:`~tiercache.wire.framing.split` gives.
 
 Primitives:
     Payload, payload_view: one raw chunk to send (a 1-D CPU uint8 tensor or bytes-like) as a memoryview.
     message_limit: the message size limit of a stream (the daemon's and the channel's).
     piece_bytes: raw bytes per piece for a message size limit.
-    store_messages: the ``StreamStoreMessage`` sequence of a store.
-    StreamAssembler: rebuilds whole chunks from ``StreamLoadMessage`` pieces, checking every field.
+    store_frames: the pieces of a store as :class:`~tiercache.wire.framing.Framed` messages, their data
+        views of the payloads (written to the wire in one copy).
+    store_messages: the same pieces as whole ``StreamStoreMessage`` objects.
+    StreamAssembler: rebuilds whole chunks from ``StreamLoadMessage`` pieces (framed or whole), checking
+        every field.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
+import numpy as np
 import torch
 import zstandard
 
@@ -23,6 +29,7 @@ from tiercache.codec import Codec
 from tiercache.errors import InvalidArgumentError, TierCacheError
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.wire import CODECS
+from tiercache.wire.framing import BytesLike, Framed
 
 from .results import StreamChunk
 
@@ -74,15 +81,15 @@ class _Encoder:
         self.codec = codec
         self._zstd = zstandard.ZstdCompressor(level=ZSTD_LEVEL) if codec is Codec.ZSTD else None
 
-    def encode(self, raw: memoryview) -> tuple[bytes, Codec]:
+    def encode(self, raw: memoryview) -> tuple[BytesLike, Codec]:
         if self._zstd is not None:
             packed = self._zstd.compress(raw)
             if len(packed) < len(raw):
                 return packed, Codec.ZSTD
-        return bytes(raw), Codec.RAW
+        return raw, Codec.RAW
 
 
-def store_messages(
+def store_frames(
     handle: bytes,
     keys: Sequence[bytes],
     payloads: Iterable[memoryview],
@@ -90,8 +97,11 @@ def store_messages(
     max_piece_bytes: int,
     codec: Codec = Codec.RAW,
     start_depth: int = 0,
-) -> Iterator[pb.StreamStoreMessage]:
-    """The messages of a stream store: the pieces of each chunk, in order; the first carries the handle.
+) -> Iterator[Framed[pb.StreamStoreMessage]]:
+    """The pieces of a stream store, in order; the first carries the handle.
+
+    A raw piece's data is a view of its payload: it must be written to the wire (gRPC serializes each
+    request before it asks for the next) before the payload's buffer is reused for the next chunk.
 
     Args:
         handle: the namespace handle.
@@ -117,22 +127,35 @@ def store_messages(
         for offset in range(0, chunk_bytes, max_piece_bytes):
             stop = min(offset + max_piece_bytes, chunk_bytes)
             data, used = encoder.encode(raw[offset:stop])
-            msg = pb.StreamStoreMessage(
+            header = pb.StreamStoreMessage(
                 key=key,
                 index=index,
                 offset=offset,
-                data=data,
                 codec=CODECS.to_proto(used),
                 last=stop == chunk_bytes,
                 chunk_bytes=chunk_bytes,
             )
             if first:
-                msg.handle = handle
-                msg.start_depth = start_depth
+                header.handle = handle
+                header.start_depth = start_depth
                 first = False
-            yield msg
+            yield Framed(header, data)
     if count != len(keys):
         raise InvalidArgumentError("payloads", f"{count} payloads for {len(keys)} keys")
+
+
+def store_messages(
+    handle: bytes,
+    keys: Sequence[bytes],
+    payloads: Iterable[memoryview],
+    chunk_bytes: int,
+    max_piece_bytes: int,
+    codec: Codec = Codec.RAW,
+    start_depth: int = 0,
+) -> Iterator[pb.StreamStoreMessage]:
+    """The pieces of :func:`store_frames` as whole messages (each data copied into its message)."""
+    for frame in store_frames(handle, keys, payloads, chunk_bytes, max_piece_bytes, codec, start_depth):
+        yield frame.message()
 
 
 class StreamAssembler:
@@ -141,14 +164,23 @@ class StreamAssembler:
     The daemon sends the contiguous cached prefix: chunk 0, 1, 2, ... each as consecutive pieces.
     """
 
-    def __init__(self, keys: Sequence[bytes], chunk_bytes: int, reuse_buffer: bool = False) -> None:
+    def __init__(
+        self,
+        keys: Sequence[bytes],
+        chunk_bytes: int,
+        reuse_buffer: bool = False,
+        buffers: Callable[[], bytearray] | None = None,
+    ) -> None:
         """Args:
         keys: the request's keys.
         chunk_bytes: raw bytes per chunk.
         reuse_buffer: assemble every chunk in one buffer (the caller is done with a chunk's ``data``
             before it feeds the next message): a fresh multi-MiB buffer per chunk costs a page fault per
             4 KiB on first touch, several times the copy itself.
+        buffers: where each chunk is assembled instead (``chunk_bytes`` long; e.g. the rotating buffers
+            of a :class:`~.copier.ChunkCopier`).
         """
+        self._buffers = buffers
         self._keys = keys
         self._chunk_bytes = chunk_bytes
         self._zstd = zstandard.ZstdDecompressor()
@@ -158,21 +190,30 @@ class StreamAssembler:
         self._reuse = reuse_buffer
         self._filled = 0
 
+    def _new_buffer(self) -> bytearray:
+        if self._buffers is not None:
+            buf = self._buffers()
+            if len(buf) != self._chunk_bytes:
+                raise ValueError(f"buffers gave {len(buf)} bytes for {self._chunk_bytes}-byte chunks")
+            return buf
+        return self._spare if self._spare is not None else bytearray(self._chunk_bytes)
+
     def _fail(self, message: str) -> TierCacheError:
         return TierCacheError(f"stream load: {message}")
 
-    def feed(self, msg: pb.StreamLoadMessage) -> StreamChunk | None:
-        """Take one message; returns the chunk it completes, else None.
+    def feed(self, piece: pb.StreamLoadMessage | Framed[pb.StreamLoadMessage]) -> StreamChunk | None:
+        """Take one message (whole, or framed with its data apart); returns the chunk it completes, else None.
 
         Raises:
             TierCacheError: a message is out of order, names the wrong key or size, or fails to decode.
         """
+        msg, data = (piece.header, piece.data) if isinstance(piece, Framed) else (piece, piece.data)
         if self._buffer is None:
             if msg.index != self._next_index or msg.index >= len(self._keys):
                 raise self._fail(f"chunk {msg.index} arrived, expected {self._next_index}")
             if msg.offset != 0:
                 raise self._fail(f"chunk {msg.index} starts at offset {msg.offset}")
-            self._buffer = self._spare if self._spare is not None else bytearray(self._chunk_bytes)
+            self._buffer = self._new_buffer()
             self._filled = 0
         elif msg.index != self._next_index:
             raise self._fail(f"chunk {msg.index} interleaved with unfinished chunk {self._next_index}")
@@ -180,15 +221,16 @@ class StreamAssembler:
             raise self._fail(
                 f"chunk {msg.index} has {msg.chunk_bytes} bytes, the layout needs {self._chunk_bytes}"
             )
-        if msg.key and bytes(msg.key) != self._keys[msg.index]:
+        if msg.key and msg.key != self._keys[msg.index]:
             raise self._fail(f"chunk {msg.index} carries another key")
         if msg.offset != self._filled:
             raise self._fail(f"chunk {msg.index}: piece at offset {msg.offset}, expected {self._filled}")
-        data = self._decode(msg)
-        stop = self._filled + len(data)
+        raw = self._decode(msg, data)
+        stop = self._filled + len(raw)
         if stop > self._chunk_bytes:
             raise self._fail(f"chunk {msg.index} overflows {self._chunk_bytes} bytes")
-        self._buffer[self._filled : stop] = data
+        # numpy copies without holding the GIL (gRPC's receiving thread runs meanwhile)
+        np.frombuffer(self._buffer, dtype=np.uint8)[self._filled : stop] = np.frombuffer(raw, dtype=np.uint8)
         self._filled = stop
         if not msg.last:
             return None
@@ -201,13 +243,13 @@ class StreamAssembler:
         self._next_index += 1
         return chunk
 
-    def _decode(self, msg: pb.StreamLoadMessage) -> bytes:
+    def _decode(self, msg: pb.StreamLoadMessage, data: BytesLike) -> BytesLike:
         codec = CODECS.lookup(msg.codec)
         if codec is Codec.RAW:
-            return bytes(msg.data)
+            return memoryview(data)
         if codec is Codec.ZSTD:
             try:
-                return self._zstd.decompress(msg.data, max_output_size=self._chunk_bytes - self._filled)
+                return self._zstd.decompress(data, max_output_size=self._chunk_bytes - self._filled)
             except zstandard.ZstdError as exc:
                 raise self._fail(f"chunk {msg.index}: bad zstd data ({exc})") from None
         raise self._fail(f"chunk {msg.index}: unknown codec {msg.codec}")

@@ -2,8 +2,9 @@
 
 Whole chunks travel over gRPC streams, framed by :mod:`.stream` into messages within both ends' size limit
 (per-piece zstd when the codec asks for it). A store first looks up the cached prefix and sends only what
-follows it, staging one chunk at a time; a load receives the contiguous cached prefix and copies each chunk
-into the engine's tensors as soon as it is complete (all chunks are assembled in one reused buffer). The
+follows it, each chunk gathered on a worker thread while the one before is sent; a load receives the contiguous cached prefix and copies each chunk
+into the engine's tensors as soon as it is complete, on a worker thread while the next chunk arrives
+(:class:`~.copier.ChunkCopier`: two assembly buffers in rotation). The
 daemon commits a stream store when the stream ends, so a failed stream leaves nothing visible.
 
 Primitives:
@@ -20,14 +21,16 @@ import torch
 
 from tiercache.codec import Codec
 from tiercache.proto import tiercache_pb2 as pb
+from tiercache.wire.framing import Framed
 
+from .copier import ChunkCopier, staged_chunks
 from .dataplane import DataPlane, DataPlaneKind, PrefillPublisher
-from .kv import EngineKV, chunk_to_kv, kv_to_chunk
+from .kv import EngineKV
 from .layerwise import LayerwiseLoad, LayerwiseSave
 from .outcomes import LoadResult, StoreResult
 from .policy import WirePolicy
 from .results import StreamChunk, StreamStoreResult
-from .stream import Payload, StreamAssembler, message_limit, payload_view, piece_bytes, store_messages
+from .stream import Payload, StreamAssembler, message_limit, payload_view, piece_bytes, store_frames
 
 logger = logging.getLogger(__name__)
 
@@ -41,11 +44,8 @@ class ByteStreamPlane(DataPlane):
 
     def load(self, keys: Sequence[bytes], kv: EngineKV, policy: WirePolicy, prompt_tokens: int) -> LoadResult:
         layout = self.namespace.layout
-
-        def consume(chunk: StreamChunk) -> None:
-            chunk_to_kv(layout, torch.frombuffer(chunk.data, dtype=torch.uint8), kv, chunk.index)
-
-        loaded = self.receive(keys, consume, reuse_buffer=True)
+        with ChunkCopier(layout, kv) as copier:
+            loaded = self.receive(keys, copier.submit, buffers=copier.buffer)
         hit = loaded * layout.chunk_tokens
         return LoadResult(len(keys) * layout.chunk_tokens, hit, hit, remote=True, tokens_cached=hit)
 
@@ -74,15 +74,8 @@ class ByteStreamPlane(DataPlane):
         cached = self.client.lookup(self.namespace, keys).chunks
         if cached >= len(keys):
             return StoreResult(offered, 0, offered, remote=True)
-        staging = torch.empty(layout.chunk_bytes, dtype=torch.uint8)
-
-        def payloads() -> Iterator[torch.Tensor]:
-            # One staging buffer: each chunk is cut into (copied) messages before the next is staged.
-            for index in range(cached, len(keys)):
-                kv_to_chunk(layout, kv, index, staging)
-                yield staging
-
-        result = self.send(keys[cached:], payloads(), start_depth=cached, codec=self.config.codec)
+        payloads = staged_chunks(layout, kv, range(cached, len(keys)))
+        result = self.send(keys[cached:], payloads, start_depth=cached, codec=self.config.codec)
         skipped = cached + len(result.skipped)
         return StoreResult(offered, result.stored * c_tokens, skipped * c_tokens, remote=True)
 
@@ -132,19 +125,24 @@ class ByteStreamPlane(DataPlane):
             message_limit(reg.max_stream_message_bytes, self.client.config.channel.max_message_bytes)
         )
 
-        def messages(handle: bytes) -> Iterator[pb.StreamStoreMessage]:
+        def messages(handle: bytes) -> Iterator[Framed[pb.StreamStoreMessage]]:
             views = (payload_view(p, i) for i, p in enumerate(payloads))
-            return store_messages(handle, keys, views, reg.chunk_bytes, piece, codec, start_depth)
+            return store_frames(handle, keys, views, reg.chunk_bytes, piece, codec, start_depth)
 
         return self.client.stream_store(self.namespace, messages)
 
     def receive(
-        self, keys: Sequence[bytes], consume: Callable[[StreamChunk], None], reuse_buffer: bool
+        self,
+        keys: Sequence[bytes],
+        consume: Callable[[StreamChunk], None],
+        reuse_buffer: bool = False,
+        buffers: Callable[[], bytearray] | None = None,
     ) -> int:
         """Receive the contiguous cached prefix of ``keys``, handing each whole chunk to ``consume``.
 
         With ``reuse_buffer`` every chunk is assembled in the same buffer: ``consume`` must be done with
-        ``chunk.data`` when it returns. Returns the number of chunks consumed.
+        ``chunk.data`` when it returns; with ``buffers``, each chunk is assembled in the buffer it gives.
+        Returns the number of chunks consumed.
 
         Raises:
             TierCacheError: the stream was malformed (out-of-order pieces, bad sizes or zstd data).
@@ -155,8 +153,8 @@ class ByteStreamPlane(DataPlane):
         reg = self.client.registration(self.namespace)
         limit = message_limit(reg.max_stream_message_bytes, self.client.config.channel.max_message_bytes)
 
-        def read(messages: Iterator[pb.StreamLoadMessage]) -> int:
-            assembler = StreamAssembler(keys, reg.chunk_bytes, reuse_buffer)
+        def read(messages: Iterator[Framed[pb.StreamLoadMessage]]) -> int:
+            assembler = StreamAssembler(keys, reg.chunk_bytes, reuse_buffer, buffers)
             count = 0
             for msg in messages:
                 chunk = assembler.feed(msg)
@@ -183,17 +181,10 @@ class _StreamPublisher(PrefillPublisher):
         return False
 
     def publish(self, kv: EngineKV, positions: Sequence[int]) -> int:
-        layout = self._plane.namespace.layout
-        staging = torch.empty(layout.chunk_bytes, dtype=torch.uint8)
-
-        def payloads() -> Iterator[torch.Tensor]:
-            for p in positions:
-                kv_to_chunk(layout, kv, p, staging)
-                yield staging
-
+        payloads = staged_chunks(self._plane.namespace.layout, kv, positions)
         keys = [self._keys[p] for p in positions]
         # Publications travel raw, whatever the connector's codec (as they always have).
-        return self._plane.send(keys, payloads(), start_depth=positions[0]).stored
+        return self._plane.send(keys, payloads, start_depth=positions[0]).stored
 
     def abort(self) -> None:
         return None

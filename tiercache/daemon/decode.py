@@ -8,10 +8,13 @@ the service descriptor — every method of it, so that a new RPC cannot be left 
 ``DecodeError`` into an :class:`Undecodable` marker instead of raising, and each behaviour ends the call with
 INVALID_ARGUMENT naming the method when it gets the marker as its request, or when its request stream yields
 one. Nothing reaches a handler of :mod:`.servicer` or :mod:`.diagnostics` undecoded, and the call's failure
-stays the call's: the daemon and other calls carry on.
+stays the call's: the daemon and other calls carry on. A servicer may give a method its own wire codec
+(``WIRE_CODECS``: the byte streams read and write their pieces without protobuf's copies of the data);
+its parser raises ``DecodeError`` like protobuf's and gets the same treatment.
 
 Primitives:
     Undecodable: the marker of a request message that could not be decoded.
+    WireCodec: a method's own request parser and response writer.
     method_handlers: the grpc method handlers of a servicer for every method of a service descriptor.
     add_servicer: register a servicer on a server for every method of its service descriptor.
 """
@@ -47,6 +50,19 @@ class Undecodable:
     error: str
 
 
+@dataclass(frozen=True, slots=True)
+class WireCodec:
+    """A method's own wire codec, in place of protobuf's (a servicer's ``WIRE_CODECS`` maps names to them).
+
+    Attributes:
+        parse: request bytes -> the request the handler gets; raises ``DecodeError`` when malformed.
+        write: a response the handler yields or returns -> its wire bytes.
+    """
+
+    parse: Callable[[bytes], Any]
+    write: Callable[[Any], bytes]
+
+
 async def _refuse(context: Any, request: Undecodable) -> NoReturn:
     """End the call with INVALID_ARGUMENT naming the method and the message type it expected."""
     logger.debug("%s: undecodable request: %s", request.method, request.error)
@@ -57,13 +73,15 @@ async def _refuse(context: Any, request: Undecodable) -> NoReturn:
     raise AssertionError("context.abort returned")  # pragma: no cover
 
 
-def _deserializer(method: str, message_type: type[Message]) -> Callable[[bytes], Message | Undecodable]:
+def _deserializer(
+    method: str, message_type: type[Message], parse: Callable[[bytes], Any]
+) -> Callable[[bytes], Any]:
     """A request deserializer that returns an :class:`Undecodable` where parsing fails."""
     type_name = message_type.DESCRIPTOR.full_name
 
-    def deserialize(data: bytes) -> Message | Undecodable:
+    def deserialize(data: bytes) -> Any:
         try:
-            return message_type.FromString(data)
+            return parse(data)
         except DecodeError as exc:
             return Undecodable(method, type_name, str(exc))
 
@@ -144,15 +162,17 @@ def method_handlers(servicer: object, service: ServiceDescriptor) -> dict[str, A
             generated base class's UNIMPLEMENTED stubs included: every RPC must be served).
     """
     handlers: dict[str, Any] = {}
+    codecs: Mapping[str, WireCodec] = getattr(servicer, "WIRE_CODECS", {})
     for method in service.methods:
         request_type = message_factory.GetMessageClass(method.input_type)
         response_type = message_factory.GetMessageClass(method.output_type)
         full_name = f"{service.full_name}/{method.name}"
         factory = _HANDLER_KINDS[(method.client_streaming, method.server_streaming)]
+        codec = codecs.get(method.name, WireCodec(request_type.FromString, response_type.SerializeToString))
         handlers[method.name] = factory(
             _guarded(method, getattr(servicer, method.name)),
-            request_deserializer=_deserializer(full_name, request_type),
-            response_serializer=response_type.SerializeToString,
+            request_deserializer=_deserializer(full_name, request_type, codec.parse),
+            response_serializer=codec.write,
         )
     return handlers
 

@@ -6,10 +6,15 @@ namespace's layout and writes the decoded bytes straight into the buffer reserve
 shared-memory slot), so a chunk is never staged in an extra buffer. :func:`encode_piece` makes the pieces of
 a StreamLoad. Both are synchronous: the servicer runs large pieces in its executor.
 
+Pieces travel framed (:mod:`tiercache.wire.framing`): a StreamStore piece's data is a view into the
+received message and is copied once, into the slot; a raw StreamLoad piece's data is a view of the leased
+slot, copied once, when gRPC writes the message (before the handler resumes, so within the lease).
+
 Primitives:
     Piece: a validated piece of a StreamStore.
     ChunkAssembler: ``check`` a message, ``open`` the chunk's buffer, ``write`` a piece, ``finish``.
     encode_piece: the data and codec flag of one StreamLoad piece.
+    STREAM_CODECS: the wire codecs of StreamStore and StreamLoad (framed pieces).
     INLINE_BYTES: pieces at most this large are copied on the event loop.
 """
 
@@ -25,8 +30,10 @@ from tiercache.codec import Codec
 from tiercache.errors import InvalidArgumentError
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.wire import CODECS
+from tiercache.wire.framing import BytesLike, Framed, split
 
 from .convert import check_key_field
+from .decode import WireCodec
 
 INLINE_BYTES = 256 << 10
 """Pieces up to this size are copied or coded inline; larger ones go to the executor."""
@@ -43,7 +50,7 @@ class Piece:
         key: the chunk key.
         index: the chunk's position in the caller's chain (``start_depth + index`` is its depth).
         offset: raw offset of the data in the chunk.
-        data: the message's data as sent.
+        data: the message's data as sent (a view into the received message).
         zstd: whether ``data`` is a zstd frame.
         last: the chunk's last piece.
     """
@@ -52,7 +59,7 @@ class Piece:
     key: bytes
     index: int
     offset: int
-    data: bytes
+    data: BytesLike
     zstd: bool
     last: bool
 
@@ -75,12 +82,13 @@ class ChunkAssembler:
         """Index of the chunk being received, None between chunks."""
         return self._index if self._key is not None else None
 
-    def check(self, msg: pb.StreamStoreMessage) -> Piece:
+    def check(self, piece: Framed[pb.StreamStoreMessage]) -> Piece:
         """Validate a message against the stream so far.
 
         Raises:
             InvalidArgumentError: naming the field (``key``, ``index``, ``offset``, ``chunk_bytes``, ``codec``).
         """
+        msg, data = piece.header, piece.data
         n = self._messages
         self._messages += 1
         zstd = CODECS.from_proto(int(msg.codec), "codec") is Codec.ZSTD
@@ -100,7 +108,7 @@ class ChunkAssembler:
                     "offset",
                     f"a chunk's first piece starts at 0, got {msg.offset} (message {n}, index {msg.index})",
                 )
-            return Piece(True, key, msg.index, 0, msg.data, zstd, msg.last)
+            return Piece(True, key, msg.index, 0, data, zstd, msg.last)
         if msg.key != self._key or msg.index != self._index:
             raise InvalidArgumentError(
                 "key" if msg.key != self._key else "index",
@@ -111,7 +119,7 @@ class ChunkAssembler:
             raise InvalidArgumentError(
                 "offset", f"expected {self._received}, got {msg.offset} (message {n}, index {self._index})"
             )
-        return Piece(False, self._key, self._index, msg.offset, msg.data, zstd, msg.last)
+        return Piece(False, self._key, self._index, msg.offset, data, zstd, msg.last)
 
     def open(self, piece: Piece, buffer: torch.Tensor | None) -> None:
         """Start the chunk of a first piece; ``buffer`` is its reserved memory, None when it is skipped."""
@@ -126,18 +134,18 @@ class ChunkAssembler:
                 leaves it short.
         """
         room = self._chunk_bytes - piece.offset
-        data: bytes = piece.data
+        data = memoryview(piece.data)
         if piece.zstd and data:
             if room == 0:
                 raise InvalidArgumentError("data", f"chunk index {piece.index} is already complete")
             try:
-                data = self._dctx.decompress(data, max_output_size=room)
+                data = memoryview(self._dctx.decompress(data, max_output_size=room))
             except zstandard.ZstdError as exc:
                 raise InvalidArgumentError(
                     "data",
                     f"chunk index {piece.index} at offset {piece.offset}: not a zstd frame of <= {room} bytes ({exc})",
                 ) from None
-        end = piece.offset + len(data)
+        end = piece.offset + data.nbytes
         if end > self._chunk_bytes:
             raise InvalidArgumentError(
                 "data",
@@ -170,7 +178,7 @@ class ChunkAssembler:
 
 def encode_piece(
     view: torch.Tensor, start: int, stop: int, cctx: zstandard.ZstdCompressor | None
-) -> tuple[bytes, bool]:
+) -> tuple[BytesLike, bool]:
     """The data of one StreamLoad piece and whether it is zstd.
 
     Args:
@@ -178,10 +186,28 @@ def encode_piece(
         start: raw offset of the piece.
         stop: raw end of the piece.
         cctx: a compressor when the client accepts zstd; a piece that does not shrink is sent raw.
+
+    Returns:
+        A raw piece is a view of ``view`` (valid while the lease is held: write it before releasing).
     """
-    raw = view[start:stop].numpy().tobytes()
+    raw = view[start:stop].numpy().data
     if cctx is not None:
         packed = cctx.compress(raw)
-        if len(packed) < len(raw):
+        if len(packed) < raw.nbytes:
             return packed, True
     return raw, False
+
+
+def _write_load_piece(piece: Framed[pb.StreamLoadMessage]) -> bytes:
+    return piece.serialize()
+
+
+def _parse_store_piece(raw: bytes) -> Framed[pb.StreamStoreMessage]:
+    return split(raw, pb.StreamStoreMessage)
+
+
+STREAM_CODECS = {
+    "StreamStore": WireCodec(_parse_store_piece, pb.StreamStoreResponse.SerializeToString),
+    "StreamLoad": WireCodec(pb.StreamLoadRequest.FromString, _write_load_piece),
+}
+"""Method name -> its wire codec: StreamStore pieces arrive and StreamLoad pieces leave framed."""

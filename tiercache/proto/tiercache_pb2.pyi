@@ -632,3 +632,19 @@ class EchoMessage(_message.Message):
     DATA_FIELD_NUMBER: _ClassVar[int]
     data: bytes
     def __init__(self, data: _Optional[bytes] = ...) -> None: ...
+
+class SinkSummary(_message.Message):
+    __slots__ = ("messages", "bytes")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    messages: int
+    bytes: int
+    def __init__(self, messages: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+
+class SourceRequest(_message.Message):
+    __slots__ = ("message_bytes", "count")
+    MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    message_bytes: int
+    count: int
+    def __init__(self, message_bytes: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...

@@ -947,6 +947,16 @@ class DiagnosticsStub:
                 request_serializer=tiercache_dot_proto_dot_tiercache__pb2.EchoMessage.SerializeToString,
                 response_deserializer=tiercache_dot_proto_dot_tiercache__pb2.EchoMessage.FromString,
                 _registered_method=True)
+        self.SinkStream = channel.stream_unary(
+                '/tiercache.v1.Diagnostics/SinkStream',
+                request_serializer=tiercache_dot_proto_dot_tiercache__pb2.EchoMessage.SerializeToString,
+                response_deserializer=tiercache_dot_proto_dot_tiercache__pb2.SinkSummary.FromString,
+                _registered_method=True)
+        self.SourceStream = channel.unary_stream(
+                '/tiercache.v1.Diagnostics/SourceStream',
+                request_serializer=tiercache_dot_proto_dot_tiercache__pb2.SourceRequest.SerializeToString,
+                response_deserializer=tiercache_dot_proto_dot_tiercache__pb2.EchoMessage.FromString,
+                _registered_method=True)
 
 
 class DiagnosticsServicer:
@@ -965,6 +975,20 @@ class DiagnosticsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SinkStream(self, request_iterator, context):
+        """One-way streams, the ceilings of StreamStore and StreamLoad: the daemon counts and drops what it
+        receives (SinkStream), or sends `count` messages of `message_bytes` bytes (SourceStream).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SourceStream(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DiagnosticsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -976,6 +1000,16 @@ def add_DiagnosticsServicer_to_server(servicer, server):
             'EchoStream': grpc.stream_stream_rpc_method_handler(
                     servicer.EchoStream,
                     request_deserializer=tiercache_dot_proto_dot_tiercache__pb2.EchoMessage.FromString,
+                    response_serializer=tiercache_dot_proto_dot_tiercache__pb2.EchoMessage.SerializeToString,
+            ),
+            'SinkStream': grpc.stream_unary_rpc_method_handler(
+                    servicer.SinkStream,
+                    request_deserializer=tiercache_dot_proto_dot_tiercache__pb2.EchoMessage.FromString,
+                    response_serializer=tiercache_dot_proto_dot_tiercache__pb2.SinkSummary.SerializeToString,
+            ),
+            'SourceStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.SourceStream,
+                    request_deserializer=tiercache_dot_proto_dot_tiercache__pb2.SourceRequest.FromString,
                     response_serializer=tiercache_dot_proto_dot_tiercache__pb2.EchoMessage.SerializeToString,
             ),
     }
@@ -1033,6 +1067,60 @@ class Diagnostics:
             target,
             '/tiercache.v1.Diagnostics/EchoStream',
             tiercache_dot_proto_dot_tiercache__pb2.EchoMessage.SerializeToString,
+            tiercache_dot_proto_dot_tiercache__pb2.EchoMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SinkStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/tiercache.v1.Diagnostics/SinkStream',
+            tiercache_dot_proto_dot_tiercache__pb2.EchoMessage.SerializeToString,
+            tiercache_dot_proto_dot_tiercache__pb2.SinkSummary.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SourceStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tiercache.v1.Diagnostics/SourceStream',
+            tiercache_dot_proto_dot_tiercache__pb2.SourceRequest.SerializeToString,
             tiercache_dot_proto_dot_tiercache__pb2.EchoMessage.FromString,
             options,
             channel_credentials,

@@ -1,0 +1,72 @@
+"""The load-side copier: chunks scattered into the engine's KV on its own thread, buffers in rotation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tiercache.connector.copier import ChunkCopier, staged_chunks
+from tiercache.connector.kv import ContiguousKV, kv_to_chunk
+from tiercache.connector.results import StreamChunk
+from tiercache.layout import KVDtype, KVLayout
+
+LAYOUT = KVLayout(2, 2, 8, KVDtype.BFLOAT16, 32, 16)
+CHUNKS = 5
+
+
+def _kv(seed: int | None) -> ContiguousKV:
+    shape = (2, CHUNKS * LAYOUT.chunk_tokens, LAYOUT.num_kv_heads, LAYOUT.head_dim)
+    if seed is None:
+        return ContiguousKV([torch.zeros(shape, dtype=torch.bfloat16) for _ in range(LAYOUT.num_layers)])
+    gen = torch.Generator().manual_seed(seed)
+    return ContiguousKV(
+        [torch.randn(shape, generator=gen).to(torch.bfloat16) for _ in range(LAYOUT.num_layers)]
+    )
+
+
+def test_every_chunk_lands_in_the_kv_through_two_rotating_buffers() -> None:
+    src, dst = _kv(1), _kv(None)
+    threads = torch.get_num_threads()
+    seen: set[int] = set()
+    with ChunkCopier(LAYOUT, dst, depth=2) as copier:
+        for index in range(CHUNKS):
+            buf = copier.buffer()
+            seen.add(id(buf))
+            kv_to_chunk(LAYOUT, src, index, torch.frombuffer(buf, dtype=torch.uint8))
+            copier.submit(StreamChunk(index, b"k", buf))
+    assert len(seen) == 2  # a buffer is reused only once the copy that read it is done
+    assert all(torch.equal(a, b) for a, b in zip(src.layers, dst.layers))
+    assert torch.get_num_threads() == threads  # the caller's intra-op threads are left alone
+
+
+def test_a_failed_copy_is_raised_and_the_thread_stops() -> None:
+    copier = ChunkCopier(LAYOUT, _kv(None), depth=1)
+    with pytest.raises(RuntimeError, match="size of tensor"), copier:
+        buf = copier.buffer()
+        copier.submit(StreamChunk(CHUNKS + 3, b"k", buf))  # past the end of the KV
+        copier.buffer()  # waits for that copy: its failure surfaces here
+    with pytest.raises(RuntimeError, match="shutdown"):
+        copier.submit(StreamChunk(0, b"k", bytearray(LAYOUT.chunk_bytes)))
+
+
+def test_staged_chunks_are_the_kv_chunks_in_order_through_two_buffers() -> None:
+    src = _kv(2)
+    positions = [3, 0, 4, 1]
+    expected = []
+    for p in positions:
+        buf = torch.empty(LAYOUT.chunk_bytes, dtype=torch.uint8)
+        kv_to_chunk(LAYOUT, src, p, buf)
+        expected.append(bytes(buf.numpy()))
+    got, buffers = [], set()
+    for staged in staged_chunks(LAYOUT, src, positions):
+        got.append(bytes(staged.numpy()))  # used before the next is asked for
+        buffers.add(staged.data_ptr())
+    assert got == expected and len(buffers) == 2
+    assert list(staged_chunks(LAYOUT, src, [])) == []
+
+
+def test_a_failed_gather_is_raised_when_its_chunk_is_due() -> None:
+    chunks = staged_chunks(LAYOUT, _kv(2), [0, CHUNKS + 3])
+    next(chunks)
+    with pytest.raises(RuntimeError, match="size of tensor"):
+        next(chunks)
