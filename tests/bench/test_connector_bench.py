@@ -13,6 +13,7 @@ import torch
 import tiercache.connector.shm_plane as engine
 from tiercache.bench.cli import main
 from tiercache.bench.connector_bench import LOOKUP_TARGET, STORE_LOAD_TARGET, STREAM_TARGET
+from tiercache.bench.h2d import H2D_TARGET
 from tiercache.layout import KVLayout
 
 TINY = ["--layouts", "tiny,2x4x64", "--chunk-tokens", "64", "--bytes-per-case", "512K", "--rounds", "1",
@@ -29,8 +30,10 @@ def test_tiny_run_json_is_complete_and_consistent(work: Path, tmp_path: Path) ->
     assert png.stat().st_size > 0
     figures = doc["figures"]
     got = {(f["case"], f["path"], f["op"]) for f in figures}
-    want = {(c, p, o) for c in ("tiny/64t", "2x4x64/64t") for p, o in
-            [("shm", "store"), ("shm", "load"), ("rpc", "lookup"), ("stream", "store"), ("stream", "load")]}  # fmt: skip
+    paths = [("shm", "store"), ("shm", "load"), ("rpc", "lookup"), ("stream", "store"), ("stream", "load")]
+    if torch.cuda.is_available():
+        paths.append(("h2d", "load"))  # the GPU line: loads into device tensors vs the pinned-copy peak
+    want = {(c, p, o) for c in ("tiny/64t", "2x4x64/64t") for p, o in paths}
     assert got == want
     ceilings = {(c["case"], c["label"]): c for c in doc["ceilings"]}
     for f in figures:
@@ -45,10 +48,11 @@ def test_tiny_run_json_is_complete_and_consistent(work: Path, tmp_path: Path) ->
         baseline = ceilings[(f["case"], f["baseline"])]
         assert baseline["chunk_bytes"] == f["chunk_bytes"]
         assert math.isclose(f["baseline_value"], baseline["gbps"], rel_tol=1e-12)
-        assert f["target"] == (STORE_LOAD_TARGET if f["path"] == "shm" else STREAM_TARGET)
+        targets = {"shm": STORE_LOAD_TARGET, "stream": STREAM_TARGET, "h2d": H2D_TARGET}
+        assert f["target"] == targets[f["path"]]
         if f["op"] == "load":
             assert f["verified_bytes"] == f["total_bytes"]
-        if f["path"] == "shm":  # each round against a memcpy pass taken right before it
+        if f["path"] in ("shm", "h2d"):  # each round against a ceiling pass taken right before it
             spread = f["spread"]
             assert spread["rounds"] == doc["config"]["rounds"]
             assert spread["low"] <= spread["median"] <= spread["high"]

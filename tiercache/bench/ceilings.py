@@ -47,6 +47,7 @@ class CeilingKind(enum.Enum):
     REDIS_SET = "redis_set"
     REDIS_GET = "redis_get"
     LMDB_GET = "lmdb_get"
+    PINNED_H2D = "pinned_h2d"
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,13 +16,14 @@ For each layout case (a model-like KV layout at a chunk size) the bench, in one 
    stream from it).
 
 Targets (issue 3): same-host load/store >= 0.8x memcpy; lookup p50 <= 2x bare echo p50; byte stream
->= 0.8x the bare stream.
+>= 0.8x the bare stream. With CUDA (issue 13): loads from L2 into device tensors >= 0.8x the device's
+pinned host-to-device copy of the same bytes (:mod:`.h2d`).
 
 The KV layouts measured are :class:`~tiercache.bench.layout_cases.LayoutCase` values.
 
 Primitives:
     ConnectorBenchConfig: what to measure.
-    ConnectorFigure: one figure next to its baseline, ratio and target.
+    ConnectorFigure: one figure next to its baseline, ratio and target (:mod:`.connector_figure`).
     ConnectorReport: the whole run.
     BenchError: the daemon refused or lost data (not a corruption: e.g. no room, no data plane).
     run_connector: run the benchmark.
@@ -56,20 +57,25 @@ from tiercache.layout import KVLayout
 
 from .baselines import DiagnosticsProbe
 from .ceilings import CeilingKind, CeilingResult, MachineInfo, describe_machine, measure_memcpy
+from .connector_figure import (
+    LOOKUP_TARGET,
+    STORE_LOAD_TARGET,
+    STREAM_TARGET,
+    BenchError,
+    ConnectorFigure,
+)
+from .connector_figure import throughput_figure as _figure
 from .daemon_proc import DaemonHandle, EmbeddedDaemonConfig, use_daemon
+from .h2d import cuda_device, measure_h2d
 from .kvcheck import distinct_prompts, make_contiguous_kv, verify_kv, zero_kv, zeros_like_kv
 from .layout_cases import LayoutCase
 from .payload import make_destinations, make_payload
 from .progress import ProgressBar
 from .runner import work_directory
-from .spread import RatioSpread, paired_ratios
-from .timing import Latency, Timing, summarize, time_latency
+from .spread import paired_ratios
+from .timing import summarize, time_latency
 
 logger = logging.getLogger(__name__)
-
-STORE_LOAD_TARGET = 0.8
-LOOKUP_TARGET = 2.0
-STREAM_TARGET = 0.8
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,52 +114,6 @@ class ConnectorBenchConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class ConnectorFigure:
-    """One connector figure next to its baseline.
-
-    Attributes:
-        case: the layout case's label.
-        chunk_bytes: bytes per chunk.
-        chunks: chunks per round.
-        path: ``shm`` (same-host data plane), ``stream`` (byte stream) or ``rpc`` (lookup).
-        op: ``store``, ``load`` or ``lookup``.
-        unit: ``GB/s`` (throughput) or ``ms`` (p50 latency).
-        value: the figure (GB/s, or the p50 latency in ms).
-        baseline: the baseline's label (``memcpy(cpu)``, ``echo``, ``stream_sink``, ``stream_source``).
-        baseline_value: the baseline in the same unit.
-        ratio: value / baseline_value.
-        target: the ratio to reach (at least, or at most for latencies), None when untargeted.
-        at_most: the target is an upper bound (latency).
-        met: whether the target is met; None when untargeted.
-        timing: throughput phases: their timing.
-        latency: latency phases: the call's latency; ``baseline_latency`` the baseline's.
-        baseline_latency: the echo latency of a lookup figure.
-        verified_bytes: bytes compared equal to the stored KV (loads; stores are verified by their load).
-        spread: shared-memory figures: the per-round ratios, each round to the memcpy pass taken right
-            before it (``baseline_value`` is then the memcpy of all those passes together); None otherwise.
-    """
-
-    case: str
-    chunk_bytes: int
-    chunks: int
-    path: str
-    op: str
-    unit: str
-    value: float
-    baseline: str
-    baseline_value: float
-    ratio: float
-    target: float | None
-    at_most: bool
-    met: bool | None
-    timing: Timing | None = None
-    latency: Latency | None = None
-    baseline_latency: Latency | None = None
-    verified_bytes: int = 0
-    spread: RatioSpread | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class DaemonInfo:
     """The daemon(s) a run used.
 
@@ -187,44 +147,6 @@ class ConnectorReport:
     ceilings: tuple[tuple[str, CeilingResult], ...]
     figures: tuple[ConnectorFigure, ...]
     elapsed_s: float
-
-
-class BenchError(RuntimeError):
-    """The daemon refused the run or lost data without corrupting it (no room, no data plane, ...)."""
-
-
-def _figure(
-    case: LayoutCase,
-    layout: KVLayout,
-    chunks: int,
-    path: str,
-    op: str,
-    timing: Timing,
-    baseline: str,
-    baseline_gbps: float,
-    target: float,
-    verified: int = 0,
-    spread: RatioSpread | None = None,
-) -> ConnectorFigure:
-    ratio = timing.gbps / baseline_gbps
-    return ConnectorFigure(
-        case.label,
-        layout.chunk_bytes,
-        chunks,
-        path,
-        op,
-        "GB/s",
-        timing.gbps,
-        baseline,
-        baseline_gbps,
-        ratio,
-        target,
-        False,
-        ratio >= target,
-        timing=timing,
-        verified_bytes=verified,
-        spread=spread,
-    )
 
 
 @dataclass(slots=True)
@@ -305,7 +227,7 @@ def _chunks_for(
             "the same-host path cannot be measured"
         )
     wanted = max(1, config.bytes_per_case // reg.chunk_bytes)
-    room = max(1, reg.segment.num_slots - 1)
+    room = max(1, reg.segment.num_slots * reg.segment.slot_bytes // reg.chunk_bytes - 1)  # slots are pages
     if wanted > room:
         logger.warning(
             "%s: %d chunks per round do not fit the daemon's L2; using %d", case.label, wanted, room
@@ -362,6 +284,12 @@ def _measure_case(
                 _figure(case, layout, chunks, "stream", "store", summarize(total * config.rounds, sum(st.store_s), st.store_s), sink.label, sink.timing.gbps, STREAM_TARGET),
                 _figure(case, layout, chunks, "stream", "load", summarize(total * config.rounds, sum(st.load_s), st.load_s), source.label, source.timing.gbps, STREAM_TARGET, st.verified),
             ]  # fmt: skip
+        device = cuda_device()
+        if device is not None:
+            gpu_prompts = distinct_prompts(config.rounds + 1, tokens, config.seed + 2)
+            ceiling, gpu = measure_h2d(case, KVConnector(client, ns), gpu_prompts, src, device)
+            ceilings.append(ceiling)
+            figures.append(gpu)
         return ceilings, figures
     finally:
         probe.close()

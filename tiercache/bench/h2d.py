@@ -15,7 +15,8 @@ Primitives:
     cuda_device: the device to measure on, or None.
     PinnedPeak: times the pinned host-to-device copy of the same bytes.
     H2DRounds: the paired timings of one case.
-    measure_h2d: store once per prompt, then time the load into CUDA tensors, paired with the peak.
+    time_h2d: store once per prompt, then time the load into CUDA tensors, paired with the peak.
+    measure_h2d: :func:`time_h2d` as the bench's ceiling and figure.
 """
 
 from __future__ import annotations
@@ -29,7 +30,12 @@ import torch
 
 from tiercache.connector import ContiguousKV, KVConnector
 
+from .ceilings import CeilingKind, CeilingResult
+from .connector_figure import BenchError, ConnectorFigure, throughput_figure
 from .kvcheck import verify_kv
+from .layout_cases import LayoutCase
+from .spread import paired_ratios
+from .timing import summarize
 
 H2D_TARGET = 0.8
 """Loads from L2 into device tensors, as a ratio to the pinned host-to-device peak."""
@@ -78,7 +84,7 @@ class H2DRounds:
     pinned: bool
 
 
-def measure_h2d(
+def time_h2d(
     conn: KVConnector,
     prompts: Sequence[np.ndarray],
     src: ContiguousKV,
@@ -90,7 +96,7 @@ def measure_h2d(
     The first prompt is a warm-up. The namespace is purged after each round (no round evicts another).
 
     Raises:
-        RuntimeError: the daemon stored or loaded less than the whole prompt.
+        BenchError: the daemon stored or loaded less than the whole prompt.
         RoundTripError: loaded KV differs from the stored KV.
     """
     tokens = len(prompts[0])
@@ -103,7 +109,7 @@ def measure_h2d(
     verified = 0
     for i, prompt in enumerate(prompts):
         if conn.store(prompt, src).tokens_stored != tokens:
-            raise RuntimeError("h2d: the daemon did not store the whole prompt (too little room?)")
+            raise BenchError("h2d: the daemon did not store the whole prompt (too little room?)")
         for t in dst.layers:
             t.zero_()
         before = peak()
@@ -113,12 +119,39 @@ def measure_h2d(
         torch.cuda.synchronize(device)
         took = time.perf_counter() - t0
         if loaded.tokens_loaded != tokens:
-            raise RuntimeError(f"h2d: the daemon loaded {loaded.tokens_loaded} of {tokens} tokens")
-        verified += verify_kv(
-            src, ContiguousKV([t.cpu() for t in dst.layers]), tokens, conn.namespace.layout.mla
-        )
+            raise BenchError(f"h2d: the daemon loaded {loaded.tokens_loaded} of {tokens} tokens")
+        back = ContiguousKV([t.cpu() for t in dst.layers])
+        checked = verify_kv(src, back, tokens, conn.namespace.layout.mla)  # the warm-up too
         conn.client.purge(conn.namespace)
         if i:
+            verified += checked
             load_s.append(took)
             peak_s.append(before)
     return H2DRounds(tuple(load_s), tuple(peak_s), verified, mapping is not None and mapping.pinned)
+
+
+def measure_h2d(
+    case: LayoutCase,
+    conn: KVConnector,
+    prompts: Sequence[np.ndarray],
+    src: ContiguousKV,
+    device: torch.device,
+) -> tuple[CeilingResult, ConnectorFigure]:
+    """The GPU line of one case: the pinned-copy ceiling and the ``h2d load`` figure (median of the
+    per-round ratios, each round to the peak pass taken right before it).
+
+    Raises:
+        BenchError, RoundTripError: as :func:`time_h2d`.
+    """
+    layout = conn.namespace.layout
+    chunks = len(prompts[0]) // layout.chunk_tokens
+    got = time_h2d(conn, prompts, src, layout.chunk_bytes, device)
+    total = chunks * layout.chunk_bytes
+    peak = summarize(total * len(got.peak_s), sum(got.peak_s), got.peak_s)
+    note = "pinned host buffers; the segment is " + ("pinned" if got.pinned else "NOT pinned (pageable)")
+    ceiling = CeilingResult(CeilingKind.PINNED_H2D, str(device), layout.chunk_bytes, peak, note)
+    loads = summarize(total * len(got.load_s), sum(got.load_s), got.load_s)
+    spread = paired_ratios([total / s for s in got.load_s], [total / s for s in got.peak_s])
+    return ceiling, throughput_figure(
+        case, layout, chunks, "h2d", "load", loads, ceiling.label, peak.gbps, H2D_TARGET, got.verified, spread
+    )
