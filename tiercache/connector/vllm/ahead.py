@@ -1,11 +1,11 @@
 """Connecting ahead: register the engine's namespace with the daemon at engine start, off the request path.
 
 A client dials the daemon lazily, so without this the first request of a fresh engine pays for opening the
-channel and registering its namespace in both roles, and the worker also for mapping the daemon's
-shared-memory segment (measured at 1K tokens on a loaded 2-core machine: that first request took 220-270
-ms more than the next ones). :func:`connect_ahead` does that work in a background thread while vLLM is
-still starting; a request that arrives first simply does it itself (the client is thread-safe and maps a
-segment once). A daemon that is down is logged, not raised: requests recompute until it is back.
+channel and registering its namespace in both roles (two Register round trips), and the worker also for
+mapping the daemon's shared-memory segment. :func:`connect_ahead` does that work in a background thread
+while vLLM is still starting; a request that arrives first simply does it itself (the client is
+thread-safe and maps a segment once). A daemon that is down is logged, not raised: requests recompute
+until it is back.
 
 Primitives:
     connect_ahead: start the thread (register, and map the segment for the worker role).
