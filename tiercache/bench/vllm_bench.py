@@ -163,11 +163,16 @@ def engine_env(python: str = "") -> dict[str, str]:
 def engine_params(
     model: Path, config: VllmBenchConfig, kv: dict[str, Any] | None, jobs: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    """The params of one engine process; an untimed warm-up job first (an engine's first request is slow)."""
+    """The params of one engine process; an untimed warm-up job first (an engine's first request is slow).
+
+    An engine with LMCache's connector hides llvmlite from vLLM's kernel-rebinding scan
+    (:func:`~.vllm_engine.hide_from_kernel_rebind`), which otherwise fails its start on CPU.
+    """
     warm = [{"warm": None, "prompt": prompt(999_999, 64)}]
     max_len = max([*config.lengths, config.system_tokens + config.user_tokens]) + 64
+    lmcache = kv is not None and kv.get("kv_connector") == "LMCacheMPConnector"
     return {"model": str(model), "block_size": config.block_size, "kv": kv, "jobs": warm + jobs,
-            "max_model_len": max_len}  # fmt: skip
+            "max_model_len": max_len, "hide_llvmlite": lmcache}  # fmt: skip
 
 
 def parse_result(returncode: int, stdout: str, stderr: str) -> dict[str, Any]:

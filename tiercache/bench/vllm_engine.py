@@ -8,12 +8,15 @@ on stdin (each engine is its own process, so that its own prefix cache starts em
     jobs: ``[{"warm": [tokens] | null, "prompt": [tokens]}]``: ``warm`` runs first, untimed (it fills the
         engine's own prefix cache, or stores through the connector), then ``prompt`` is timed;
     wait_go: after the engine started, print :data:`READY` and wait for a second line on stdin before the
-        jobs (so that several engines run their jobs at the same time).
+        jobs (so that several engines run their jobs at the same time);
+    hide_llvmlite: hide llvmlite's and numba's modules from vLLM's kernel-rebinding scan (see
+        :func:`hide_from_kernel_rebind`; the LMCache column needs it).
 The result line starts with :data:`RESULT`: ``{"jobs": [{"s": seconds, "cached": tokens, "t0": wall clock
 at the start, "t1": at the end}], "start_s": s}``.
 
 Primitives:
     RESULT: prefix of the result line.
+    hide_from_kernel_rebind: keep modules out of vLLM's scan for Triton kernels.
     READY: the line printed when the engine waits for the go line.
     main: the entry point.
 """
@@ -32,6 +35,31 @@ READY = "TIERCACHE-BENCH-VLLM-READY"
 """Printed (alone on its line) when the engine has started and waits for the go line."""
 
 
+def hide_from_kernel_rebind(prefixes: tuple[str, ...]) -> None:
+    """Keep the modules named ``prefixes*`` out of vLLM's kernel-rebinding scan.
+
+    Without Triton, vLLM's CPU platform points every module attribute that holds a Triton kernel at its CPU
+    implementation by scanning ``sys.modules`` and reading ``vars(value).get("kernel")`` of every object;
+    llvmlite's library objects (imported by LMCache's numba-based token hasher) answer ``vars()`` with a
+    non-dict and the scan raises ``AttributeError``, failing engine start. Those modules hold no vLLM kernels,
+    so hiding them from the scan changes nothing else.
+    """
+    from vllm.triton_utils import dispatcher
+
+    scan = dispatcher._rebind_kernels
+
+    def guarded(overrides: Any) -> None:
+        hidden = {name: mod for name, mod in list(sys.modules.items()) if name.startswith(prefixes)}
+        for name in hidden:
+            del sys.modules[name]
+        try:
+            scan(overrides)
+        finally:
+            sys.modules.update(hidden)
+
+    dispatcher._rebind_kernels = guarded
+
+
 def main() -> None:
     """Run the jobs of the params on stdin and print the result line."""
     params: dict[str, Any] = json.loads(sys.stdin.readline())
@@ -41,6 +69,8 @@ def main() -> None:
     from vllm.config import KVTransferConfig
     from vllm.inputs import TokensPrompt
 
+    if params.get("hide_llvmlite"):
+        hide_from_kernel_rebind(("llvmlite", "numba"))
     kv = params.get("kv")
     transfer = None
     if kv is not None:

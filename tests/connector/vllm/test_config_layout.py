@@ -11,6 +11,7 @@ from tiercache.connector.vllm.config import VllmConnectorConfig
 from tiercache.connector.vllm.layout import (
     BackendLayout,
     block_planes,
+    block_runs,
     check_cache,
     chunk_planes,
     copy_from_cache,
@@ -87,6 +88,13 @@ def test_block_copies_round_trip_bit_exact(kind: BackendLayout) -> None:
 @pytest.mark.parametrize("kind", list(BackendLayout))
 def test_block_copies_round_trip_bit_exact_on_cuda(kind: BackendLayout) -> None:
     _roundtrip(kind, "cuda")
+
+
+def test_block_runs_group_consecutive_ids() -> None:
+    assert block_runs([]) == []
+    assert block_runs([7]) == [(0, 7, 1)]
+    assert block_runs([3, 4, 5, 9, 10, 2, 3]) == [(0, 3, 3), (3, 9, 2), (5, 2, 2)]
+    assert block_runs([5, 4]) == [(0, 5, 1), (1, 4, 1)]  # descending ids are not a run
 
 
 def test_flash_chunks_are_the_canonical_layout() -> None:

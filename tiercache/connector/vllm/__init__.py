@@ -17,6 +17,7 @@ config (:mod:`.namespace`) and parse the same options (:mod:`.config`); the step
 :class:`~.metadata.TierCacheMetadata`.
 
 Modules:
+    ahead: registering the namespace (and mapping the segment) at engine start, in the background.
     config: ``VllmConnectorConfig`` from ``kv_connector_extra_config``.
     namespace: the engine's and each request's namespace.
     layout: block copies for the CPU and the GPU (flash) cache layouts.
@@ -130,6 +131,8 @@ class TierCacheConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def shutdown(self) -> None:
         if self._worker is not None:
             self._worker.shutdown()
+        if self._scheduler is not None:
+            self._scheduler.shutdown()
         self.client.close()
 
     # ------------------------------------------------------------------ scheduler side

@@ -8,8 +8,10 @@ vLLM's attention backends lay out a layer's KV cache differently:
   two planes, a block of a layer is one contiguous run per plane.
 
 Both are seen here as a byte tensor ``[planes, num_blocks, plane_block_bytes]``, and a chunk's layer as
-``[planes, blocks_per_chunk, plane_block_bytes]``: a load or save moves whole blocks with one
-``index_copy_`` / ``index_select`` per layer, whatever the backend. For ``flash`` the chunk's bytes are
+``[planes, blocks_per_chunk, plane_block_bytes]``: a load or save moves whole blocks, whatever the backend:
+a save with one ``index_select`` per layer; a load with one slice copy per run of consecutive target blocks
+into a CPU cache (``index_copy_`` moves bytes one element at a time on the CPU: 20-25x slower, measured in
+:func:`copy_into_cache`), one ``index_copy_`` per layer into a GPU cache. For ``flash`` the chunk's bytes are
 exactly the canonical ``[k|v][token][head][dim]`` of :mod:`tiercache.layout`; for ``cpu`` they are the
 backend's own block bytes. The layout's name is part of the namespace (:mod:`.namespace`), so a chunk saved
 by one backend never loads into another.
@@ -18,12 +20,14 @@ Primitives:
     BackendLayout: the known layouts (``cpu``, ``flash``) and how to recognise them from a tensor.
     block_planes: a layer's KV cache as ``[planes, num_blocks, plane_block_bytes]`` bytes (a view).
     chunk_planes: one layer of a chunk buffer as ``[planes, blocks_per_chunk, plane_block_bytes]`` (a view).
+    block_runs: consecutive block ids as ``(offset, first id, count)`` runs.
     copy_into_cache / copy_from_cache: move some blocks of one chunk and layer in or out.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 
 import torch
 
@@ -88,14 +92,33 @@ def chunk_planes(kind: BackendLayout, layout: KVLayout, buf: torch.Tensor, layer
     return buf[start:stop].view(kind.planes, per, -1)
 
 
+def block_runs(block_ids: Sequence[int]) -> list[tuple[int, int, int]]:
+    """``block_ids`` as runs of consecutive ids: ``(offset in block_ids, first id, count)``, in order."""
+    runs: list[tuple[int, int, int]] = []
+    for offset, block in enumerate(block_ids):
+        if runs and runs[-1][1] + runs[-1][2] == block:
+            start, first, count = runs[-1]
+            runs[-1] = (start, first, count + 1)
+        else:
+            runs.append((offset, block, 1))
+    return runs
+
+
 def copy_into_cache(cache: torch.Tensor, chunk: torch.Tensor, first: int, index: torch.Tensor) -> None:
     """Copy blocks ``first : first + len(index)`` of a chunk's layer (``chunk_planes``) into the cache blocks
     ``index`` (int64, on the cache's device).
 
-    A chunk on another device (host shared memory for a GPU cache) is staged onto the cache's device first
-    (asynchronously, on the current stream).
+    Into a CPU cache: one slice copy per run of consecutive blocks (memcpy speed; ``index_copy_`` on these
+    byte tensors copies element by element: 0.8 ms against 0.03 ms for 8 blocks of 64 KiB on one core, and
+    slower still with more threads). A chunk on another device (host shared memory for a GPU cache) is
+    staged onto the cache's device first (asynchronously, on the current stream) and scattered with one
+    ``index_copy_``.
     """
     src = chunk[:, first : first + index.numel()]
+    if src.device == cache.device and cache.device.type == "cpu":
+        for offset, block, count in block_runs(index.tolist()):
+            cache[:, block : block + count].copy_(src[:, offset : offset + count])
+        return
     if src.device != cache.device:
         src = src.to(cache.device, non_blocking=True)
     cache.index_copy_(1, index, src)

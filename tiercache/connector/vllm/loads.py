@@ -4,9 +4,11 @@
 layer 1, ... in a background thread, so that the copy of layer l + 1 overlaps the model's compute of layer l;
 ``wait(l)`` blocks until layer l has arrived. On CUDA the copies run on a side stream (which first waits for
 the engine's stream) with one event per layer, and ``wait(l)`` only makes the engine's current stream wait
-on event l. After the last layer each lease is released and checked: a lease that lapsed during the copy
-(by the local clock, or as the daemon says) may have had its slots reused, so its blocks are reported as
-load errors and vLLM recomputes them. A failed copy does the same for every block not yet known good.
+on event l. After the last layer each lease is released: when the local clock proves the lease held for the whole
+copy, without waiting (the release rides on the namespace's next AcquireLoad or BeginStore, or goes
+one-way shortly after: :meth:`~tiercache.connector.client.TierCacheClient.defer_release`); otherwise with a
+waited release, and a lease the daemon does not confirm may have had its slots reused, so its blocks are
+reported as load errors and vLLM recomputes them. A failed copy does the same for every block not yet known good.
 
 Primitives:
     LeasedLoad: one request's lease, slots and target blocks.
@@ -165,12 +167,16 @@ class LayerLoader:
 
     def _release_all(self) -> None:
         for load in self._loads:
-            in_time = self._clock() < load.started + load.lease.expires_in_s
+            if self._clock() < load.started + load.lease.expires_in_s:
+                # The local clock proves the lease held (its TTL started after ``started``): no answer is
+                # needed, the release rides on the namespace's next call (or goes one-way shortly).
+                self._client.defer_release(load.namespace, load.lease.lease_id)
+                continue
             try:
                 covered = self._client.release_load(load.namespace, load.lease.lease_id)
             except TierCacheError as exc:
                 logger.warning("releasing load lease %d failed (%s)", load.lease.lease_id, exc)
-                covered = in_time  # the daemon cannot say: the local clock must prove the lease held
+                covered = False  # neither the clock nor the daemon can prove the lease held
             if not covered:
                 logger.warning("load lease %d lapsed during the copy; vLLM recomputes", load.lease.lease_id)
                 self._failed |= load.target_blocks()

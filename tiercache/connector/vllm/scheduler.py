@@ -1,5 +1,6 @@
 """The scheduler-side connector (in vLLM's EngineCore): one lookup per request, and each step's plan.
 
+* At start the engine's namespace is registered in the background (:mod:`.ahead`).
 * ``get_num_new_matched_tokens`` asks the daemon once per request (a lookup that also starts promoting the
   prefix into shared memory) how many of the prompt's full chunks it holds, and offers vLLM the cached
   tokens beyond what vLLM has locally, in whole blocks — the last cached chunk may be loaded in part, and
@@ -18,7 +19,7 @@
 
 Primitives:
     SchedulerSide: get_num_new_matched_tokens, update_state_after_alloc, build_connector_meta,
-        request_finished; ``lookup_failures`` counts daemon failures.
+        request_finished, shutdown; ``lookup_failures`` counts daemon failures.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from tiercache.errors import TierCacheError
 from tiercache.keys import chunk_keys
 
 from ..client import TierCacheClient
+from .ahead import connect_ahead
 from .metadata import LoadSpec, SaveSpec, TierCacheMetadata
 from .namespace import EngineIdentity, request_factors
 
@@ -64,6 +66,11 @@ class SchedulerSide:
         self._block = identity.layout.page_tokens
         self._requests: dict[str, _Request] = {}
         self.lookup_failures = 0
+        self._connecting = connect_ahead(client, identity.namespace(), map_segment=False)
+
+    def shutdown(self) -> None:
+        """Wait for the registration made at start (before the client is closed)."""
+        self._connecting.join()
 
     # ------------------------------------------------------------------ lookups
 

@@ -2,6 +2,8 @@
 
 * ``register_kv_caches`` learns the layer order and checks each layer's cache against the backend layout
   (:mod:`.layout`); an unexpected layout disables the connector (logged) rather than copy wrong bytes.
+  It then registers the engine's namespace and maps the daemon's segment in the background
+  (:mod:`.ahead`), so that the first request does not pay for it.
 * ``start_load_kv`` leases each request's cached chunks (one AcquireLoad per request) and starts a
   :class:`~.loads.LayerLoader`; ``wait_for_layer_load`` waits for one layer; chunks the daemon no longer
   offers, leases that lapsed and failed copies become ``get_block_ids_with_load_errors`` (vLLM then
@@ -23,6 +25,7 @@ Primitives:
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 
@@ -34,6 +37,7 @@ from tiercache.policies.load import LoadPolicyKind
 
 from ..client import TierCacheClient
 from ..results import SlotRef
+from .ahead import connect_ahead
 from .config import VllmConnectorConfig
 from .layout import block_planes, check_cache
 from .loads import LayerLoader, LeasedLoad
@@ -65,6 +69,7 @@ class WorkerSide:
         self._loader: LayerLoader | None = None
         self._errors: set[int] = set()
         self._saves = SaveQueue(client, identity, lambda: self._caches)
+        self._connecting: threading.Thread | None = None
         self.load_failures = 0
 
     @property
@@ -90,6 +95,9 @@ class WorkerSide:
             return
         self._layers = {name: i for i, name in enumerate(kv_caches)}
         self._caches = [block_planes(backend, t) for t in kv_caches.values()]
+        self._connecting = connect_ahead(
+            self._client, self._identity.namespace(), map_segment=True, prefill=self._config.prefill
+        )
 
     # ------------------------------------------------------------------ loads
 
@@ -197,5 +205,7 @@ class WorkerSide:
 
     def shutdown(self) -> None:
         """Finish the loads and the saves (open reservations are dropped)."""
+        if self._connecting is not None:
+            self._connecting.join()
         self._wait_loader()
         self._saves.close()
