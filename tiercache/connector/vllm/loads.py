@@ -126,8 +126,11 @@ class LayerLoader:
             with contextlib.ExitStack() as stack:
                 views = [stack.enter_context(load.mapping.use()) for load in self._loads]
                 self._copy(views)
-            if self._events:
-                self._events[-1].synchronize()  # the slots may be reused once the leases are released
+                if self._events:
+                    # Inside ``use``: from a pinned segment the copies are asynchronous, and a retired
+                    # mapping is unmapped when its last user leaves; the slots may also be reused once the
+                    # leases are released.
+                    self._events[-1].synchronize()
         except Exception:
             logger.exception("tiercache load failed; vLLM recomputes the loaded blocks")
             for load in self._loads:
