@@ -14,6 +14,7 @@ their tenant's books when the namespace is registered again.
 Every method runs under the cache's index lock unless it says otherwise.
 
 Primitives:
+    WRITE_DOWN_WAIT_S: how long a store at its quota waits for write-downs holding its chunks.
     Tenants: set_quotas, register, on_event (the listener), protected (the eviction guard), placing,
         ttl, storing / leasing (admission of a store / an acquire), check_pin, trim, committed,
         opened_lease / opened_ticket, count_lookup / count_usage, stats, tenants.
@@ -69,6 +70,11 @@ class TenantBooks:
     recomputed_tokens: int = 0
 
 
+WRITE_DOWN_WAIT_S = 1.0
+"""Longest a store at its tenant's quota waits for queued write-downs that hold the tenant's only evictable
+chunks (a write-through copy takes milliseconds; without the wait the store would be refused meanwhile)."""
+
+
 class Tenants:
     """Per-tenant books and quota checks of one cache."""
 
@@ -81,6 +87,7 @@ class Tenants:
         self._index = parts.index
         self._leases = parts.leases
         self._mover = parts.mover
+        self._writeback = parts.writeback
         self._reap = parts.reap
         self._space = space
         self._default_ttl_s = default_ttl_s
@@ -175,21 +182,27 @@ class Tenants:
         """
         with self._lock:
             pending = sum(1 for c in cids if not self._mover.known(c))
-        self._trim(namespace_id, level, lambda lv: pending)
+        self._trim(namespace_id, level, lambda lv: pending, WRITE_DOWN_WAIT_S)
 
-    def _trim(self, namespace_id: bytes, level: TierLevel, pending: Callable[[TierLevel], int]) -> None:
-        """Trim every quota'd tier at or below ``level`` to leave room for ``pending(tier)`` more chunks."""
+    def _trim(
+        self, namespace_id: bytes, level: TierLevel, pending: Callable[[TierLevel], int], settle_s: float
+    ) -> None:
+        """Trim every quota'd tier at or below ``level`` to leave room for ``pending(tier)`` more chunks,
+        waiting up to ``settle_s`` once for queued write-downs when they hold the only candidates."""
         tenant = self._tenant.get(namespace_id)
         if tenant is None:
             return
         quota = self.quota(tenant)
         for lv in [lv for lv in self._levels if lv >= level and quota.tier_bytes(lv)]:
-            self._trim_tier(tenant, namespace_id, lv, quota.tier_bytes(lv), pending(lv))
+            self._trim_tier(tenant, namespace_id, lv, quota.tier_bytes(lv), pending(lv), settle_s)
 
-    def _trim_tier(self, tenant: str, namespace_id: bytes, level: TierLevel, cap: int, pending: int) -> None:
+    def _trim_tier(
+        self, tenant: str, namespace_id: bytes, level: TierLevel, cap: int, pending: int, settle_s: float
+    ) -> None:
         limit = f"{level.name.lower()}_bytes"
         slower = [lv for lv in self._levels if lv > level]
         need = self._charge[namespace_id][level] * pending
+        settled = settle_s <= 0
         while True:
             with self._lock:
                 used = self.used_bytes(tenant, level)
@@ -206,17 +219,22 @@ class Tenants:
                     self._index.pinned_namespaces,
                     accept=lambda e: self._tenant.get(e.namespace_id) == tenant,
                 )
-                if victim is None:
+                if victim is None and (settled or not self._writeback.pending):
                     raise QuotaExceededError(
                         tenant, limit, cap,
                         f"{used} bytes held in {level.name}, {need} more wanted, and none of its own chunks "
                         "there can be evicted (leased, pinned or younger than the minimum residency)",
                     )  # fmt: skip
-                entry = self._index.get(victim)
-                assert entry is not None
-                copy_to = slower[0] if slower and not any(lv > level for lv in entry.res) else None
-                if copy_to is not None:
-                    self._index.hold(victim, entry, level)
+                if victim is not None:
+                    entry = self._index.get(victim)
+                    assert entry is not None
+                    copy_to = slower[0] if slower and not any(lv > level for lv in entry.res) else None
+                    if copy_to is not None:
+                        self._index.hold(victim, entry, level)
+            if victim is None:  # queued write-downs hold the chunks they copy: wait for them, once
+                settled = True
+                self._writeback.settle(settle_s)
+                continue
             if copy_to is not None:
                 try:
                     self._mover.move(victim, copy_to)
@@ -367,7 +385,7 @@ class Tenants:
             return sum(1 for e in entries if e is not None and level not in e.res)
 
         try:
-            self._trim(namespace_id, self._levels[0], pending)
+            self._trim(namespace_id, self._levels[0], pending, 0.0)  # best effort: a commit never waits
         except QuotaExceededError as exc:
             logger.debug("after commit of ticket %d: %s", ticket_id, exc)
 

@@ -9,7 +9,7 @@ The worker's own lock guards only its set of pending futures; :meth:`WriteBack.s
 with the index lock held (index lock first, then this one), and the worker takes neither while it copies.
 
 Primitives:
-    WriteBack: schedule, flush, pending, failed, close.
+    WriteBack: schedule, flush, settle, pending, failed, close.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from tiercache.cache.mover import MoveOutcome
 
@@ -63,6 +63,13 @@ class WriteBack:
             pending = list(self._pending)
         for fut in pending:
             fut.result(timeout=timeout_s)
+
+    def settle(self, timeout_s: float) -> bool:
+        """Wait at most ``timeout_s`` in all for the write-downs queued so far; whether they all finished.
+        Call without the index lock (the worker takes it)."""
+        with self._lock:
+            pending = list(self._pending)
+        return not wait(pending, timeout=timeout_s).not_done
 
     def close(self) -> None:
         """Finish what is queued, then stop the worker (idempotent)."""

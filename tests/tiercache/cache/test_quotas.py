@@ -16,7 +16,7 @@ from tiercache.cache import CacheManager
 from tiercache.cache.quotas import QuotaExceededError, QuotaTable, TenantQuota
 from tiercache.errors import CapacityError, InvalidArgumentError
 from tiercache.keys import Namespace, chunk_keys
-from tiercache.tiers.base import TierLevel
+from tiercache.tiers.base import TierLevel, WriteSlot
 from tiercache.tiers.host import HostTier, HostTierConfig
 from tiercache.tiers.lmdb import LmdbTier, LmdbTierConfig
 from tiercache.tiers.values import HEADER_BYTES
@@ -277,3 +277,78 @@ def test_concurrent_acquires_never_overrun_the_leases_quota(shared: type[Shared]
     assert len(granted) == 2 and all(granted)
     assert refused == ["leases"] * 6
     assert s.cache.stats("a").active_leases == 2
+
+
+class GatedLmdbTier(LmdbTier):
+    """A real L3 whose commits wait for ``gate``: a write-down into it stays in flight (holding the chunk it
+    copies) until the test opens the gate; ``entered`` is set once one is waiting."""
+
+    def __init__(self, config: LmdbTierConfig, gate: threading.Event) -> None:
+        super().__init__(config)
+        self.gate = gate
+        self.entered = threading.Event()
+
+    def commit(self, slots: Sequence[WriteSlot]) -> None:
+        self.entered.set()
+        assert self.gate.wait(30), "the test never opened the gate"
+        super().commit(slots)
+
+
+def _gated(tmp_path: Path, namespace: Namespace) -> tuple[CacheManager, bytes, GatedLmdbTier]:
+    """A cache whose tenant ``a`` may hold one chunk in L2, over a gated L3."""
+    nbytes = namespace.layout.chunk_bytes
+    l2 = HostTier(
+        HostTierConfig(capacity_bytes=L2_SLOTS * nbytes, slot_bytes=nbytes, segment_prefix="tiercache-test")
+    )
+    l3 = GatedLmdbTier(
+        LmdbTierConfig(path=str(tmp_path / "l3"), capacity_bytes=40 * (HEADER_BYTES + nbytes)),
+        threading.Event(),
+    )
+    cache = CacheManager([l2, l3])
+    cache.set_quotas(QuotaTable(default=TenantQuota(l2_bytes=_slots(1, namespace))))
+    return cache, cache.register_namespace(namespace, "a"), l3
+
+
+def _one_chunk(namespace: Namespace, seed: int) -> list[bytes]:
+    return chunk_keys(namespace, [seed * 1_000_003 + i for i in range(namespace.layout.chunk_tokens)])
+
+
+def _put(cache: CacheManager, ns_id: bytes, namespace: Namespace, seed: int) -> int:
+    """Store one chunk of tenant ``a`` (no flush: its write-down to L3 is queued)."""
+    keys = _one_chunk(namespace, seed)
+    return cache.put(ns_id, keys, [_payload(k, namespace.layout.chunk_bytes) for k in keys])
+
+
+def test_a_store_at_its_quota_waits_for_the_write_down_holding_its_chunk(
+    tmp_path: Path, namespace: Namespace
+) -> None:
+    cache, ns_id, l3 = _gated(tmp_path, namespace)
+    try:
+        assert _put(cache, ns_id, namespace, seed=1) == 1  # its whole share
+        assert l3.entered.wait(30)  # the chunk's write-down holds it, waiting at the gate
+        opener = threading.Timer(0.2, l3.gate.set)
+        opener.start()
+        assert _put(cache, ns_id, namespace, seed=2) == 1  # waited for it, then trimmed it from L2
+        opener.join()
+        cache.flush()
+        assert cache.stats("a").tier(L2).used_bytes == _slots(1, namespace)
+        assert cache.lookup(ns_id, _one_chunk(namespace, seed=1)).by_tier[L3] == 1  # went down, not away
+    finally:
+        l3.gate.set()
+        cache.close()
+
+
+def test_a_store_at_its_quota_behind_a_write_down_that_never_finishes_is_refused(
+    tmp_path: Path, namespace: Namespace
+) -> None:
+    cache, ns_id, l3 = _gated(tmp_path, namespace)
+    try:
+        assert _put(cache, ns_id, namespace, seed=1) == 1
+        assert l3.entered.wait(30)
+        with pytest.raises(QuotaExceededError) as exc:  # after waiting WRITE_DOWN_WAIT_S for it
+            _put(cache, ns_id, namespace, seed=2)
+        _limit(exc, "l2_bytes", _slots(1, namespace))
+        assert "none of its own chunks" in str(exc.value)
+    finally:
+        l3.gate.set()
+        cache.close()
