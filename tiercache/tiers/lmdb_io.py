@@ -41,7 +41,7 @@ from tiercache.errors import CapacityError, InvalidArgumentError
 from tiercache.tiers.lmdb_env import LmdbDatabases
 from tiercache.tiers.lmdb_meta import foreign, record_of, unpack_meta
 from tiercache.tiers.lmdb_order import pack_seq
-from tiercache.tiers.values import HEADER_BYTES, ValueHeader, checksum, decode, parse_header
+from tiercache.tiers.values import HEADER_BYTES, ValueHeader, checksum, copy_out, decode, parse_header
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ def read_values(
                     if isinstance(raw, str):
                         why = raw
                     else:
-                        _copy_out(raw, dst)
+                        copy_out(raw, dst)
             if why is not None:
                 logger.warning("L3 chunk %s is corrupt (%s); dropping it", cid.hex(), why)
                 corrupt.append(cid)
@@ -247,15 +247,3 @@ def _copy_checked(value: memoryview, header: ValueHeader, dst: torch.Tensor) -> 
     # numpy arrays export the buffer protocol (their stubs do not say so); a strided destination: the source's
     arrived: Any = out if out.flags.c_contiguous else src
     return None if checksum(memoryview(arrived)) == header.checksum else "payload checksum mismatch"
-
-
-def _copy_out(raw: memoryview | bytes, dst: torch.Tensor) -> None:
-    """Copy verified raw bytes into ``dst`` (a non-CPU destination is staged through a CPU tensor)."""
-    n = len(raw)
-    src = np.frombuffer(raw, dtype=np.uint8)
-    if dst.device.type == "cpu":
-        np.copyto(dst[:n].numpy(), src)
-    else:
-        staging = torch.empty(n, dtype=torch.uint8)
-        np.copyto(staging.numpy(), src)
-        dst[:n].copy_(staging)

@@ -58,7 +58,7 @@ from tiercache.tiers.shared_breaker import Breaker
 from tiercache.tiers.shared_client import SharedStore, StoreRefused, StoreUnavailable
 from tiercache.tiers.shared_config import SharedTierConfig
 from tiercache.tiers.staging import StagingPool
-from tiercache.tiers.values import HEADER_BYTES, checksum, decode_parts, encode, parse_head
+from tiercache.tiers.values import HEADER_BYTES, checksum, copy_out, decode_parts, encode, parse_head
 
 __all__ = ["SharedTier", "SharedTierConfig", "store_key"]
 
@@ -90,18 +90,6 @@ def _check_dsts(chunk_ids: Sequence[bytes], dsts: Sequence[torch.Tensor]) -> Non
     for i, dst in enumerate(dsts):
         if not isinstance(dst, torch.Tensor) or dst.dtype != torch.uint8 or dst.dim() != 1:
             raise InvalidArgumentError("dsts", f"[{i}] must be a 1-D uint8 tensor")
-
-
-def _copy_out(raw: memoryview | bytes, dst: torch.Tensor) -> None:
-    """Copy raw chunk bytes into the front of ``dst`` (any device)."""
-    src = np.frombuffer(raw, dtype=np.uint8)
-    n = src.size
-    if dst.device.type == "cpu" and dst.is_contiguous():
-        np.copyto(dst[:n].numpy(), src)
-    else:
-        staging = torch.empty(n, dtype=torch.uint8)
-        np.copyto(staging.numpy(), src)
-        dst[:n].copy_(staging)
 
 
 def _deliver(
@@ -139,7 +127,7 @@ def _deliver(
         raw = decode_parts(memoryview(head), memoryview(payload), dctx)
     if isinstance(raw, str):
         return raw
-    _copy_out(raw, dst)
+    copy_out(raw, dst)
     return len(raw)
 
 

@@ -37,6 +37,7 @@ Primitives:
     encode_staged: the value of raw bytes staged behind room for the header (compressed when smaller).
     decode / decode_parts: the verified raw bytes of a value (or of its header and payload), or why it is
         malformed.
+    copy_out: copy verified raw bytes into the front of a caller's buffer on any device.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+import numpy as np
+import torch
 import xxhash
 import zstandard
 
@@ -200,3 +203,16 @@ def decode_parts(
     if checksum(raw) != header.checksum:
         return "payload checksum mismatch"
     return raw
+
+
+def copy_out(raw: ByteView, dst: torch.Tensor) -> None:
+    """Copy verified raw bytes into the front of ``dst`` (any device; a destination that is not contiguous
+    CPU memory is staged through a CPU tensor)."""
+    src = np.frombuffer(raw, dtype=np.uint8)
+    n = src.size
+    if dst.device.type == "cpu" and dst.is_contiguous():
+        np.copyto(dst[:n].numpy(), src)
+    else:
+        staging = torch.empty(n, dtype=torch.uint8)
+        np.copyto(staging.numpy(), src)
+        dst[:n].copy_(staging)
