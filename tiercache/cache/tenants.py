@@ -50,6 +50,7 @@ class TenantTier:
 
     chunks: int = 0
     used_bytes: int = 0
+    payload_bytes: int = 0
     hits: int = 0
     evictions: int = 0
     lookup_hit_tokens: int = 0
@@ -125,6 +126,7 @@ class Tenants:
             for level, chunks in self._ns_chunks.get(namespace_id, {}).items():
                 books.tiers[level].chunks += chunks
                 books.tiers[level].used_bytes += chunks * charge[level]
+                books.tiers[level].payload_bytes += chunks * chunk_bytes
 
     def tenant_of(self, namespace_id: bytes) -> str | None:
         """The tenant of a registered namespace."""
@@ -145,6 +147,7 @@ class Tenants:
         tier = self._books[tenant].tiers[event.level]
         tier.chunks += delta
         tier.used_bytes += delta * self._charge[event.namespace_id][event.level]
+        tier.payload_bytes += delta * self._chunk_bytes[event.namespace_id]
         if event.evicted:
             tier.evictions += 1
 
@@ -421,12 +424,13 @@ class Tenants:
         tiers = []
         for t in full.tiers:
             own = books.tiers.get(t.level, TenantTier())
+            capacity = quota.tier_bytes(t.level) or t.capacity_bytes
             tiers.append(
                 TierStats(
                     level=t.level,
                     chunks=own.chunks,
                     used_bytes=own.used_bytes,
-                    capacity_bytes=quota.tier_bytes(t.level) or t.capacity_bytes,
+                    capacity_bytes=capacity,
                     hits=own.hits,
                     misses=0,
                     evictions=own.evictions,
@@ -438,6 +442,8 @@ class Tenants:
                     effective_hit_tokens=own.effective_hit_tokens,
                     latency_s=t.latency_s,
                     bytes_per_s=t.bytes_per_s,
+                    payload_bytes=own.payload_bytes,
+                    utilisation=own.payload_bytes / capacity if capacity else 0.0,
                 )
             )
         prefill = PrefillStats(**{f.name: 0 for f in dataclasses.fields(PrefillStats)})

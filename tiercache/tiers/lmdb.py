@@ -116,7 +116,7 @@ class LmdbTier(StorageTier):
         self._corrupt_reads = opened.found.dropped
         self._depth_source: DepthSource | None = None
         self._index = opened.found.index()  # id -> (stored bytes, payload bytes, depth or None), use order
-        self._used = opened.found.used_bytes
+        self._used, self._payload = opened.found.used_bytes, opened.found.payload_bytes
         if self._used > self._capacity:
             logger.warning("L3 at %s holds %d bytes > capacity %d", config.path, self._used, self._capacity)
         shape = (len(self._index), self._used, self._capacity, config.codec.value, opened.writemap)
@@ -164,7 +164,7 @@ class LmdbTier(StorageTier):
         """Drop a deleted chunk from the index, the usage and the pending order; call with the lock held."""
         entry = self._index.pop(chunk_id, None)
         if entry is not None:
-            self._used -= entry[0]
+            self._used, self._payload = self._used - entry[0], self._payload - entry[1]
         self._order.forget(chunk_id)
 
     def bind_depths(self, source: DepthSource) -> None:
@@ -308,7 +308,7 @@ class LmdbTier(StorageTier):
                     self._index[res.chunk_id] = (len(value), res.nbytes, depth)
                     if moved:  # reads touched other chunks meanwhile: this commit is now the latest use
                         self._order.used(res.chunk_id)
-                    self._used += len(value)
+                    self._used, self._payload = self._used + len(value), self._payload + res.nbytes
                     self._staging.give(self._reservations.finish(token).staging)
 
     def abort(self, slots: Sequence[WriteSlot]) -> None:
@@ -453,6 +453,7 @@ class LmdbTier(StorageTier):
                 reserved_bytes=self._reservations.reserved_bytes,
                 capacity_bytes=self._capacity,
                 corrupt_reads=self._corrupt_reads,
+                payload_bytes=self._payload,
             )
 
     def flush(self) -> None:

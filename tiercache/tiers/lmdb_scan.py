@@ -92,6 +92,11 @@ class FoundChunks:
         """Bytes of all the stored values."""
         return int(self.table["stored_bytes"].sum())
 
+    @property
+    def payload_bytes(self) -> int:
+        """Payload bytes of all the values once decoded."""
+        return int(self.table["nbytes"].sum())
+
     def index(self) -> dict[bytes, tuple[int, int, int | None]]:
         """``chunk id -> (stored bytes, payload bytes, depth or None)`` in use order.
 

@@ -151,7 +151,7 @@ class SharedTier(StorageTier):
         self._staging = StagingPool(_STAGING_CACHE_BYTES, payload_offset=HEADER_BYTES)
         self._reservations = ReservationTable("SHARED")
         self._view: OrderedDict[bytes, tuple[int, int]] = OrderedDict()
-        self._used = 0
+        self._used = self._payload = 0
         self._corrupt_reads = 0
         self._closed = False
         self._dctx = zstandard.ZstdDecompressor()
@@ -192,13 +192,13 @@ class SharedTier(StorageTier):
         """Drop a chunk from the local view; call with the lock held."""
         entry = self._view.pop(chunk_id, None)
         if entry is not None:
-            self._used -= entry[0]
+            self._used, self._payload = self._used - entry[0], self._payload - entry[1]
 
     def _remember(self, chunk_id: bytes, stored: int, nbytes: int) -> None:
         """Record a chunk as in the store, most recently used; call with the lock held."""
         self._forget(chunk_id)
         self._view[chunk_id] = (stored, nbytes)
-        self._used += stored
+        self._used, self._payload = self._used + stored, self._payload + nbytes
 
     # ------------------------------------------------------------------------------------------ protocol
 
@@ -455,6 +455,7 @@ class SharedTier(StorageTier):
                 capacity_bytes=self._config.effective_capacity_bytes,
                 corrupt_reads=self._corrupt_reads,
                 errors=self._breaker.errors,
+                payload_bytes=self._payload,
             )
 
     def close(self) -> None:

@@ -235,6 +235,10 @@ def test_a_tenants_stats_show_its_own_chunks_only(shared: type[Shared], namespac
     assert (a.tier(L2).chunks, b.tier(L2).chunks) == (2, 3)
     assert a.tier(L2).used_bytes == _slots(2, namespace)
     assert a.tier(L2).capacity_bytes == _slots(3, namespace)  # its quota, not the tier
+    assert a.tier(L2).payload_bytes == 2 * namespace.layout.chunk_bytes
+    assert a.tier(L2).utilisation == pytest.approx(2 / 3)  # of its quota
+    assert b.tier(L3).payload_bytes == 3 * namespace.layout.chunk_bytes  # written through
+    assert b.tier(L3).utilisation == pytest.approx(b.tier(L3).payload_bytes / full.tier(L3).capacity_bytes)
     assert (a.namespaces, b.namespaces, full.namespaces) == (1, 1, 2)
     assert (a.active_leases, b.active_leases) == (0, 1)
     assert a.tier(L2).lookup_hit_tokens == 0

@@ -85,6 +85,7 @@ def test_round_trip_is_bit_exact(tier: StorageTier) -> None:
     assert tier.contains([cid(1), cid(9)]) == [True, False]
     usage = tier.usage()
     assert usage.chunks == 3 and usage.reserved_bytes == 0 and usage.used_bytes >= 3 * SLOT
+    assert usage.payload_bytes == 3 * SLOT
 
 
 def test_reserved_chunks_are_invisible_until_commit(tier: StorageTier) -> None:
@@ -148,6 +149,7 @@ def test_delete_and_entries_order(tier: StorageTier) -> None:
     assert [c for c, _ in tier.entries()] == [cid(2), cid(3), cid(1)]
     assert tier.delete([cid(2), cid(42)]) == 1
     assert tier.contains([cid(2)]) == [False] and tier.usage().chunks == 2
+    assert tier.usage().payload_bytes == 2 * SLOT  # the chunks' own bytes, deleted ones gone
     assert dict(tier.entries())[cid(1)] == SLOT
 
 

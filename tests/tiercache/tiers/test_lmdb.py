@@ -315,6 +315,7 @@ def test_warm_restart_keeps_every_chunk_and_the_order(open_tier: OpenTier, codec
     again = open_tier(codec=codec)
     assert again.entries() == before_entries
     assert again.usage() == before_usage
+    assert before_usage.payload_bytes == sum(p.numel() for p in payloads.values())  # decoded, not stored
     assert {c for c, _ in before_entries} == set(payloads)
     for chunk_id, payload in payloads.items():
         got = get(again, chunk_id, payload.numel())
