@@ -164,16 +164,15 @@ class CacheManager:
         return self._namespaces.get(namespace_id)
 
     def lookup(self, namespace_id: bytes, keys: Sequence[bytes], count: bool = False) -> LookupResult:
-        """Per tier, and over all tiers, the length of the contiguous cached prefix of ``keys``.
-
-        ``count``: count the hit in the token-weighted lookup statistics (an engine's request; internal and
-        diagnostic lookups leave the counters alone).
-        """
+        """Per tier, and over all tiers, the length of the contiguous cached prefix of ``keys``. ``count``:
+        count the hit in the token-weighted lookup statistics (an engine's request; internal and diagnostic
+        lookups leave the counters alone)."""
         cids = self._chain(namespace_id, keys)
         chunk_tokens = self.namespace(namespace_id).layout.chunk_tokens if count else 0
         with self._lock:
-            self._tenants.count_lookup(namespace_id, cids, chunk_tokens)
-            return self._index.lookup(cids, chunk_tokens)
+            result, fastest = self._index.lookup(cids, chunk_tokens)
+            self._tenants.count_lookup(namespace_id, fastest, chunk_tokens)
+            return result
 
     # ------------------------------------------------------------------ stores
 

@@ -87,6 +87,6 @@ class Namespaces:
         if isinstance(keys, (bytes, bytearray, str)):
             raise InvalidArgumentError("keys", "must be a sequence of keys, not a single value")
         prefix = bytes(namespace_id)
-        if all(type(k) is bytes and len(k) == KEY_BYTES for k in keys):  # the common case, in bulk
-            return [prefix + k for k in keys]
+        if set(map(type, keys)) <= {bytes} and set(map(len, keys)) <= {KEY_BYTES}:  # the usual case, in bulk
+            return list(map(prefix.__add__, keys))
         return [chunk_id(prefix, check_key(k, f"keys[{i}]")) for i, k in enumerate(keys)]

@@ -394,14 +394,15 @@ class Tenants:
 
     # ------------------------------------------------------------------ traffic and views
 
-    def count_lookup(self, namespace_id: bytes, cids: Sequence[bytes], chunk_tokens: int) -> None:
-        """Count an engine lookup's cached prefix by the fastest tier holding each chunk (as the index does)."""
+    def count_lookup(self, namespace_id: bytes, fastest: Mapping[TierLevel, int], chunk_tokens: int) -> None:
+        """Count an engine lookup's cached prefix: ``fastest`` chunks by the fastest tier holding each (as the
+        index counted them)."""
         tenant = self._tenant.get(namespace_id)
         if tenant is None or not chunk_tokens:
             return
         tiers = self._books[tenant].tiers
-        for entry in self._index.cached_prefix(cids):
-            tiers[min(entry.res)].lookup_hit_tokens += chunk_tokens
+        for level, chunks in fastest.items():
+            tiers[level].lookup_hit_tokens += chunks * chunk_tokens
 
     def count_usage(
         self, namespace_id: bytes, effective_by_tier: Mapping[TierLevel, int], recomputed: int

@@ -87,7 +87,7 @@ def keys_from_proto(keys: Sequence[bytes], field: str = "keys") -> list[bytes]:
         InvalidArgumentError: ``keys[i]: must be 32 bytes, got N``.
     """
     out = list(keys)
-    if all(type(k) is bytes and len(k) == KEY_BYTES for k in out):
+    if set(map(type, out)) <= {bytes} and set(map(len, out)) <= {KEY_BYTES}:
         return out  # the usual case, checked in bulk (a 512-key lookup pays no Python call per key)
     return [check_key_field(k, f"{field}[{i}]") for i, k in enumerate(out)]
 

@@ -155,6 +155,23 @@ def test_lookup_stops_at_a_miss_in_the_middle(make: Callable[..., Harness]) -> N
     assert h.cache.lookup(h.ns_id, keys[1:]).chunks == 1
 
 
+def test_lookup_gives_each_tiers_prefix_and_counts_the_fastest_holder(make: Callable[..., Harness]) -> None:
+    h = make(l1=None)
+    keys = h.keys(5)
+    assert h.put(keys) == 5
+    h.cache.flush()
+    assert h.cache.demote(h.ns_id, keys[1:2], L3) == 1  # chunk 1 only in L3: the L2 prefix ends there
+    res = h.cache.lookup(h.ns_id, keys + h.keys(1, seed=9), count=True)
+    assert (res.chunks, res.by_tier[L2], res.by_tier[L3]) == (5, 1, 5)
+    stats = h.cache.stats()
+    tokens = h.ns.layout.chunk_tokens
+    assert [stats.tier(lv).lookup_hit_tokens for lv in (L2, L3)] == [4 * tokens, tokens]  # by fastest holder
+    h.cache.lookup(h.ns_id, keys)  # not an engine's request: nothing counted
+    assert h.cache.stats().tier(L2).lookup_hit_tokens == 4 * tokens
+    h.cache.purge(h.ns_id)
+    assert h.cache.lookup(h.ns_id, keys).chunks == 0
+
+
 def test_write_through_reaches_every_tier(make: Callable[..., Harness]) -> None:
     h = make()
     keys = h.keys(3)
