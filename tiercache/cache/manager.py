@@ -13,15 +13,16 @@ Locks, and what runs outside them:
     index lock (``CacheManager._lock``, one ``RLock`` shared by every part): guards the namespace
         registry, the index (residency, recency, holds, pins, counters), the victim queues, the lease /
         ticket table, the listeners, the mover's ``storing`` and ``copying`` sets, and the calls that
-        change a tier's contents (reserve, commit of a store, abort, delete) so that index and tiers agree
-        whenever the lock is free. Listeners run under it.
+        change a tier's contents (reserve, abort, delete; a store's commit files in the index under it) so
+        index and tiers agree whenever the lock is free. Listeners run under it.
     tier locks (inside each tier): taken by tier methods only; always after the index lock, never the
         other way round (tiers never call the cache).
     single-flight tables (mover moves, L3 reads of ``get``), the write-back worker's pending set, the
         prefetch byte budget and the prefill coordinator's lock: each taken alone or after the index lock;
         nothing waits on a flight or the budget while holding the index lock.
-    Outside the index lock: every byte copy (promotion, demotion, write-down, eviction demotion, ``get``)
-        and the commit that ends a move (the L3 disk write), always on a source copy that is *held* (a hold
+    Outside the index lock: every byte copy (promotion, demotion, write-down, eviction demotion, ``get``),
+        a store's tier commit (L2's checksums; its slots claimed in ``storing``, out of the ticket) and
+        the commit that ends a move (the L3 disk write), always on a source copy that is *held* (a hold
         keeps it from eviction and its slot from reuse) and into a reservation nobody else can see; then
         the lock is taken again to index the result or to abort and drop a lost copy.
     Eviction runs under the index lock, except that a victim which must be demoted is held, copied down
@@ -217,7 +218,7 @@ class CacheManager:
         """
         with self._lock:
             self._check_open()
-            added = self._stores.commit(ticket_id, indices)
+        added = self._stores.commit(ticket_id, indices)  # the tier's commit (L2 hashes) without the lock
         self._tenants.committed(ticket_id)
         return added
 

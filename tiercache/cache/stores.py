@@ -3,8 +3,9 @@
 A store first claims its chunk ids under the index lock (so that no other store or copy writes them), then
 reserves space through the mover with the lock released (room is made by evicting, which may demote), then
 files the reservation as a ticket in the lease table. Commit makes chunks visible in the tier and in the
-index at once (under the lock) and applies the write policy; abort gives the space back, and so does a
-commit that fails (the error propagates, the failed slots leave the ticket).
+index (the tier's commit, which hashes L2 chunks, with the lock released; the index under it) and applies
+the write policy; abort gives the space back, and so does a commit that fails (the error propagates, the
+failed slots leave the ticket).
 
 A ticket that expires is refused at commit (:class:`~tiercache.errors.ExpiredError`, FAILED_PRECONDITION on
 the wire, naming the ticket and when it expired). Its slots in a tier shared with engine processes (L2)
@@ -103,7 +104,13 @@ class Stores:
             raise
 
     def commit(self, ticket_id: int, indices: Sequence[int] | None) -> int:
-        """See :meth:`CacheManager.commit_store`."""
+        """See :meth:`CacheManager.commit_store`. Call without the lock.
+
+        The tier's commit (for L2, the checksum of every chunk: milliseconds for large ones) runs with the
+        index lock released, so that other engines' lookups, loads and stores do not wait on it: the chosen
+        slots first leave the ticket under the lock (no expiry or abort can take them meanwhile; their ids
+        stay claimed in ``mover.storing``), then the tier commits them, then they are filed in the index.
+        """
         with self._lock:
             self._index.next_tick()
             now = self._clock()
@@ -130,20 +137,24 @@ class Stores:
                 chosen = sorted({position[i] for i in indices})
             writes = [store.writes[i] for i in chosen]
             depths = [store.depths[i] for i in chosen]
-            try:
-                self._tiers[store.level].commit(writes)
-            except BaseException:  # nothing was committed (e.g. an L3 map full): give the space back now
-                self._tiers[store.level].abort(writes)
-                raise
-            finally:  # committed or failed, these slots leave the ticket
-                chosen_set = set(chosen)
-                keep = [i for i in range(len(store.writes)) if i not in chosen_set]
-                store.writes = [store.writes[i] for i in keep]
-                store.depths = [store.depths[i] for i in keep]
-                store.indices = [store.indices[i] for i in keep]
-                if not store.writes:
-                    self._leases.take_store(ticket_id)
+            # Committed or failed, these slots leave the ticket now.
+            chosen_set = set(chosen)
+            keep = [i for i in range(len(store.writes)) if i not in chosen_set]
+            store.writes = [store.writes[i] for i in keep]
+            store.depths = [store.depths[i] for i in keep]
+            store.indices = [store.indices[i] for i in keep]
+            if not store.writes:
+                self._leases.take_store(ticket_id)
+        tier = self._tiers[store.level]
+        try:
+            tier.commit(writes)
+        except BaseException:  # nothing was committed (e.g. an L3 map full): give the space back now
+            tier.abort(writes)
+            with self._lock:
                 self._mover.storing.difference_update(ws.chunk_id for ws in writes)
+            raise
+        with self._lock:
+            self._mover.storing.difference_update(ws.chunk_id for ws in writes)
             for ws, depth in zip(writes, depths):
                 _, key = split_chunk_id(ws.chunk_id)
                 entry = self._index.add_residency(

@@ -19,7 +19,7 @@ from tiercache.errors import CapacityError, InvalidArgumentError, NotFoundError
 from tiercache.keys import Namespace, chunk_id, chunk_keys
 from tiercache.policies import EvictionPolicyKind, WritePolicyKind
 from tiercache.stats import ChunkEvent, EventKind
-from tiercache.tiers.base import StorageTier, TierLevel
+from tiercache.tiers.base import StorageTier, TierLevel, WriteSlot
 from tiercache.tiers.hbm import HbmTier, HbmTierConfig
 from tiercache.tiers.host import HostTier, HostTierConfig
 from tiercache.tiers.lmdb import LmdbTier, LmdbTierConfig
@@ -170,6 +170,39 @@ def test_lookup_gives_each_tiers_prefix_and_counts_the_fastest_holder(make: Call
     assert h.cache.stats().tier(L2).lookup_hit_tokens == 4 * tokens
     h.cache.purge(h.ns_id)
     assert h.cache.lookup(h.ns_id, keys).chunks == 0
+
+
+def test_a_commit_inside_its_tier_holds_up_no_other_call(make: Callable[..., Harness]) -> None:
+    # The tier's commit (L2's checksums: milliseconds for large chunks) runs without the cache's lock.
+    gate, entered, looked = threading.Event(), threading.Event(), threading.Event()
+
+    class GatedL3(LmdbTier):
+        def commit(self, slots: Sequence[WriteSlot]) -> None:
+            entered.set()
+            assert gate.wait(30), "the test never opened the gate"
+            super().commit(slots)
+
+    h = make(l1=None, l2=None, l3_cls=GatedL3)
+    keys = h.keys(2)
+    committing = threading.Thread(target=h.put, args=(keys[:1],))
+    committing.start()
+    try:
+        assert entered.wait(30)  # the store is inside its tier's commit, waiting at the gate
+
+        def look() -> None:
+            assert h.cache.lookup(h.ns_id, keys).chunks == 0  # not visible before its commit ends
+            ticket = h.cache.begin_store(h.ns_id, keys[1:2], start_depth=1)  # another store can begin
+            assert len(ticket.slots) == 1 and h.cache.abort_store(ticket.ticket_id)
+            looked.set()
+
+        other = threading.Thread(target=look)
+        other.start()
+        assert looked.wait(30)  # both calls ran while the commit was still held at the gate
+    finally:
+        gate.set()
+        committing.join(30)
+    other.join(30)
+    assert h.cache.lookup(h.ns_id, keys[:1]).chunks == 1 and h.check(keys[:1]) == [True]
 
 
 def test_write_through_reaches_every_tier(make: Callable[..., Harness]) -> None:
