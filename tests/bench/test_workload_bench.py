@@ -42,8 +42,9 @@ def _check_run(run: dict[str, Any], inproc: bool) -> None:
 
 def test_inproc_sweep_json_is_complete_and_consistent(work: Path, tmp_path: Path) -> None:
     out, png = tmp_path / "w.json", tmp_path / "w.png"
+    # LRU pinned: the thrash assertion below is the trace's shape under LRU (the adaptive default hits)
     argv = ["workload", "--inproc", *SMALL, "--l2-bytes", "64K,256K", "--prefill-rate", "20000",
-            "--dir", str(work), "--json", str(out), "--plot", str(png)]  # fmt: skip
+            "--eviction-policy", "lru", "--dir", str(work), "--json", str(out), "--plot", str(png)]  # fmt: skip
     assert main(argv) == 0
     doc = json.loads(out.read_text())
     assert doc["schema"] == "tiercache-bench/workload/1" and doc["config"]["inproc"]
@@ -56,6 +57,17 @@ def test_inproc_sweep_json_is_complete_and_consistent(work: Path, tmp_path: Path
     assert runs[("system_prompt", 256 << 10)]["effective_hit_tokens"] > 0
     thrash = runs[("thrash", 256 << 10)]["tiers"]
     assert thrash[0]["lookup_hit_tokens"] == 0, "the thrash trace must not hit in L2"
+
+
+def test_the_default_eviction_hits_the_thrash_trace(work: Path, tmp_path: Path) -> None:
+    out = tmp_path / "w.json"
+    argv = ["workload", "--inproc", "--traces", "thrash", *SMALL, "--requests", "40", "--l3-bytes", "0",
+            "--l2-bytes", "256K", "--prefill-rate", "20000", "--dir", str(work), "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    (run,) = json.loads(out.read_text())["runs"]
+    assert json.loads(out.read_text())["config"]["options"]["eviction_policy"] == "adaptive"
+    _check_run(run, inproc=True)
+    assert run["lru_hit_tokens"] == 0 < run["effective_hit_tokens"]  # scan resistant where LRU hits nothing
 
 
 def test_daemon_replay_json(work: Path, tmp_path: Path) -> None:

@@ -305,8 +305,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "eviction_policy",
         parse_choice(EvictionPolicyKind),
-        *_fixed(EvictionPolicyKind.LRU, "lru"),
-        "which chunk is evicted first: lru, lfu or segmented (scan resistant)",
+        *_fixed(EvictionPolicyKind.ADAPTIVE, "adaptive"),
+        "which chunk is evicted first: adaptive (recency or scan resistant, learnt per tier), lru, lfu or "
+        "segmented (scan resistant)",
         "POLICY",
     ),
     Option(
