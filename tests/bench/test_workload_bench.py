@@ -38,6 +38,13 @@ def _check_run(run: dict[str, Any], inproc: bool) -> None:
     # Belady's MIN on the same slots is the optimum: neither tiercache nor plain LRU can beat it.
     assert run["reference_chunks"] > 0
     assert looked >= run["min_hit_tokens"] >= max(effective, run["lru_hit_tokens"])
+    # L3 write amplification: written / read back, where a promotion that a load serves is read once
+    written, read, wa = run["l3_written_bytes"], run["l3_read_bytes"], run["l3_write_amplification"]
+    by = {t["level"]: t for t in tiers}
+    if 3 in by:
+        assert written == by[3]["stored_bytes"] + by[3]["demoted_bytes"]
+        assert read == max(by[3]["loaded_bytes"], by[2]["promoted_bytes"] if 2 in by else 0)
+        assert wa == (written / read if read else None)
 
 
 def test_inproc_sweep_json_is_complete_and_consistent(work: Path, tmp_path: Path) -> None:

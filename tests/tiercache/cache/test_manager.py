@@ -195,14 +195,15 @@ def test_selective_writes_down_only_reused_or_pinned_chunks(make: Callable[..., 
     for k in keys[:4]:
         h.put([k])
     h.check([keys[0]])
-    h.check([keys[0]])  # second hit: written down now
+    h.check([keys[0]])  # second hit: proven, written down when evicted (not now: nothing would read it)
     h.cache.flush()
-    assert h.in_tier(L2, keys) == [True, False, False, False]
+    assert h.in_tier(L2, keys) == [False, False, False, False]
     h.cache.pin(h.ns_id, [keys[1]])
     new = h.keys(3, seed=5)
     for k in new:
-        h.put([k])  # evicts keys[2], keys[3] (dropped), then keys[0] (already below)
+        h.put([k])  # evicts keys[2], keys[3] (dropped), then keys[0] (proven: demoted)
     assert set(h.removed(L1)) == {keys[0], keys[2], keys[3]}
+    assert h.in_tier(L2, [keys[0]]) == [True]
     assert h.check(keys) == [True, True, False, False]
 
 
