@@ -314,7 +314,7 @@ OPTIONS: tuple[Option, ...] = (
         "selective_min_hits",
         parse_int,
         *_fixed(2),
-        "reads after which the selective policy writes a chunk down",
+        "reads after which the selective policy writes a chunk down when it is evicted",
         "INT",
     ),
     Option(
