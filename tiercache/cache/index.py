@@ -290,7 +290,7 @@ class Index:
         at = self.tick if tick is None else tick
         entry.res[level] = Residency(at, now)
         if source is None:  # a store: the engine computed it, a demand on every tier
-            self._space.accessed(cid, entry, self.counters, at, True)
+            self._space.accessed(cid, entry, self.counters.keys(), at, True)
         elif source > level:  # a promotion: demanded from both tiers
             self._space.accessed(cid, entry, (source, level), at, True)
         else:

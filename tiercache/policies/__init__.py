@@ -1,8 +1,8 @@
 """Policies of the cache, each a family of small classes behind one interface chosen from an Enum registry.
 
 Modules:
-    eviction: which evictable chunk of a tier goes first (``lru``, ``lfu``, ``segmented``, ``adaptive``);
-        shadow: key-only shadow caches the adaptive eviction policy learns from.
+    eviction: which evictable chunk of a tier goes first (``lru``, ``lfu``, ``segmented``, ``adaptive``).
+    shadow: key-only shadow caches that the adaptive eviction policy learns from.
     write: when a chunk is written down to slower tiers (``write_through``, ``on_evict``, ``selective``).
     load: how much of a cached prefix a load takes and how long it waits (``wait_complete``,
         ``best_effort``, ``timeout``, ``cost_aware``).
