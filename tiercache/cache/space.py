@@ -150,13 +150,13 @@ class Space:
 
     def refresh(self, cid: bytes, entry: ChunkEntry) -> None:
         """Re-rank every residency of a chunk after its access time, hits, holds or pin changed."""
-        fastest = min(entry.res, default=None)
+        fastest, slowest = min(entry.res, default=None), max(entry.res, default=None)
         for level, res in entry.res.items():
             queue = self._queues[level]
             if res.holds > 0 or entry.pinned or entry.purged:
                 queue.discard(cid)
             else:
-                c = Candidate(res.last_access, entry.depth, entry.hits, level != fastest)
+                c = Candidate(res.last_access, entry.depth, entry.hits, level != fastest, level != slowest)
                 queue.push(cid, self._policies[level].priority(c))
 
     def accessed(

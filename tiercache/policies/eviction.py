@@ -32,12 +32,14 @@ class Candidate:
         depth: position of the chunk in its hash chain (0 = first chunk of a prompt).
         hits: reads served for this chunk, any tier.
         above: a faster tier holds a copy too (this one is a duplicate while that copy lasts).
+        below: a slower tier holds a copy too (this one can go without a copy down).
     """
 
     last_access: int
     depth: int
     hits: int
     above: bool = False
+    below: bool = False
 
 
 class EvictionPolicyKind(enum.Enum):
@@ -130,6 +132,8 @@ class AdaptivePolicy(EvictionPolicy):
 
     * *segmented* mode (:class:`SegmentedPolicy`): before every read chunk, newest first, so that a full
       tier keeps what it has and a cycle over more prompts than it holds still hits on part of the cycle;
+      those a slower tier holds too go before the others (the newest chunks are often still waiting for
+      their write-down, and evicting one of those would copy it down on the store that made room);
     * *recency* mode (:class:`LruPolicy`): with the read ones by recency, so that a chunk reused soon after
       it arrived (a chat's next turn) survives one-off chunks that arrived earlier. The never-read chunks
       ranked in segmented mode before still go first: the one-offs a scan left behind are flushed.
@@ -169,12 +173,12 @@ class AdaptivePolicy(EvictionPolicy):
         return AdaptivePolicy()
 
     def priority(self, c: Candidate) -> tuple[int, ...]:
-        """(-1, last access, -depth) for a copy a faster tier holds too; (0, -last access, -depth) for a
-        never-read chunk in segmented mode; else (1, last access, -depth)."""
+        """(-1, last access, -depth) for a copy a faster tier holds too; (0, not below, -last access,
+        -depth) for a never-read chunk in segmented mode; else (1, last access, -depth)."""
         if c.above:
             return (-1, c.last_access, -c.depth)
         if c.hits == 0 and self.segmented:
-            return (0, -c.last_access, -c.depth)
+            return (0, not c.below, -c.last_access, -c.depth)
         return (1, c.last_access, -c.depth)
 
     def observe(self, cid: bytes, c: Candidate, demand: bool) -> None:

@@ -77,7 +77,9 @@ def test_adaptive_starts_scan_resistant_and_turns_to_recency_when_recency_would_
     p = AdaptivePolicy()
     p.sized(2)
     unread = Candidate(10, 0, 0)
-    assert p.segmented and p.priority(unread) == (0, -10, 0)
+    assert p.segmented and p.priority(unread) == (0, True, -10, 0)
+    # never-read chunks a slower tier holds go first: the others would be copied down on the way out
+    assert p.priority(Candidate(5, 0, 0, below=True)) < p.priority(unread) < p.priority(Candidate(4, 0, 0))
     for t, n in enumerate((1, 2, 3)):  # 1 and 2 fill both shadows; 3 makes room
         p.observe(cid(n), Candidate(t, 0, 0), True)
     # The segmented shadow let the newest unread id (2) go, the recency one the oldest (1): a demand for 2
