@@ -38,12 +38,20 @@ def _check_run(run: dict[str, Any], inproc: bool) -> None:
     # Belady's MIN on the same slots is the optimum: neither tiercache nor plain LRU can beat it.
     assert run["reference_chunks"] > 0
     assert looked >= run["min_hit_tokens"] >= max(effective, run["lru_hit_tokens"])
+    # L3 write amplification: written / read back, where a promotion that a load serves is read once
+    written, read, wa = run["l3_written_bytes"], run["l3_read_bytes"], run["l3_write_amplification"]
+    by = {t["level"]: t for t in tiers}
+    if 3 in by:
+        assert written == by[3]["stored_bytes"] + by[3]["demoted_bytes"]
+        assert read == max(by[3]["loaded_bytes"], by[2]["promoted_bytes"] if 2 in by else 0)
+        assert wa == (written / read if read else None)
 
 
 def test_inproc_sweep_json_is_complete_and_consistent(work: Path, tmp_path: Path) -> None:
     out, png = tmp_path / "w.json", tmp_path / "w.png"
+    # LRU pinned: the thrash assertion below is the trace's shape under LRU (the adaptive default hits)
     argv = ["workload", "--inproc", *SMALL, "--l2-bytes", "64K,256K", "--prefill-rate", "20000",
-            "--dir", str(work), "--json", str(out), "--plot", str(png)]  # fmt: skip
+            "--eviction-policy", "lru", "--dir", str(work), "--json", str(out), "--plot", str(png)]  # fmt: skip
     assert main(argv) == 0
     doc = json.loads(out.read_text())
     assert doc["schema"] == "tiercache-bench/workload/1" and doc["config"]["inproc"]
@@ -56,6 +64,17 @@ def test_inproc_sweep_json_is_complete_and_consistent(work: Path, tmp_path: Path
     assert runs[("system_prompt", 256 << 10)]["effective_hit_tokens"] > 0
     thrash = runs[("thrash", 256 << 10)]["tiers"]
     assert thrash[0]["lookup_hit_tokens"] == 0, "the thrash trace must not hit in L2"
+
+
+def test_the_default_eviction_hits_the_thrash_trace(work: Path, tmp_path: Path) -> None:
+    out = tmp_path / "w.json"
+    argv = ["workload", "--inproc", "--traces", "thrash", *SMALL, "--requests", "40", "--l3-bytes", "0",
+            "--l2-bytes", "256K", "--prefill-rate", "20000", "--dir", str(work), "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    (run,) = json.loads(out.read_text())["runs"]
+    assert json.loads(out.read_text())["config"]["options"]["eviction_policy"] == "adaptive"
+    _check_run(run, inproc=True)
+    assert run["lru_hit_tokens"] == 0 < run["effective_hit_tokens"]  # scan resistant where LRU hits nothing
 
 
 def test_daemon_replay_json(work: Path, tmp_path: Path) -> None:

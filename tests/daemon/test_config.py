@@ -202,7 +202,7 @@ def test_help_lists_every_option_with_its_default() -> None:
     assert text.count("(default:") == len(OPTIONS) + 1
     assert "--l3-fault-read-delay-s FLOAT fault injection, off by default" in text
     assert "--l3-fault-read-bytes-per-s SIZE fault injection, off by default" in text
-    for fragment in ("(default: 32M;", "(default: 0600;", "(default: write_through;", "(default: lru;", "(default: 8M;",
+    for fragment in ("(default: 32M;", "(default: 0600;", "(default: write_through;", "(default: adaptive;", "(default: 8M;",
                      "(default: 4M;", "(default: tiercache-l2;", "(default: 127.0.0.1;", "(default: INFO;",
                      "10% of physical RAM", "min(8G, 10% of the free space"):  # fmt: skip
         assert fragment in text, fragment

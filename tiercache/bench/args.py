@@ -197,8 +197,8 @@ def add_policy_flags(g: argparse._ArgumentGroup | argparse.ArgumentParser) -> No
     g.add_argument(
         "--eviction-policy",
         type=enum_choice(EvictionPolicyKind),
-        default=EvictionPolicyKind.LRU,
-        help="eviction policy: lru, lfu or segmented (lru)",
+        default=EvictionPolicyKind.ADAPTIVE,
+        help="eviction policy: adaptive, lru, lfu or segmented (adaptive)",
     )
 
 

@@ -66,7 +66,7 @@ class EmbeddedDaemonConfig:
     l2_bytes: int = 1 << 30
     l3_bytes: int = 0
     write_policy: WritePolicyKind = WritePolicyKind.WRITE_THROUGH
-    eviction_policy: EvictionPolicyKind = EvictionPolicyKind.LRU
+    eviction_policy: EvictionPolicyKind = EvictionPolicyKind.ADAPTIVE
     lease_ttl_s: float = 30.0
     max_ttl_s: float = 300.0
     max_message_bytes: int = 8 << 20

@@ -14,6 +14,11 @@ is offered to the cache. Hits are token-weighted; all full chunks carry the same
 - **Plain LRU**: every chunk of a request is touched in prompt order, the least recently touched goes
   first. (It can evict a prompt's first chunk before its last: the reason prefix-aware policies exist.)
 
+The capacity is every tier's slots together, as if no chunk were held twice. That is what the hardware
+holds, so both references are fair bounds for any placement: a hierarchy that keeps a faster tier's chunks
+in the slower one too (write-through) holds fewer distinct chunks, and that loss is the cache's to avoid
+(the adaptive eviction policy lets such duplicates go first), not the reference's to forgive.
+
 Primitives:
     ReferenceKind: MIN or LRU.
     reference_hit_chunks: replay chunk-key sequences on a reference cache, return the hit chunks.

@@ -86,7 +86,7 @@ class ReplayOptions:
 
     layout: KVLayout
     write_policy: WritePolicyKind = WritePolicyKind.WRITE_THROUGH
-    eviction_policy: EvictionPolicyKind = EvictionPolicyKind.LRU
+    eviction_policy: EvictionPolicyKind = EvictionPolicyKind.ADAPTIVE
     load_policy: LoadPolicyKind = LoadPolicyKind.WAIT_COMPLETE
     timeout_s: float = 0.05
     prefetch: bool = False

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -138,17 +139,30 @@ class WorkloadRun:
         """``tokens / looked_up_tokens`` (0 when nothing could be looked up)."""
         return tokens / self.looked_up_tokens if self.looked_up_tokens else 0.0
 
-    def l3_write_amplification(self) -> float | None:
-        """Bytes written into L3 (stores and write-downs) per byte read back out of it (None: nothing read).
+    def l3_traffic(self) -> tuple[int, int] | None:
+        """Bytes written into L3 (stores and write-downs) and bytes read back out of it; None: no L3.
 
-        Read back = loaded into the engine from L3 plus promoted into L2 (L2 promotes only from L3).
+        Read back = the larger of the bytes loaded into the engine from L3 and the bytes promoted into L2
+        (L2 promotes only from L3): a chunk promoted for a load is counted by both, so their sum would count
+        it twice; the larger is a lower bound of the bytes read (so the amplification is not understated).
         """
         by = {t.level: t for t in self.tiers}
         l3, l2 = by.get(TierLevel.L3), by.get(TierLevel.L2)
         if l3 is None:
             return None
-        read = l3.loaded_bytes + (l2.promoted_bytes if l2 is not None else 0)
-        return (l3.stored_bytes + l3.demoted_bytes) / read if read else None
+        read = max(l3.loaded_bytes, l2.promoted_bytes if l2 is not None else 0)
+        return l3.stored_bytes + l3.demoted_bytes, read
+
+    def l3_write_amplification(self) -> float | None:
+        """Bytes written into L3 per byte read back out of it (:meth:`l3_traffic`).
+
+        None: no L3, or nothing written and nothing read; ``math.inf``: written but never read back.
+        """
+        traffic = self.l3_traffic()
+        if traffic is None or traffic == (0, 0):
+            return None
+        written, read = traffic
+        return written / read if read else math.inf
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ Primitives:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -35,7 +36,7 @@ def _ratio(tokens: int, reference: int) -> str:
 
 def _wa(run: WorkloadRun) -> str:
     wa = run.l3_write_amplification()
-    return "-" if wa is None else f"{wa:.2f}"
+    return "-" if wa is None else "inf" if math.isinf(wa) else f"{wa:.2f}"
 
 
 def format_workload_report(report: WorkloadReport) -> str:
@@ -51,7 +52,7 @@ def format_workload_report(report: WorkloadReport) -> str:
         "Rates are token-weighted over the prompts' full chunks: lookup hit (index had it) >= load success "
         "(arrived intact) >= effective hit (prefill skipped). MIN (Belady's offline optimum, prefix-aware) and "
         "LRU replay the same trace on a reference cache of the same total slots; 'vs MIN' is effective / MIN; "
-        "L3 WA is bytes written into L3 per byte read back.",
+        "L3 WA is bytes written into L3 per byte read back (inf: written, never read back).",
         "",
     ]
     rows = [
@@ -138,7 +139,9 @@ def workload_to_dict(report: WorkloadReport) -> dict[str, Any]:
         item["min_hit_rate"] = r.rate(r.min_hit_tokens)
         item["lru_hit_rate"] = r.rate(r.lru_hit_tokens)
         item["effective_vs_min"] = r.effective_hit_tokens / r.min_hit_tokens if r.min_hit_tokens else None
-        item["l3_write_amplification"] = r.l3_write_amplification()
+        wa, traffic = r.l3_write_amplification(), r.l3_traffic()
+        item["l3_write_amplification"] = None if wa is None or math.isinf(wa) else wa  # JSON has no inf
+        item["l3_written_bytes"], item["l3_read_bytes"] = traffic if traffic is not None else (None, None)
         runs.append(item)
     return {
         "schema": SCHEMA,

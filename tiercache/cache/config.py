@@ -31,7 +31,7 @@ class CacheConfig:
     """
 
     write_policy: WritePolicyKind = WritePolicyKind.WRITE_THROUGH
-    eviction_policy: EvictionPolicyKind = EvictionPolicyKind.LRU
+    eviction_policy: EvictionPolicyKind = EvictionPolicyKind.ADAPTIVE
     selective_min_hits: int = 2
     min_residency_s: float = 0.0
     lease_ttl_s: float = 30.0

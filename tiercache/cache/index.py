@@ -155,7 +155,7 @@ class Index:
         namespaces: dict[bytes, bytes] = {}
         entries, tick, ns_len = self._entries, self.tick, NAMESPACE_ID_BYTES
         fresh = not entries  # the usual warm start: no chunk is known yet, none is listed twice
-        rank = self._space.priority
+        rank = self._space.ranker(level)
         long_ago = float("-inf")
         for cid, nbytes, depth in listed:
             if len(cid) != CHUNK_ID_BYTES:
@@ -309,7 +309,14 @@ class Index:
         the copy joins that entry.
         """
         entry = self._entries.setdefault(cid, entry)
-        entry.res[level] = Residency(self.tick if tick is None else tick, now)
+        at = self.tick if tick is None else tick
+        entry.res[level] = Residency(at, now)
+        if source is None:  # a store: the engine computed it, a demand on every tier
+            self._space.accessed(cid, entry, self.counters.keys(), at, True)
+        elif source > level:  # a promotion: demanded from both tiers
+            self._space.accessed(cid, entry, (source, level), at, True)
+        else:
+            self._space.accessed(cid, entry, (level,), at, False)
         self._space.refresh(cid, entry)
         self._emit(ChunkEvent(EventKind.STORED, level, entry.namespace_id, entry.key, source=source))
         return entry
@@ -317,6 +324,7 @@ class Index:
     def touch(self, cid: bytes, entry: ChunkEntry, level: TierLevel) -> None:
         """A read of ``level``'s copy: it becomes the most recent."""
         entry.res[level].last_access = self.tick
+        self._space.accessed(cid, entry, (level,), self.tick, True)
         self._space.refresh(cid, entry)
 
     def record_hit(self, cid: bytes, entry: ChunkEntry, level: TierLevel) -> int:
@@ -345,7 +353,7 @@ class Index:
     def remove_residency(self, cid: bytes, entry: ChunkEntry, level: TierLevel, evicted: bool) -> None:
         """Record that ``level`` no longer holds a chunk (the caller deleted it from the tier)."""
         del entry.res[level]
-        self._space.forget(cid, level)
+        self._space.forget(cid, entry, level)
         if not entry.res and self._entries.get(cid) is entry:
             del self._entries[cid]
         if evicted:

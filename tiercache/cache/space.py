@@ -11,9 +11,13 @@ items when stale ones outnumber them, so its size stays O(live chunks).
 The index (:mod:`tiercache.cache.index`) tells :class:`Space` about every change of a residency; nothing
 here touches a tier. All methods run under the cache's index lock.
 
+Each tier has its own instance of the policy (:meth:`~tiercache.policies.EvictionPolicy.for_tier`), told
+of the tier's accesses (a read of its copy, or the copy arriving: :meth:`Space.accessed`) and of the number
+of evictable chunks whenever the tier must make room, so that an adaptive policy learns per tier.
+
 Primitives:
     VictimQueue: push / push_many / discard / pop_min(eligible) over one tier's chunks.
-    Space: the queues of every tier plus the policy: refresh, priority, forget, victim.
+    Space: the queues and policies of every tier: refresh, accessed, ranker, forget, victim.
 """
 
 from __future__ import annotations
@@ -132,7 +136,7 @@ class Space:
         chunks; protected: chunks a victim search must skip besides (tenants within their guaranteed share,
         :mod:`tiercache.cache.quotas`)."""
         self._queues = {level: VictimQueue() for level in levels}
-        self._policy = policy
+        self._policies = {level: policy.for_tier() for level in self._queues}
         self._min_residency_s = min_residency_s
         self._protected = protected
 
@@ -140,22 +144,42 @@ class Space:
         """The victim queue of one tier."""
         return self._queues[level]
 
+    def policy(self, level: TierLevel) -> EvictionPolicy:
+        """The policy instance of one tier."""
+        return self._policies[level]
+
     def refresh(self, cid: bytes, entry: ChunkEntry) -> None:
         """Re-rank every residency of a chunk after its access time, hits, holds or pin changed."""
+        fastest, slowest = min(entry.res, default=None), max(entry.res, default=None)
         for level, res in entry.res.items():
             queue = self._queues[level]
             if res.holds > 0 or entry.pinned or entry.purged:
                 queue.discard(cid)
             else:
-                queue.push(cid, self._policy.priority(Candidate(res.last_access, entry.depth, entry.hits)))
+                c = Candidate(res.last_access, entry.depth, entry.hits, level != fastest, level != slowest)
+                queue.push(cid, self._policies[level].priority(c))
 
-    def priority(self, last_access: int, depth: int, hits: int) -> Priority:
-        """The policy's rank of a residency (a warm start ranks a million at once, see ``push_many``)."""
-        return self._policy.priority(Candidate(last_access, depth, hits))
+    def accessed(
+        self, cid: bytes, entry: ChunkEntry, levels: Iterable[TierLevel], tick: int, demand: bool
+    ) -> None:
+        """Tell the policies of ``levels`` of an access of a chunk at ``tick`` (see ``EvictionPolicy.observe``:
+        a store is a demand on every tier, a read or a promotion one on the tiers it involves, a copy
+        written down or demoted none)."""
+        c = Candidate(tick, entry.depth, entry.hits)
+        for level in levels:
+            self._policies[level].observe(cid, c, demand)
 
-    def forget(self, cid: bytes, level: TierLevel) -> None:
-        """A residency ended."""
+    def ranker(self, level: TierLevel) -> Callable[[int, int, int], Priority]:
+        """``(last access, depth, hits) -> priority`` in ``level`` (a warm start ranks a million at once,
+        see ``push_many``)."""
+        rank = self._policies[level].priority
+        return lambda last_access, depth, hits: rank(Candidate(last_access, depth, hits))
+
+    def forget(self, cid: bytes, entry: ChunkEntry, level: TierLevel) -> None:
+        """A residency ended (already taken out of ``entry``): the chunk's other copies are ranked again."""
         self._queues[level].discard(cid)
+        if entry.res:
+            self.refresh(cid, entry)
 
     def victim(
         self,
@@ -183,4 +207,6 @@ class Space:
                 return False
             return now - entry.res[level].stored_at >= self._min_residency_s
 
-        return self._queues[level].pop_min(eligible)
+        queue = self._queues[level]
+        self._policies[level].sized(len(queue))
+        return queue.pop_min(eligible)

@@ -305,15 +305,16 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "eviction_policy",
         parse_choice(EvictionPolicyKind),
-        *_fixed(EvictionPolicyKind.LRU, "lru"),
-        "which chunk is evicted first: lru, lfu or segmented (scan resistant)",
+        *_fixed(EvictionPolicyKind.ADAPTIVE, "adaptive"),
+        "which chunk is evicted first: adaptive (recency or scan resistant, learnt per tier), lru, lfu or "
+        "segmented (scan resistant)",
         "POLICY",
     ),
     Option(
         "selective_min_hits",
         parse_int,
         *_fixed(2),
-        "reads after which the selective policy writes a chunk down",
+        "reads after which the selective policy writes a chunk down when it is evicted",
         "INT",
     ),
     Option(

@@ -1,7 +1,8 @@
 """Policies of the cache, each a family of small classes behind one interface chosen from an Enum registry.
 
 Modules:
-    eviction: which evictable chunk of a tier goes first (``lru``, ``lfu``).
+    eviction: which evictable chunk of a tier goes first (``lru``, ``lfu``, ``segmented``, ``adaptive``).
+    shadow: key-only shadow caches that the adaptive eviction policy learns from.
     write: when a chunk is written down to slower tiers (``write_through``, ``on_evict``, ``selective``).
     load: how much of a cached prefix a load takes and how long it waits (``wait_complete``,
         ``best_effort``, ``timeout``, ``cost_aware``).
@@ -9,6 +10,7 @@ Modules:
 """
 
 from tiercache.policies.eviction import (
+    AdaptivePolicy,
     Candidate,
     EvictionPolicy,
     EvictionPolicyKind,
@@ -36,6 +38,7 @@ from tiercache.policies.write import (
 )
 
 __all__ = [
+    "AdaptivePolicy",
     "BestEffort",
     "Candidate",
     "CostAware",

@@ -2,9 +2,14 @@
 
 Chunks under a lease, pinned chunks and chunks younger than the minimum residency never reach the policy.
 
+A policy with state of its own (the adaptive one) is made once per tier (:meth:`EvictionPolicy.for_tier`)
+and told of the tier's accesses (:meth:`EvictionPolicy.observe`) and of its size when it must make room
+(:meth:`EvictionPolicy.sized`); the others ignore both.
+
 Primitives:
     Candidate: what a policy may look at.
-    EvictionPolicyKind, EvictionPolicy, LruPolicy, LfuPolicy, SegmentedPolicy, make_eviction_policy.
+    EvictionPolicyKind, EvictionPolicy, LruPolicy, LfuPolicy, SegmentedPolicy, AdaptivePolicy,
+    make_eviction_policy.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import enum
 from dataclasses import dataclass
 
 from tiercache.policies.registry import parse_kind
+from tiercache.policies.shadow import ShadowSample
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,11 +31,15 @@ class Candidate:
             chunks touched by one request share it).
         depth: position of the chunk in its hash chain (0 = first chunk of a prompt).
         hits: reads served for this chunk, any tier.
+        above: a faster tier holds a copy too (this one is a duplicate while that copy lasts).
+        below: a slower tier holds a copy too (this one can go without a copy down).
     """
 
     last_access: int
     depth: int
     hits: int
+    above: bool = False
+    below: bool = False
 
 
 class EvictionPolicyKind(enum.Enum):
@@ -38,6 +48,7 @@ class EvictionPolicyKind(enum.Enum):
     LRU = "lru"
     LFU = "lfu"
     SEGMENTED = "segmented"
+    ADAPTIVE = "adaptive"
 
 
 class EvictionPolicy(abc.ABC):
@@ -49,6 +60,22 @@ class EvictionPolicy(abc.ABC):
     @abc.abstractmethod
     def priority(self, c: Candidate) -> tuple[int, ...]:
         """Sort key of a candidate: smaller goes first."""
+
+    def for_tier(self) -> EvictionPolicy:
+        """The instance one tier uses: the policy itself unless it keeps per-tier state."""
+        return self
+
+    def observe(self, cid: bytes, c: Candidate, demand: bool) -> None:
+        """An access of ``cid`` in the tier, ignored by default.
+
+        ``demand``: an engine asked for the chunk (a store after a miss, a read, a promotion out of or into
+        the tier), whether or not the tier held it; False: a copy written down or demoted into the tier.
+        """
+        del cid, c, demand
+
+    def sized(self, chunks: int) -> None:
+        """The tier must make room while it holds ``chunks`` evictable chunks; ignored by default."""
+        del chunks
 
 
 class LruPolicy(EvictionPolicy):
@@ -93,10 +120,85 @@ class SegmentedPolicy(EvictionPolicy):
         return (1, c.last_access, -c.depth)
 
 
+_SCORE_LIMIT = 16
+"""The adaptive policy's score saturates here: that many net shadow hits of the other order to switch back."""
+
+
+class AdaptivePolicy(EvictionPolicy):
+    """Recency or scan resistance, whichever would have hit more on this tier's recent traffic.
+
+    Read chunks always rank by recency (least recently used first, deepest first among equals). A chunk
+    never read since it arrived is ranked when it arrives (or changes) in the mode of the moment:
+
+    * *segmented* mode (:class:`SegmentedPolicy`): before every read chunk, newest first, so that a full
+      tier keeps what it has and a cycle over more prompts than it holds still hits on part of the cycle;
+      those a slower tier holds too go before the others (the newest chunks are often still waiting for
+      their write-down, and evicting one of those would copy it down on the store that made room);
+    * *recency* mode (:class:`LruPolicy`): with the read ones by recency, so that a chunk reused soon after
+      it arrived (a chat's next turn) survives one-off chunks that arrived earlier. The never-read chunks
+      ranked in segmented mode before still go first: the one-offs a scan left behind are flushed.
+
+    The mode comes from two shadow caches (:mod:`tiercache.policies.shadow`: ids only, no bytes, the tier's
+    capacity) that replay the tier's accesses under each order on a hash sample of its chunks; a net
+    shadow hit moves a saturating score toward the order that had it. Segmented mode holds while the
+    score is >= 0, so a tier starts scan-resistant (the first pass of a cycle leaves nothing to learn
+    from) and turns to recency as soon as recency would have hit more. Cost: O(log n) per sampled access
+    and no scan (the shadows hold at most :data:`~tiercache.policies.shadow.MAX_SHADOW_CHUNKS` ids each).
+
+    Before all of these go the copies a faster tier holds too, least recently used first: a tier whose
+    faster neighbour keeps a subset of it (write-through) would otherwise spend its slots on duplicates,
+    and the hierarchy would hold only as many distinct chunks as its largest tier. The faster copy, when
+    evicted in turn, is demoted back as the write policy says (write-through and on-evict always).
+    """
+
+    def __init__(self) -> None:
+        """A fresh tier's state: no score, empty shadows."""
+        lru, seg = LruPolicy(), SegmentedPolicy()
+        self._shadows = ShadowSample(
+            [
+                lambda t, d, r: lru.priority(Candidate(t, d, r)),
+                lambda t, d, r: seg.priority(Candidate(t, d, r)),
+            ]
+        )
+        self.score = 0
+        """Net shadow hits of the segmented order over the recency order, within +-_SCORE_LIMIT."""
+
+    @property
+    def segmented(self) -> bool:
+        """Whether never-read chunks are ranked in segmented mode now."""
+        return self.score >= 0
+
+    def for_tier(self) -> AdaptivePolicy:
+        """A fresh instance: each tier learns its own traffic."""
+        return AdaptivePolicy()
+
+    def priority(self, c: Candidate) -> tuple[int, ...]:
+        """(-1, last access, -depth) for a copy a faster tier holds too; (0, not below, -last access,
+        -depth) for a never-read chunk in segmented mode; else (1, last access, -depth)."""
+        if c.above:
+            return (-1, c.last_access, -c.depth)
+        if c.hits == 0 and self.segmented:
+            return (0, not c.below, -c.last_access, -c.depth)
+        return (1, c.last_access, -c.depth)
+
+    def observe(self, cid: bytes, c: Candidate, demand: bool) -> None:
+        """Replay the access on the shadows; a demand that hits in one order only moves the score toward it."""
+        hits = self._shadows.access(cid, c.last_access, c.depth, demand)
+        if hits is None or hits[0] == hits[1]:
+            return
+        step = 1 if hits[1] else -1
+        self.score = max(-_SCORE_LIMIT, min(_SCORE_LIMIT, self.score + step))
+
+    def sized(self, chunks: int) -> None:
+        """The shadows hold as many chunks (scaled by their sample) as the tier."""
+        self._shadows.sized(chunks)
+
+
 _EVICTION: dict[EvictionPolicyKind, type[EvictionPolicy]] = {
     EvictionPolicyKind.LRU: LruPolicy,
     EvictionPolicyKind.LFU: LfuPolicy,
     EvictionPolicyKind.SEGMENTED: SegmentedPolicy,
+    EvictionPolicyKind.ADAPTIVE: AdaptivePolicy,
 }
 
 

@@ -18,7 +18,7 @@ import tiercache.tiers.lmdb as lmdb_tier
 from tiercache.cache import CacheConfig, CacheManager
 from tiercache.errors import NotFoundError
 from tiercache.keys import Namespace, chunk_keys
-from tiercache.policies import WritePolicyKind
+from tiercache.policies import EvictionPolicyKind, WritePolicyKind
 from tiercache.tiers.base import TierLevel
 from tiercache.tiers.host import HostTier, HostTierConfig
 from tiercache.tiers.lmdb import LmdbTier, LmdbTierConfig
@@ -51,7 +51,9 @@ class Cache:
             HostTierConfig(capacity_bytes=2 * self.nbytes, slot_bytes=self.nbytes, segment_prefix="tc-drop")
         )
         self.l3 = LmdbTier(LmdbTierConfig(path=str(tmp / "l3"), capacity_bytes=1 << 20))
-        self.cache = CacheManager([self.l2, self.l3], CacheConfig(write_policy=write))
+        # LRU pinned: the tests pick their victims by LRU order
+        config = CacheConfig(write_policy=write, eviction_policy=EvictionPolicyKind.LRU)
+        self.cache = CacheManager([self.l2, self.l3], config)
         self.ns_id = self.cache.register_namespace(ns)
 
     def key(self, seed: int) -> bytes:

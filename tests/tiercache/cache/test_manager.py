@@ -26,6 +26,8 @@ from tiercache.tiers.lmdb import LmdbTier, LmdbTierConfig
 from tiercache.tiers.values import HEADER_BYTES
 
 L1, L2, L3 = TierLevel.L1, TierLevel.L2, TierLevel.L3
+LRU = EvictionPolicyKind.LRU
+"""Pinned by the tests that assert LRU order (the default is the adaptive policy)."""
 
 
 class FakeClock:
@@ -129,8 +131,11 @@ def make(tmp_path: Path, namespace: Namespace) -> Iterator[Callable[..., Harness
         h.close()
 
 
-def on_evict() -> CacheConfig:
-    return CacheConfig(write_policy=WritePolicyKind.ON_EVICT)
+def on_evict(eviction: EvictionPolicyKind | None = None) -> CacheConfig:
+    """On-evict writes; ``eviction`` pins the eviction policy (LRU for tests that assert LRU order)."""
+    if eviction is None:
+        return CacheConfig(write_policy=WritePolicyKind.ON_EVICT)
+    return CacheConfig(write_policy=WritePolicyKind.ON_EVICT, eviction_policy=eviction)
 
 
 # ---------------------------------------------------------------- basics
@@ -218,7 +223,7 @@ def test_write_through_reaches_every_tier(make: Callable[..., Harness]) -> None:
 
 
 def test_on_evict_writes_down_only_on_eviction(make: Callable[..., Harness]) -> None:
-    h = make(config=on_evict())
+    h = make(config=on_evict(LRU))
     keys = h.keys(6)
     for k in keys[:4]:
         h.put([k])
@@ -233,19 +238,22 @@ def test_on_evict_writes_down_only_on_eviction(make: Callable[..., Harness]) -> 
 
 
 def test_selective_writes_down_only_reused_or_pinned_chunks(make: Callable[..., Harness]) -> None:
-    h = make(config=CacheConfig(write_policy=WritePolicyKind.SELECTIVE, selective_min_hits=2))
+    h = make(
+        config=CacheConfig(write_policy=WritePolicyKind.SELECTIVE, selective_min_hits=2, eviction_policy=LRU)
+    )
     keys = h.keys(4)
     for k in keys[:4]:
         h.put([k])
     h.check([keys[0]])
-    h.check([keys[0]])  # second hit: written down now
+    h.check([keys[0]])  # second hit: proven, written down when evicted (not now: nothing would read it)
     h.cache.flush()
-    assert h.in_tier(L2, keys) == [True, False, False, False]
+    assert h.in_tier(L2, keys) == [False, False, False, False]
     h.cache.pin(h.ns_id, [keys[1]])
     new = h.keys(3, seed=5)
     for k in new:
-        h.put([k])  # evicts keys[2], keys[3] (dropped), then keys[0] (already below)
+        h.put([k])  # evicts keys[2], keys[3] (dropped), then keys[0] (proven: demoted)
     assert set(h.removed(L1)) == {keys[0], keys[2], keys[3]}
+    assert h.in_tier(L2, [keys[0]]) == [True]
     assert h.check(keys) == [True, True, False, False]
 
 
@@ -253,7 +261,7 @@ def test_selective_writes_down_only_reused_or_pinned_chunks(make: Callable[..., 
 
 
 def test_lru_victim_order(make: Callable[..., Harness]) -> None:
-    h = make(l2=None, l3=None)
+    h = make(l2=None, l3=None, config=CacheConfig(eviction_policy=LRU))
     a, b, c, d, e, f = h.keys(6)
     for k in (a, b, c, d):
         h.put([k])
@@ -265,7 +273,7 @@ def test_lru_victim_order(make: Callable[..., Harness]) -> None:
 
 
 def test_deepest_chunk_of_a_chain_goes_first_among_equals(make: Callable[..., Harness]) -> None:
-    h = make(l2=None, l3=None)
+    h = make(l2=None, l3=None, config=CacheConfig(eviction_policy=LRU))
     chain = h.keys(4)
     h.put(chain)  # one operation: all four share one access time
     x, y = h.keys(2, seed=7)
@@ -323,7 +331,7 @@ def test_a_cycle_larger_than_the_cache_hits_only_under_the_segmented_policy(
 
 
 def test_eviction_cascades_through_the_tiers(make: Callable[..., Harness]) -> None:
-    h = make(l1=2, l2=2, l3=3, config=on_evict())
+    h = make(l1=2, l2=2, l3=3, config=on_evict(LRU))
     keys = h.keys(8)
     for k in keys:
         h.put([k])
@@ -339,7 +347,7 @@ def test_eviction_cascades_through_the_tiers(make: Callable[..., Harness]) -> No
 
 
 def test_leased_chunks_are_not_evicted_until_the_ttl(make: Callable[..., Harness]) -> None:
-    h = make(l2=None, l3=None)
+    h = make(l2=None, l3=None, config=CacheConfig(eviction_policy=LRU))
     keys = h.keys(4)
     for k in keys:
         h.put([k])
@@ -372,7 +380,7 @@ def test_release_makes_a_chunk_evictable_again(make: Callable[..., Harness]) -> 
 
 
 def test_pinned_chunks_and_namespaces_stay(make: Callable[..., Harness]) -> None:
-    h = make(l1=2, l2=None, l3=None)
+    h = make(l1=2, l2=None, l3=None, config=CacheConfig(eviction_policy=LRU))
     a, b, c = h.keys(3)
     h.put([a])
     h.put([b])

@@ -10,9 +10,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from tiercache.cache import CacheManager
+from tiercache.cache import CacheConfig, CacheManager
 from tiercache.keys import Namespace, chunk_keys
 from tiercache.layout import KVDtype, KVLayout
+from tiercache.policies import EvictionPolicyKind
 from tiercache.stats import EventKind
 from tiercache.tiers.base import TierLevel
 from tiercache.tiers.host import HostTier, HostTierConfig
@@ -53,7 +54,9 @@ def cache() -> Iterator[CacheManager]:
         )
     )
     now = [1000.0]
-    manager = CacheManager([l2], clock=lambda: now[0])
+    # LRU pinned: the tests name their victims in LRU order
+    lru = CacheConfig(eviction_policy=EvictionPolicyKind.LRU)
+    manager = CacheManager([l2], lru, clock=lambda: now[0])
     yield manager
     manager.close()
 

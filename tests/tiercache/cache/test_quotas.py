@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tiercache.cache import CacheManager
+from tiercache.cache import CacheConfig, CacheManager
 from tiercache.cache.quotas import QuotaExceededError, QuotaTable, TenantQuota
 from tiercache.errors import CapacityError, InvalidArgumentError
 from tiercache.keys import Namespace, chunk_keys
+from tiercache.policies import EvictionPolicyKind
 from tiercache.tiers.base import TierLevel, WriteSlot
 from tiercache.tiers.host import HostTier, HostTierConfig
 from tiercache.tiers.lmdb import LmdbTier, LmdbTierConfig
@@ -36,7 +37,9 @@ class Clock:
 class Shared:
     """One cache shared by tenants ``a`` and ``b``, registered with the same namespace."""
 
-    def __init__(self, tmp: Path, namespace: Namespace, quotas: QuotaTable | None) -> None:
+    def __init__(
+        self, tmp: Path, namespace: Namespace, quotas: QuotaTable | None, config: CacheConfig | None = None
+    ) -> None:
         self.ns = namespace
         self.nbytes = namespace.layout.chunk_bytes
         self.clock = Clock()
@@ -46,7 +49,7 @@ class Shared:
             )
         )
         l3 = LmdbTier(LmdbTierConfig(path=str(tmp / "l3"), capacity_bytes=40 * (HEADER_BYTES + self.nbytes)))
-        self.cache = CacheManager([l2, l3], clock=self.clock)
+        self.cache = CacheManager([l2, l3], config, clock=self.clock)
         if quotas is not None:
             self.cache.set_quotas(quotas)
         self.ids = {t: self.cache.register_namespace(namespace, t) for t in ("a", "b")}
@@ -73,9 +76,9 @@ def _payload(key: bytes, nbytes: int) -> torch.Tensor:
 def shared(tmp_path: Path, namespace: Namespace) -> Iterator[type[Shared]]:
     made: list[Shared] = []
 
-    def make(quotas: QuotaTable | None = None) -> Shared:
+    def make(quotas: QuotaTable | None = None, config: CacheConfig | None = None) -> Shared:
         (tmp_path / f"c{len(made)}").mkdir()
-        s = Shared(tmp_path / f"c{len(made)}", namespace, quotas)
+        s = Shared(tmp_path / f"c{len(made)}", namespace, quotas, config)
         made.append(s)
         return s
 
@@ -95,7 +98,7 @@ def _limit(exc: pytest.ExceptionInfo[QuotaExceededError], limit: str, value: flo
 
 
 def test_without_quotas_a_greedy_tenant_evicts_the_other(shared: type[Shared]) -> None:
-    s = shared()
+    s = shared(config=CacheConfig(eviction_policy=EvictionPolicyKind.LRU))  # the greedy case needs LRU order
     a_keys = s.keys(3, seed=1)
     s.put("a", a_keys)
     for seed in range(10, 14):  # b stores 12 chunks through a 6-slot L2

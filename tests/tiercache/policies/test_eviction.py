@@ -1,0 +1,115 @@
+"""The eviction policies' own rules: shadow caches and the adaptive policy, without a cache around them."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from tiercache.errors import InvalidArgumentError
+from tiercache.policies import (
+    AdaptivePolicy,
+    Candidate,
+    EvictionPolicyKind,
+    LruPolicy,
+    SegmentedPolicy,
+    make_eviction_policy,
+)
+from tiercache.policies.shadow import MAX_SHADOW_CHUNKS, ShadowCache, ShadowSample
+
+
+def cid(n: int) -> bytes:
+    """A chunk id whose bytes look like a hash (the sample reads its last byte)."""
+    return hashlib.blake2b(n.to_bytes(8, "little"), digest_size=16).digest()
+
+
+def lru_rank(t: int, d: int, r: int) -> tuple[int, ...]:
+    return LruPolicy().priority(Candidate(t, d, r))
+
+
+def seg_rank(t: int, d: int, r: int) -> tuple[int, ...]:
+    return SegmentedPolicy().priority(Candidate(t, d, r))
+
+
+def test_a_shadow_hits_what_it_holds_and_drops_by_its_rank() -> None:
+    shadow = ShadowCache(lru_rank)
+    shadow.resize(2)
+    assert [shadow.access(cid(i), i, 0) for i in range(3)] == [False, False, False]
+    assert cid(0) not in shadow and len(shadow) == 2  # the least recent made room for the third
+    assert shadow.access(cid(1), 3, 0)
+    assert not shadow.access(cid(0), 4, 0)
+    assert cid(2) not in shadow  # 1 was read at 3: 2 was the least recent
+    # a copy written down is filed, but is never a hit and does not refresh a held id
+    shadow.access(cid(9), 5, 0, demand=False)
+    assert cid(9) in shadow and cid(1) not in shadow
+
+
+def test_a_segmented_shadow_keeps_what_it_has_on_a_cycle() -> None:
+    seg, lru = ShadowCache(seg_rank), ShadowCache(lru_rank)
+    seg.resize(2)
+    lru.resize(2)
+    hits = {"seg": 0, "lru": 0}
+    for t in range(12):  # a cycle over three ids through two slots
+        hits["seg"] += seg.access(cid(t % 3), t, 0)
+        hits["lru"] += lru.access(cid(t % 3), t, 0)
+    assert hits["lru"] == 0 and hits["seg"] == 3  # one id stays and hits on each later pass
+
+
+def test_the_sample_bounds_the_shadows_however_many_chunks_pass() -> None:
+    sample = ShadowSample([lru_rank, seg_rank])
+    for i in range(3 * MAX_SHADOW_CHUNKS):
+        sample.access(cid(i), i, 0, True)
+    assert 0 < sample.held() <= MAX_SHADOW_CHUNKS + 1
+    sample.sized(1000)  # a tier of 1000 chunks: the shadows hold the sampled fraction of it
+    assert sample.held() <= 1000
+
+
+def test_one_operation_counts_once() -> None:
+    sample = ShadowSample([lru_rank, seg_rank])
+    sample.sized(4)
+    assert sample.access(cid(1), 7, 0, True) == [False, False]
+    assert sample.access(cid(1), 7, 0, True) is None  # promoted and read in one load: no hit
+    assert sample.access(cid(1), 8, 0, True) == [True, True]
+    assert sample.access(cid(2), 9, 0, False) is None  # written down: never a hit
+
+
+def test_adaptive_starts_scan_resistant_and_turns_to_recency_when_recency_would_hit() -> None:
+    p = AdaptivePolicy()
+    p.sized(2)
+    unread = Candidate(10, 0, 0)
+    assert p.segmented and p.priority(unread) == (0, True, -10, 0)
+    # never-read chunks a slower tier holds go first: the others would be copied down on the way out
+    assert p.priority(Candidate(5, 0, 0, below=True)) < p.priority(unread) < p.priority(Candidate(4, 0, 0))
+    for t, n in enumerate((1, 2, 3)):  # 1 and 2 fill both shadows; 3 makes room
+        p.observe(cid(n), Candidate(t, 0, 0), True)
+    # The segmented shadow let the newest unread id (2) go, the recency one the oldest (1): a demand for 2
+    # hits in recency order only.
+    p.observe(cid(2), Candidate(5, 0, 0), True)
+    assert p.score == -1 and not p.segmented
+    assert p.priority(unread) == (1, 10, 0) == p.priority(Candidate(10, 0, 3))
+
+
+def test_adaptive_stays_scan_resistant_on_a_cycle() -> None:
+    p = AdaptivePolicy()
+    p.sized(2)
+    for t in range(30):
+        p.observe(cid(t % 3), Candidate(t, 0, 0), True)
+    assert p.segmented and p.score > 0
+
+
+def test_adaptive_ranks_copies_a_faster_tier_holds_first() -> None:
+    p = AdaptivePolicy()
+    dup, unread, read = Candidate(50, 0, 4, above=True), Candidate(60, 0, 0), Candidate(1, 0, 9)
+    assert sorted([read, unread, dup], key=p.priority) == [dup, unread, read]
+    assert LruPolicy().priority(dup) == LruPolicy().priority(Candidate(50, 0, 4))  # only adaptive looks
+
+
+def test_adaptive_is_made_by_name_once_per_tier() -> None:
+    p = make_eviction_policy("adaptive")
+    assert isinstance(p, AdaptivePolicy)
+    a, b = p.for_tier(), p.for_tier()
+    assert a is not b and isinstance(a, AdaptivePolicy)
+    lru = make_eviction_policy(EvictionPolicyKind.LRU)
+    assert lru.for_tier() is lru
+    with pytest.raises(InvalidArgumentError, match="valid: lru, lfu, segmented, adaptive"):
+        make_eviction_policy("arc")

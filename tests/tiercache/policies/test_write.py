@@ -1,0 +1,26 @@
+"""The write policies' own rules, without a cache around them."""
+
+from __future__ import annotations
+
+import pytest
+
+from tiercache.errors import InvalidArgumentError
+from tiercache.policies import OnEvict, Selective, WriteThrough, make_write_policy
+
+
+def test_selective_writes_proven_chunks_down_only_when_evicted() -> None:
+    p = make_write_policy("selective", selective_min_hits=2)
+    assert isinstance(p, Selective)
+    assert [p.on_hit(h) for h in range(5)] == [False] * 5  # a hit never writes: the upper copy serves
+    assert [p.on_evict(h, pinned=False) for h in range(4)] == [False, False, True, True]
+    assert p.on_evict(0, pinned=True) and p.on_commit(pinned=True) and not p.on_commit(pinned=False)
+
+
+def test_write_through_and_on_evict() -> None:
+    assert WriteThrough().on_commit(False) and WriteThrough().on_evict(0, False)
+    assert not OnEvict().on_commit(True) and OnEvict().on_evict(0, False)
+
+
+def test_selective_needs_a_positive_count() -> None:
+    with pytest.raises(InvalidArgumentError, match="selective_min_hits"):
+        Selective(0)
