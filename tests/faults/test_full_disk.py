@@ -141,7 +141,10 @@ def test_the_daemon_on_a_full_l3_disk_stays_up_counts_drops_and_serves_every_tie
     start_daemon: StartDaemon, tmp_path: Path
 ) -> None:
     with mount_tmpfs(tmp_path / "fs", FS_BYTES) as where:
-        d = start_daemon("--l2-bytes", "512K", "--l3-bytes", "1G", l3=where / "l3")
+        # LRU order: the latest chunk stays in L2 (the adaptive default may evict a never-read one first)
+        d = start_daemon(
+            "--l2-bytes", "512K", "--l3-bytes", "1G", "--eviction-policy", "lru", l3=where / "l3"
+        )
         try:
             stub = d.stub()
             reg = register(stub)
