@@ -11,6 +11,7 @@ waited release, and a lease the daemon does not confirm may have had its slots r
 reported as load errors and vLLM recomputes them. A failed copy does the same for every block not yet known good.
 
 Primitives:
+    leased_prefix: the slots of a lease that hold whole chunks ``0, 1, ...`` in order.
     LeasedLoad: one request's lease, slots and target blocks.
     LayerLoader: start, wait(layer), finish() -> the block ids that failed.
 """
@@ -36,6 +37,15 @@ from ..segments import SlotAccess, SlotMapping
 from .layout import BackendLayout, chunk_planes, copy_into_cache
 
 logger = logging.getLogger(__name__)
+
+
+def leased_prefix(lease: LoadLease, chunk_bytes: int) -> tuple[SlotRef, ...]:
+    """The slots of ``lease`` holding chunks ``0 .. n - 1`` whole (a chunk missing or short ends the prefix)."""
+    by_index = {r.index: r for r in lease.slots}
+    refs: list[SlotRef] = []
+    while len(refs) in by_index and by_index[len(refs)].nbytes == chunk_bytes:
+        refs.append(by_index[len(refs)])
+    return tuple(refs)
 
 
 @dataclass(frozen=True, slots=True)
