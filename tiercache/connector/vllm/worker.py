@@ -104,7 +104,8 @@ class WorkerSide:
     # ------------------------------------------------------------------ loads
 
     def start_load_kv(self, meta: TierCacheMetadata) -> None:
-        """Lease every request's chunks and start copying them (layer by layer, in the background)."""
+        """Take every request's lease and copy its chunks (into a CPU cache now; on CUDA layer by layer, in the
+        background)."""
         self._wait_loader()
         if not meta.loads:
             return
