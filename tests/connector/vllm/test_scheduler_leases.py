@@ -33,8 +33,24 @@ from tiercache.policies.load import LoadPolicyKind
 LAYOUT = KVLayout(2, 2, 64, KVDtype.FLOAT32, chunk_tokens=32, page_tokens=32)  # 64 KiB: one daemon slot
 IDENTITY = EngineIdentity("tiny", "", BackendLayout.CPU, LAYOUT)
 NS = IDENTITY.namespace()
-PROMPT = list(range(100, 100 + 3 * 32 + 5))  # 3 full chunks and a tail
+PROMPT_TOKENS = 3 * 32 + 5  # 3 full chunks and a tail
 BLOCKS = [7, 3, 5, 1]  # the request's blocks (the fourth holds the tail vLLM computes)
+
+
+def _prompt(first: int) -> list[int]:
+    """A prompt of its own for each test (the tests share one daemon)."""
+    return list(range(first, first + PROMPT_TOKENS))
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """One daemon for the module (each test leaves no lease behind, which the next one checks)."""
+    d = Daemon(tmp_path_factory.mktemp("lease-daemon"))
+    try:
+        d.start()
+        yield d
+    finally:
+        d.cleanup()
 
 
 @dataclass
@@ -55,7 +71,7 @@ def _step(new: list[tuple[str, list[int]]] = (), preempted: tuple[str, ...] = ()
         scheduled_cached_reqs=SimpleNamespace(
             req_ids=[], new_block_ids=[], resumed_req_ids=set(), num_computed_tokens=[]
         ),
-        num_scheduled_tokens={r: len(PROMPT) for r, _ in new},
+        num_scheduled_tokens={r: PROMPT_TOKENS for r, _ in new},
     )
 
 
@@ -68,14 +84,14 @@ def _active_leases(daemon: Daemon) -> int:
         return other.stats().active_leases
 
 
-def _store_chunks(daemon: Daemon) -> list[torch.Tensor]:
+def _store_chunks(daemon: Daemon, prompt: list[int]) -> list[torch.Tensor]:
     """Store the prompt's 3 full chunks (random bytes); their bytes."""
     gen = torch.Generator().manual_seed(5)
     chunks = [
         torch.randint(0, 256, (LAYOUT.chunk_bytes,), dtype=torch.uint8, generator=gen) for _ in range(3)
     ]
     with TierCacheClient.connect(daemon.address) as client:
-        grant = client.begin_store(NS, chunk_keys(NS, PROMPT[: 3 * 32]))
+        grant = client.begin_store(NS, chunk_keys(NS, prompt[: 3 * 32]))
         mapping = client.slot_mapping(NS)
         assert mapping is not None
         with mapping.use() as slots:
@@ -91,10 +107,11 @@ def _client(daemon: Daemon) -> TierCacheClient:
 
 @pytest.mark.parametrize("lapsed", [False, True], ids=["in-time", "clock-lapsed"])
 def test_scheduler_leases_and_the_worker_copies_and_releases(daemon: Daemon, lapsed: bool) -> None:
-    chunks = _store_chunks(daemon)
+    prompt = _prompt(1000 if lapsed else 2000)
+    chunks = _store_chunks(daemon, prompt)
     with _client(daemon) as sched_client, _client(daemon) as worker_client:
         sched = SchedulerSide(IDENTITY, sched_client, _config(daemon.address))
-        req = _Request("r", PROMPT)
+        req = _Request("r", prompt)
         assert sched.get_num_new_matched_tokens(req, 0) == (3 * 32, False)
         assert sched.held_leases == 1 and _active_leases(daemon) == 1  # leased by the lookup itself
         sched.update_state_after_alloc(req, None, 3 * 32)
@@ -126,10 +143,11 @@ def test_scheduler_leases_and_the_worker_copies_and_releases(daemon: Daemon, lap
 
 
 def test_unscheduled_finished_or_local_requests_release_their_lease(daemon: Daemon) -> None:
-    _store_chunks(daemon)
+    prompt = _prompt(3000)
+    _store_chunks(daemon, prompt)
     with _client(daemon) as client:
         sched = SchedulerSide(IDENTITY, client, _config(daemon.address))
-        req = _Request("r", PROMPT)
+        req = _Request("r", prompt)
         assert sched.get_num_new_matched_tokens(req, 0)[0] == 3 * 32
         meta = sched.build_connector_meta(_step())  # not scheduled (no blocks): the lease goes at once
         assert meta.loads == [] and sched.held_leases == 0
@@ -141,7 +159,7 @@ def test_unscheduled_finished_or_local_requests_release_their_lease(daemon: Daem
         assert sched.request_finished(req, []) == (False, None)  # aborted while waiting
         assert sched.held_leases == 0
 
-        local = _Request("local", PROMPT)
+        local = _Request("local", prompt)
         assert sched.get_num_new_matched_tokens(local, 3 * 32)[0] == 0  # vLLM has the prefix itself
         sched.update_state_after_alloc(local, None, 0)
         assert sched.held_leases == 0
@@ -153,10 +171,11 @@ def test_unscheduled_finished_or_local_requests_release_their_lease(daemon: Daem
 
 
 def test_a_disabled_worker_reports_the_blocks_and_releases_the_lease(daemon: Daemon) -> None:
-    _store_chunks(daemon)
+    prompt = _prompt(4000)
+    _store_chunks(daemon, prompt)
     with _client(daemon) as sched_client, _client(daemon) as worker_client:
         sched = SchedulerSide(IDENTITY, sched_client, _config(daemon.address))
-        req = _Request("r", PROMPT)
+        req = _Request("r", prompt)
         sched.get_num_new_matched_tokens(req, 0)
         sched.update_state_after_alloc(req, None, 3 * 32)
         meta: TierCacheMetadata = sched.build_connector_meta(_step([("r", BLOCKS)]))
