@@ -58,6 +58,7 @@ def test_second_engine_loads_shared_chunks_bit_exact(
     assert _cached(a) == [0, 0]
     assert _cached(b) == [5 * CHUNK, 3 * CHUNK]  # every shared full chunk, from the daemon
     assert _tokens(b) == _tokens(plain)
+    assert _stats(vllm_daemon).active_leases == 0  # the scheduler's leases, released after the loads
     loads = sorted((tmp_path / "b").glob("load-*.bin"))
     assert len(loads) == 5 + 3
     for load in loads:
@@ -169,6 +170,7 @@ def test_default_multiprocess_engine_loads(run_vllm: RunVllm, vllm_daemon: Daemo
     multi = run_vllm(extra=extra(vllm_daemon.address), batches=[_batch(p)], multiprocess=True)
     assert _cached(multi) == [4 * CHUNK]
     assert _tokens(multi) == _tokens(plain)
+    assert _stats(vllm_daemon).active_leases == 0  # leased in EngineCore, released by the Worker process
 
 
 def _stats(daemon: Daemon):  # type: ignore[no-untyped-def]

@@ -51,6 +51,9 @@ def test_loader_copies_and_defers_the_release_of_a_lease_in_time(daemon: Daemon)
         ]
         load = LeasedLoad(NS, lease, lease.slots, mapping, (2,), 0, started=0.0)
         loader = LayerLoader(client, BackendLayout.CPU, LAYOUT, caches, [load], clock=lambda: 0.0)
+        # Into a CPU cache the copy is made by the caller, before the forward pass: no thread, already there.
+        assert not any(t.name == "tiercache-vllm-load" for t in threading.enumerate())
+        assert torch.equal(caches[-1][:, 2], chunk_planes(BackendLayout.CPU, LAYOUT, chunk, 1)[:, 0])
         loader.wait(LAYOUT.num_layers - 1)
         assert loader.finish() == set()
         for layer, cache in enumerate(caches):

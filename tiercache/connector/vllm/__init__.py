@@ -84,7 +84,7 @@ class TierCacheConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self.client = TierCacheClient.connect(
             self.config.address, token=self.config.token, timeout_s=self.config.timeout_s
         )
-        self._scheduler = SchedulerSide(self.identity, self.client) if scheduler else None
+        self._scheduler = SchedulerSide(self.identity, self.client, self.config) if scheduler else None
         self._worker = None if scheduler else WorkerSide(self.identity, self.client, self.config)
 
     # ------------------------------------------------------------------ worker side

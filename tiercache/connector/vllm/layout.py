@@ -9,9 +9,10 @@ vLLM's attention backends lay out a layer's KV cache differently:
 
 Both are seen here as a byte tensor ``[planes, num_blocks, plane_block_bytes]``, and a chunk's layer as
 ``[planes, blocks_per_chunk, plane_block_bytes]``: a load or save moves whole blocks, whatever the backend:
-a save with one ``index_select`` per layer; a load with one slice copy per run of consecutive target blocks
-into a CPU cache (``index_copy_`` moves bytes one element at a time on the CPU: 20-25x slower, measured in
-:func:`copy_into_cache`), one ``index_copy_`` per layer into a GPU cache. For ``flash`` the chunk's bytes are
+a save with one ``index_select`` per layer; a load with one single-threaded slice copy per run of
+consecutive target blocks into a CPU cache (``index_copy_`` moves bytes one element at a time on the CPU:
+20-25x slower; why single-threaded: :func:`copy_into_cache`), one ``index_copy_`` per layer into a GPU
+cache. For ``flash`` the chunk's bytes are
 exactly the canonical ``[k|v][token][head][dim]`` of :mod:`tiercache.layout`; for ``cpu`` they are the
 backend's own block bytes. The layout's name is part of the namespace (:mod:`.namespace`), so a chunk saved
 by one backend never loads into another.
@@ -29,6 +30,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from tiercache.errors import InvalidArgumentError
@@ -110,14 +112,18 @@ def copy_into_cache(cache: torch.Tensor, chunk: torch.Tensor, first: int, index:
 
     Into a CPU cache: one slice copy per run of consecutive blocks (memcpy speed; ``index_copy_`` on these
     byte tensors copies element by element: 0.8 ms against 0.03 ms for 8 blocks of 64 KiB on one core, and
-    slower still with more threads). A chunk on another device (host shared memory for a GPU cache) is
+    slower still with more threads), made by numpy on the calling thread: torch's ``copy_`` splits a large
+    copy over its OpenMP threads, and on a busy machine one descheduled thread stalls the whole copy
+    (measured on the loaded 2-core machine, the 32 MiB of a 4K-token prompt: torch median 44 ms, worst
+    500 ms; numpy median 7.5 ms, worst 16 ms; best 4.9 against 5.9 ms). A chunk on another device (host shared memory for a GPU cache) is
     staged onto the cache's device first (asynchronously, on the current stream) and scattered with one
     ``index_copy_``.
     """
     src = chunk[:, first : first + index.numel()]
     if src.device == cache.device and cache.device.type == "cpu":
+        dst, chunk_bytes = cache.numpy(), src.numpy()
         for offset, block, count in block_runs(index.tolist()):
-            cache[:, block : block + count].copy_(src[:, offset : offset + count])
+            np.copyto(dst[:, block : block + count], chunk_bytes[:, offset : offset + count])
         return
     if src.device != cache.device:
         src = src.to(cache.device, non_blocking=True)

@@ -1,16 +1,19 @@
 """The worker's loads: lease the cached chunks of each request, copy them into vLLM's blocks layer by layer.
 
 ``LayerLoader`` takes one step's leased loads and copies layer 0 of every chunk of every request, then
-layer 1, ... in a background thread, so that the copy of layer l + 1 overlaps the model's compute of layer l;
-``wait(l)`` blocks until layer l has arrived. On CUDA the copies run on a side stream (which first waits for
-the engine's stream) with one event per layer, and ``wait(l)`` only makes the engine's current stream wait
-on event l. After the last layer each lease is released: when the local clock proves the lease held for the whole
+layer 1, ... On CUDA that runs in a background thread, on a side stream (which first waits for the engine's
+stream) with one event per layer, so that the copy of layer l + 1 overlaps the model's compute of layer l,
+and ``wait(l)`` only makes the engine's current stream wait on event l. Into a CPU cache the copies are
+made at once, in the caller (``start_load_kv``, before the forward pass): the model's compute already keeps
+every core busy, so a copy thread would only compete with it (and cost a thread start per step), and
+``wait(l)`` returns at once. After the last layer each lease is released: when the local clock proves the lease held for the whole
 copy, without waiting (the release rides on the namespace's next AcquireLoad or BeginStore, or goes
 one-way shortly after: :meth:`~tiercache.connector.client.TierCacheClient.defer_release`); otherwise with a
 waited release, and a lease the daemon does not confirm may have had its slots reused, so its blocks are
 reported as load errors and vLLM recomputes them. A failed copy does the same for every block not yet known good.
 
 Primitives:
+    leased_prefix: the slots of a lease that hold whole chunks ``0, 1, ...`` in order.
     LeasedLoad: one request's lease, slots and target blocks.
     LayerLoader: start, wait(layer), finish() -> the block ids that failed.
 """
@@ -36,6 +39,15 @@ from ..segments import SlotAccess, SlotMapping
 from .layout import BackendLayout, chunk_planes, copy_into_cache
 
 logger = logging.getLogger(__name__)
+
+
+def leased_prefix(lease: LoadLease, chunk_bytes: int) -> tuple[SlotRef, ...]:
+    """The slots of ``lease`` holding chunks ``0 .. n - 1`` whole (a chunk missing or short ends the prefix)."""
+    by_index = {r.index: r for r in lease.slots}
+    refs: list[SlotRef] = []
+    while len(refs) in by_index and by_index[len(refs)].nbytes == chunk_bytes:
+        refs.append(by_index[len(refs)])
+    return tuple(refs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +78,7 @@ class LeasedLoad:
 
 
 class LayerLoader:
-    """Copies one step's leased loads into vLLM's KV cache, layer by layer, in a background thread."""
+    """Copies one step's leased loads into vLLM's KV cache, layer by layer (on CUDA in a background thread)."""
 
     def __init__(
         self,
@@ -77,7 +89,7 @@ class LayerLoader:
         loads: Sequence[LeasedLoad],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """Start copying at once.
+        """Start copying at once (into a CPU cache: copy everything before returning).
 
         Args:
             client: the daemon client (to release the leases).
@@ -100,6 +112,10 @@ class LayerLoader:
         device = caches[0].device
         self._stream: torch.cuda.Stream | None = None
         self._events: list[torch.cuda.Event] = []
+        self._thread: threading.Thread | None = None
+        if device.type == "cpu":
+            self._run()  # the cores are the forward pass's: copy now (see the module docstring)
+            return
         if device.type == "cuda":
             self._stream = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
             self._stream.wait_stream(torch.cuda.current_stream(device))
@@ -116,7 +132,8 @@ class LayerLoader:
 
     def finish(self) -> set[int]:
         """Wait for the copies and the lease releases; the block ids whose KV is not trustworthy."""
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
         return set(self._failed)
 
     # ------------------------------------------------------------------ background thread

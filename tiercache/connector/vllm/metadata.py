@@ -6,7 +6,8 @@ full chunks to copy into a store reservation, when to commit it, and which reque
 preemption (the worker finishes their copies before the forward pass and drops their reservations).
 
 Primitives:
-    LoadSpec: one request's load (its prefix tokens, the blocks they land in, the blocks vLLM computed).
+    LoadSpec: one request's load (its prefix tokens, the blocks they land in, the blocks vLLM computed, and
+        the lease the scheduler took for it, if any).
     SaveSpec: one request's save work in this step (the chunks completed now, commit or not).
     TierCacheMetadata: the step's loads, saves and preempted saving requests.
 """
@@ -16,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+
+from ..results import LoadLease
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +32,10 @@ class LoadSpec:
         tokens: the prompt tokens of the chunks to load (whole chunks).
         block_ids: the request's blocks to fill, in order (the last chunk's may be only its first blocks).
         first_block: blocks before this one hold KV vLLM computed or cached itself: not overwritten.
+        lease: the lease the scheduler took when it looked the request up (TP = PP = 1): the worker copies
+            from its slots and releases it; None: the worker leases the chunks itself.
+        leased_at: the scheduler's ``time.monotonic()`` just before it asked for ``lease`` (the lease's TTL
+            started after it; the clock is the host's, shared by the engine's processes).
     """
 
     req_id: str
@@ -37,6 +44,8 @@ class LoadSpec:
     tokens: tuple[int, ...]
     block_ids: tuple[int, ...]
     first_block: int
+    lease: LoadLease | None = None
+    leased_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,19 @@
-"""The scheduler-side connector (in vLLM's EngineCore): one lookup per request, and each step's plan.
+"""The scheduler-side connector (in vLLM's EngineCore): one daemon call per request, and each step's plan.
 
 * At start the engine's namespace is registered in the background (:mod:`.ahead`).
-* ``get_num_new_matched_tokens`` asks the daemon once per request (a lookup that also starts promoting the
-  prefix into shared memory) how many of the prompt's full chunks it holds, and offers vLLM the cached
-  tokens beyond what vLLM has locally, in whole blocks — the last cached chunk may be loaded in part, and
-  never the whole prompt (vLLM computes at least the last token).
+* ``get_num_new_matched_tokens`` asks the daemon once per request how many of the prompt's full chunks it
+  holds, and offers vLLM the cached tokens beyond what vLLM has locally, in whole blocks — the last cached
+  chunk may be loaded in part, and never the whole prompt (vLLM computes at least the last token).
+  With TP = PP = 1 that one call is AcquireLoad (under the configured load policy): it looks the chunks up,
+  promotes them into shared memory and leases their slots, and the lease travels to the worker in the
+  step's :class:`~.metadata.LoadSpec` — the worker only copies, and releases it (the daemon ties a lease to
+  the namespace's handle, which the worker's connection registers too), so a loaded request costs one
+  round trip. A lease the worker never gets is released here (deferred: it rides on the namespace's next
+  call, or goes one-way shortly after): when vLLM allocates no external tokens (everything is in its own
+  prefix cache), when the request is not scheduled in the step that asked (no blocks: it is asked again
+  when it is tried again), when it is preempted before its load, and when it finishes.
+  With TP or PP > 1 every worker holds its own shard of each chunk: the call is a Lookup that starts
+  promoting the prefix, and each worker leases its shard (:mod:`.worker`).
   A daemon that is down or fails is a miss (logged and counted), never an exception.
 * ``update_state_after_alloc`` records which tokens the worker loads; ``build_connector_meta`` turns that
   and the step's block tables into a :class:`~.metadata.TierCacheMetadata`: the blocks to load, and the
@@ -19,20 +28,27 @@
 
 Primitives:
     SchedulerSide: get_num_new_matched_tokens, update_state_after_alloc, build_connector_meta,
-        request_finished, shutdown; ``lookup_failures`` counts daemon failures.
+        request_finished, shutdown; ``lookup_failures`` counts daemon failures, ``held_leases`` the leases
+        taken and not yet handed to the worker or released.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from tiercache.errors import TierCacheError
-from tiercache.keys import chunk_keys
+from tiercache.keys import Namespace, chunk_keys
+from tiercache.policies.load import LoadPolicyKind
 
 from ..client import TierCacheClient
+from ..results import LoadLease
 from .ahead import connect_ahead
+from .config import VllmConnectorConfig
+from .loads import leased_prefix
 from .metadata import LoadSpec, SaveSpec, TierCacheMetadata
 from .namespace import EngineIdentity, request_factors
 
@@ -54,22 +70,49 @@ class _Request:
     saved_upto: int = 0
     save_open: bool = False
     save_done: bool = False
+    namespace: Namespace | None = None
+    lease: LoadLease | None = None
+    leased_at: float = 0.0
 
 
 class SchedulerSide:
     """The scheduler role of :class:`~tiercache.connector.vllm.TierCacheConnector`."""
 
-    def __init__(self, identity: EngineIdentity, client: TierCacheClient) -> None:
+    def __init__(
+        self,
+        identity: EngineIdentity,
+        client: TierCacheClient,
+        config: VllmConnectorConfig,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._identity = identity
         self._client = client
+        self._config = config
+        self._clock = clock
         self._chunk = identity.layout.chunk_tokens
         self._block = identity.layout.page_tokens
+        self._lease_here = identity.tp_size == 1 and identity.pp_size == 1
+        self._timeout_s = config.timeout_s if config.load_policy is LoadPolicyKind.TIMEOUT else 0.0
         self._requests: dict[str, _Request] = {}
+        self._asked: set[str] = set()  # asked in this step and not allocated (yet)
         self.lookup_failures = 0
-        self._connecting = connect_ahead(client, identity.namespace(), map_segment=False)
+        self._connecting = connect_ahead(
+            client,
+            identity.namespace(),
+            map_segment=False,
+            prefill=config.prefill if self._lease_here else None,
+        )
+
+    @property
+    def held_leases(self) -> int:
+        """Leases taken for requests and neither handed to the worker nor released yet."""
+        return sum(1 for t in self._requests.values() if t.lease is not None)
 
     def shutdown(self) -> None:
-        """Wait for the registration made at start (before the client is closed)."""
+        """Release the leases still held; wait for the registration made at start (before the client is
+        closed, which sends the deferred releases)."""
+        for tracked in self._requests.values():
+            self._release(tracked)
         self._connecting.join()
 
     # ------------------------------------------------------------------ lookups
@@ -80,30 +123,60 @@ class SchedulerSide:
         if tracked is None:
             tracked = self._lookup(request)
             self._requests[request.request_id] = tracked
+        if tracked.lease is not None:
+            self._asked.add(request.request_id)
         return max(0, tracked.loadable_tokens - num_computed_tokens), False
 
     def _lookup(self, request: Any) -> _Request:
         prompt = list(request.prompt_token_ids or ())
         adapter, salt = request_factors(request)
         full = len(prompt) // self._chunk
-        cached = 0
+        tracked = _Request(request, adapter, salt, full, 0, 0)
         if full:
             ns = self._identity.namespace(adapter, salt)
+            keys = chunk_keys(ns, prompt[: full * self._chunk])
             try:
-                cached = self._client.lookup(
-                    ns, chunk_keys(ns, prompt[: full * self._chunk]), prefetch=True
-                ).chunks
+                if self._lease_here:
+                    self._acquire(tracked, ns, keys)
+                else:
+                    tracked.cached_chunks = self._client.lookup(ns, keys, prefetch=True).chunks
             except TierCacheError as exc:
                 self.lookup_failures += 1
                 logger.warning("tiercache lookup failed (%s); request %s recomputes", exc, request.request_id)
         # Whole blocks of the cached chunks (the last chunk may be loaded in part), never the last token.
-        loadable = min(cached * self._chunk, (len(prompt) - 1) // self._block * self._block)
-        return _Request(request, adapter, salt, full, cached, max(0, loadable))
+        loadable = min(tracked.cached_chunks * self._chunk, (len(prompt) - 1) // self._block * self._block)
+        tracked.loadable_tokens = max(0, loadable)
+        if tracked.loadable_tokens == 0:
+            self._release(tracked)
+        return tracked
+
+    def _acquire(self, tracked: _Request, ns: Namespace, keys: list[bytes]) -> None:
+        """Lease the cached prefix for the worker (the lookup, the promotion and the lease in one call)."""
+        if self._config.prefill is not None:
+            self._client.declare_models(ns, self._config.prefill)  # sent with the (first) registration
+        started = self._clock()
+        lease = self._client.acquire_load(
+            ns, keys, policy=self._config.load_policy, timeout_s=self._timeout_s
+        )
+        tracked.namespace, tracked.leased_at = ns, started
+        if lease.lease_id:
+            tracked.lease = lease
+        tracked.cached_chunks = len(leased_prefix(lease, self._identity.layout.chunk_bytes))
+
+    def _release(self, tracked: _Request) -> None:
+        """Release the request's lease, if it still holds one (deferred: nothing was copied from it)."""
+        lease, tracked.lease = tracked.lease, None
+        if lease is not None and tracked.namespace is not None:
+            self._client.defer_release(tracked.namespace, lease.lease_id)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         """Remember the tokens ``[end - num_external_tokens, end)`` for the worker to load."""
+        self._asked.discard(request.request_id)
         tracked = self._requests.get(request.request_id)
-        if tracked is None or num_external_tokens <= 0:
+        if tracked is None:
+            return
+        if num_external_tokens <= 0:
+            self._release(tracked)  # vLLM has every loadable token itself
             return
         end = tracked.loadable_tokens
         tracked.pending_load = (end - num_external_tokens, end)
@@ -113,6 +186,11 @@ class SchedulerSide:
     def build_connector_meta(self, so: Any) -> TierCacheMetadata:
         """The step's loads, saves and dropped reservations (see the module docstring)."""
         meta = TierCacheMetadata()
+        for req_id in self._asked:  # asked, but not scheduled: no blocks (it is asked again when retried)
+            unscheduled = self._requests.pop(req_id, None)
+            if unscheduled is not None:
+                self._release(unscheduled)
+        self._asked.clear()
         for req_id in so.preempted_req_ids or ():
             self._preempted(req_id, meta)
         for new in so.scheduled_new_reqs:
@@ -153,8 +231,11 @@ class SchedulerSide:
                     tuple(prompt[: -(-end // self._chunk) * self._chunk]),
                     tuple(tracked.block_ids[: end // self._block]),
                     first // self._block,
+                    tracked.lease,
+                    tracked.leased_at,
                 )
             )
+            tracked.lease = None  # the worker's now: it releases the lease after its copy
         if tracked.save_done or tracked.full_chunks <= tracked.cached_chunks:
             return
         done = min((num_computed + num_scheduled.get(req_id, 0)) // self._chunk, tracked.full_chunks)
@@ -180,10 +261,16 @@ class SchedulerSide:
     def _preempted(self, req_id: str, meta: TierCacheMetadata) -> None:
         """A preempted request loses its blocks: fence its copies and look it up again when resumed."""
         tracked = self._requests.pop(req_id, None)
-        if tracked is not None and tracked.save_open:
+        if tracked is None:
+            return
+        self._release(tracked)  # preempted before its load was planned
+        if tracked.save_open:
             meta.preempted.append(req_id)
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         """Forget the request; hold its blocks (True) when it had save work, until the worker reports it."""
         tracked = self._requests.pop(request.request_id, None)
-        return tracked is not None and tracked.save_open, None
+        if tracked is None:
+            return False, None
+        self._release(tracked)
+        return tracked.save_open, None

@@ -4,10 +4,12 @@
   (:mod:`.layout`); an unexpected layout disables the connector (logged) rather than copy wrong bytes.
   It then registers the engine's namespace and maps the daemon's segment in the background
   (:mod:`.ahead`), so that the first request does not pay for it.
-* ``start_load_kv`` leases each request's cached chunks (one AcquireLoad per request) and starts a
-  :class:`~.loads.LayerLoader`; ``wait_for_layer_load`` waits for one layer; chunks the daemon no longer
-  offers, leases that lapsed and failed copies become ``get_block_ids_with_load_errors`` (vLLM then
-  recomputes those blocks when its ``kv_load_failure_policy`` is ``recompute``).
+* ``start_load_kv`` takes each request's lease — the one the scheduler took when it looked the request up
+  (TP = PP = 1: no call here), or its own (one AcquireLoad per request) — and starts a
+  :class:`~.loads.LayerLoader`, which releases the leases after the copies (proving by the clock that each
+  held, as for its own); ``wait_for_layer_load`` waits for one layer; chunks the daemon no longer offers,
+  leases that lapsed and failed copies become ``get_block_ids_with_load_errors`` (vLLM then recomputes
+  those blocks when its ``kv_load_failure_policy`` is ``recompute``).
 * ``wait_for_save`` hands the full chunks the forward pass completed to a :class:`~.saves.SaveQueue`, which
   reserves, copies and commits them in a background thread (two-phase: a request publishes all of its
   chunks or none); ``get_finished`` reports the finished requests whose saves are done (vLLM held their
@@ -36,11 +38,11 @@ from tiercache.keys import Namespace, chunk_keys
 from tiercache.policies.load import LoadPolicyKind
 
 from ..client import TierCacheClient
-from ..results import SlotRef
+from ..results import LoadLease
 from .ahead import connect_ahead
 from .config import VllmConnectorConfig
 from .layout import block_planes, check_cache
-from .loads import LayerLoader, LeasedLoad
+from .loads import LayerLoader, LeasedLoad, leased_prefix
 from .metadata import LoadSpec, TierCacheMetadata
 from .namespace import EngineIdentity
 from .saves import SaveQueue
@@ -102,7 +104,8 @@ class WorkerSide:
     # ------------------------------------------------------------------ loads
 
     def start_load_kv(self, meta: TierCacheMetadata) -> None:
-        """Lease every request's chunks and start copying them (layer by layer, in the background)."""
+        """Take every request's lease and copy its chunks (into a CPU cache now; on CUDA layer by layer, in the
+        background)."""
         self._wait_loader()
         if not meta.loads:
             return
@@ -113,49 +116,53 @@ class WorkerSide:
             )
 
     def _lease(self, spec: LoadSpec) -> LeasedLoad | None:
-        """Lease the request's chunks; blocks the daemon does not offer now become load errors."""
+        """The request's lease (the scheduler's, or one taken now); blocks it does not cover become load
+        errors."""
         targets = set(spec.block_ids[spec.first_block :])
+        ns = self._identity.namespace(spec.adapter, spec.cache_salt)
         if not self.enabled:
+            if spec.lease is not None:
+                self._client.defer_release(ns, spec.lease.lease_id)  # nothing was copied from it
             self._errors |= targets
             return None
-        ns = self._identity.namespace(spec.adapter, spec.cache_salt)
-        keys = chunk_keys(ns, spec.tokens)
-        if self._config.prefill is not None:
-            self._client.declare_models(ns, self._config.prefill)  # sent with the (first) registration
-        started = self._clock()
         try:
-            lease = self._client.acquire_load(
-                ns, keys, policy=self._config.load_policy, timeout_s=self._timeout_s
+            lease, started = (
+                (spec.lease, spec.leased_at) if spec.lease is not None else self._acquire(ns, spec)
             )
             mapping = self._client.slot_mapping(ns)
         except TierCacheError as exc:
             self.load_failures += 1
             logger.warning("tiercache load of request %s failed (%s); vLLM recomputes", spec.req_id, exc)
+            if spec.lease is not None:
+                self._client.defer_release(ns, spec.lease.lease_id)
             self._errors |= targets
             return None
-        by_index = {r.index: r for r in lease.slots}
-        refs: list[SlotRef] = []
-        while len(refs) in by_index and by_index[len(refs)].nbytes == self._layout.chunk_bytes:
-            refs.append(by_index[len(refs)])
+        refs = leased_prefix(lease, self._layout.chunk_bytes)
         per = self._layout.chunk_tokens // self._layout.page_tokens
         got = len(refs) * per
         if got < len(spec.block_ids):
             self.load_failures += 1
-            logger.info("request %s: %d of %d chunks still cached", spec.req_id, len(refs), len(keys))
+            chunks = len(spec.tokens) // self._layout.chunk_tokens
+            logger.info("request %s: %d of %d chunks still cached", spec.req_id, len(refs), chunks)
             self._errors |= set(spec.block_ids[max(got, spec.first_block) :])
         if mapping is None or not refs:
             if lease.lease_id:
-                self._release(ns, lease.lease_id)
+                self._client.defer_release(ns, lease.lease_id)  # nothing was copied from it
             if mapping is None:
                 self._errors |= targets
             return None
-        return LeasedLoad(ns, lease, tuple(refs), mapping, spec.block_ids[:got], spec.first_block, started)
+        return LeasedLoad(ns, lease, refs, mapping, spec.block_ids[:got], spec.first_block, started)
 
-    def _release(self, ns: Namespace, lease_id: int) -> None:
-        try:
-            self._client.release_load(ns, lease_id)
-        except TierCacheError as exc:
-            logger.warning("releasing load lease %d failed (%s); it lapses at its TTL", lease_id, exc)
+    def _acquire(self, ns: Namespace, spec: LoadSpec) -> tuple[LoadLease, float]:
+        """Lease the request's chunks now (TP or PP > 1: this worker's shard); the lease, and the clock just
+        before it was asked for."""
+        if self._config.prefill is not None:
+            self._client.declare_models(ns, self._config.prefill)  # sent with the (first) registration
+        started = self._clock()
+        lease = self._client.acquire_load(
+            ns, chunk_keys(ns, spec.tokens), policy=self._config.load_policy, timeout_s=self._timeout_s
+        )
+        return lease, started
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Block until this layer of the step's loads is in the cache."""
