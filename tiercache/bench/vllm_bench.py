@@ -237,10 +237,17 @@ def tiercache_kv(address: str, config: VllmBenchConfig) -> dict[str, Any]:
 
 
 def tiercache_daemon(config: VllmBenchConfig) -> EmbeddedDaemonConfig:
-    """A daemon whose slots hold one chunk of the bench's model."""
+    """A daemon whose slots hold one chunk of the bench's model, and whose L2 and L3 each hold twice what the
+    bench can store: every timed prompt of the L2 and L3 columns whole, and the throughput line's prompts
+    (so L2 never evicts a chunk the L2 column reads, and L3 reserves no more disk than it can use)."""
     kv_heads = max(1, (config.hidden // 64) // 2)
     chunk_bytes = config.layers * 2 * kv_heads * 64 * 4 * config.chunk_tokens
-    return EmbeddedDaemonConfig(slot_bytes=chunk_bytes, l2_bytes=2 << 30, l3_bytes=8 << 30)
+    timed = 2 * config.repeats * len(config.fractions) * sum(config.lengths)
+    line = (
+        config.throughput_requests * (config.system_tokens + config.user_tokens) if config.throughput else 0
+    )
+    capacity = 2 * ((timed + line) // config.chunk_tokens + 8) * chunk_bytes
+    return EmbeddedDaemonConfig(slot_bytes=chunk_bytes, l2_bytes=capacity, l3_bytes=capacity)
 
 
 def plain_columns(model: Path, config: VllmBenchConfig) -> list[Column]:

@@ -8,13 +8,14 @@ Opening it finds the committed chunks (from the per-chunk records
 alone when they are complete, else by checking every value's header: :mod:`tiercache.tiers.lmdb_scan`),
 drops stale records and sorts the chunks by their last use, so that a restart finds the index and the order
 the last process left. It also allocates the disk blocks of the
-capacity up front (see :func:`open_environment`).
+capacity up front, never more than three quarters of the disk's room (see :func:`open_environment`).
 
 An environment whose files are damaged (an OS crash without ``durable`` may do that) is moved aside to
 ``<path>.damaged-<time>`` and started empty when recovery is allowed: it is a cache.
 
 Primitives:
     DAMAGE: the LMDB errors that mean damaged files.
+    PREALLOCATE_SHARE: the most of the disk's room L3 preallocates.
     LmdbDatabases: the three databases of an open environment.
     OpenedEnvironment: the open environment, its databases and what they hold.
     open_environment: open (or create) and scan, failing on damage.
@@ -44,6 +45,10 @@ META_DB = b"meta"
 """Sub-database of the per-chunk records (depth, value checksum)."""
 DAMAGE = (lmdb.CorruptedError, lmdb.InvalidError, lmdb.PageNotFoundError, lmdb.VersionMismatchError)
 """LMDB errors that mean the environment's files are damaged (e.g. by an OS crash without ``durable``)."""
+PREALLOCATE_SHARE = 0.75
+"""The most of the disk's room (the data file's blocks plus the free space) L3 preallocates: a disk with less
+gets no preallocation and a smaller L3 (see :meth:`~tiercache.tiers.lmdb_config.LmdbTierConfig.fitted_capacity`),
+and the rest of the host keeps the other quarter."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,8 +184,20 @@ def open_or_recover(
     )
 
 
+def _room(fd: int) -> int:
+    """The bytes the file ``fd`` can grow to: its allocated blocks plus the filesystem's free space."""
+    fs = os.fstatvfs(fd)
+    return os.fstat(fd).st_blocks * 512 + fs.f_bavail * fs.f_frsize
+
+
 def _preallocate(path: str, want: int) -> bool | int:
     """Allocate ``want`` bytes of disk blocks for the data file unless it has them already.
+
+    L3 never takes the last of the disk: when ``want`` is more than :data:`PREALLOCATE_SHARE` of the room
+    (the data file's blocks plus the free space), nothing is allocated and the room is returned, so that
+    the tier shrinks to it and the rest of the host keeps its share. Asking for more than the free space is
+    no answer either: ext4 keeps what a failed ``fallocate`` allocated, which would leave the disk full for
+    every other process on the host.
 
     Returns True when the blocks are allocated; when the filesystem is too small, the bytes the data file
     can grow to (its allocated blocks plus the free space); False when the filesystem cannot allocate
@@ -191,12 +208,21 @@ def _preallocate(path: str, want: int) -> bool | int:
     try:
         if os.fstat(fd).st_blocks * 512 >= want:
             return True
+        room = _room(fd)
+        if want > room * PREALLOCATE_SHARE:
+            logger.warning(
+                "L3 at %s: the disk has room for %d bytes, too little to reserve %d bytes and leave the "
+                "rest of the host its share; nothing preallocated",
+                path,
+                room,
+                want,
+            )
+            return room
         os.posix_fallocate(fd, 0, want)
         return True
     except OSError as exc:
-        if exc.errno == errno.ENOSPC:
-            fs = os.fstatvfs(fd)
-            room = os.fstat(fd).st_blocks * 512 + fs.f_bavail * fs.f_frsize
+        if exc.errno == errno.ENOSPC:  # the free space shrank since it was read
+            room = _room(fd)
             logger.warning("L3 at %s: the disk cannot hold %d bytes (%s); room %d", path, want, exc, room)
             return room
         logger.info("L3 at %s: no preallocation (%s); stores may run slower", path, exc)
