@@ -13,7 +13,7 @@ Every column runs in its own engine processes (:mod:`.vllm_engine`) on the same 
 Primitives:
     VllmBenchConfig: what to measure.
     Column: one column's medians (or the reason it was skipped).
-    build_model: the random-weight Llama the engines serve.
+    max_model_len / build_model: the longest sequence an engine serves; the random-weight Llama they serve.
     run_engine: one engine process over a list of jobs.
     store_then_time: a column of a connector (engine A stores, a fresh engine B times).
     tiercache_kv / tiercache_daemon: the connector's config and the daemon's, for a bench config.
@@ -98,8 +98,15 @@ class Column:
     skipped: str = ""
 
 
+def max_model_len(config: VllmBenchConfig) -> int:
+    """The longest sequence an engine of the bench serves: the longest prompt (a timed one, or the throughput
+    line's), and room for the output token."""
+    return max([*config.lengths, config.system_tokens + config.user_tokens]) + 64
+
+
 def build_model(path: Path, config: VllmBenchConfig) -> Path:
-    """Save a random-weight Llama (float32, head size 64) under ``path``."""
+    """Save a random-weight Llama (float32, head size 64) under ``path``, with positions for
+    :func:`max_model_len` (vLLM refuses an engine longer than its model)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(config.seed)
@@ -112,7 +119,7 @@ def build_model(path: Path, config: VllmBenchConfig) -> Path:
         num_key_value_heads=max(1, heads // 2),
         head_dim=64,
         vocab_size=8192,
-        max_position_embeddings=max(config.lengths) + 64,
+        max_position_embeddings=max_model_len(config),
     )
     model = LlamaForCausalLM(llama)  # type: ignore[no-untyped-call, unused-ignore]  # float32 by default
     model.save_pretrained(path, safe_serialization=True)
@@ -169,10 +176,9 @@ def engine_params(
     (:func:`~.vllm_engine.hide_from_kernel_rebind`), which otherwise fails its start on CPU.
     """
     warm = [{"warm": None, "prompt": prompt(999_999, 64)}]
-    max_len = max([*config.lengths, config.system_tokens + config.user_tokens]) + 64
     lmcache = kv is not None and kv.get("kv_connector") == "LMCacheMPConnector"
     return {"model": str(model), "block_size": config.block_size, "kv": kv, "jobs": warm + jobs,
-            "max_model_len": max_len, "hide_llvmlite": lmcache}  # fmt: skip
+            "max_model_len": max_model_len(config), "hide_llvmlite": lmcache}  # fmt: skip
 
 
 def parse_result(returncode: int, stdout: str, stderr: str) -> dict[str, Any]:
