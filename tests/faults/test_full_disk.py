@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -30,6 +29,7 @@ from tests.daemon.conftest import (
     shm_store,
 )
 from tests.faults.smallfs import fill, mount_ext4, mount_tmpfs
+from tiercache.daemon.options import free_bytes_at
 from tiercache.errors import CapacityError, InvalidArgumentError
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.proto import tiercache_pb2_grpc as pb_grpc
@@ -119,20 +119,15 @@ def test_a_disk_too_small_for_the_capacity_gives_a_smaller_l3_then_fails_stores_
         tier.close()
 
 
-def _free_bytes(where: Path) -> int:
-    st = os.statvfs(where)
-    return st.f_bavail * st.f_frsize
-
-
 def test_an_l3_too_big_for_the_disk_leaves_the_rest_of_the_host_its_share(
     small_fs: tuple[Path, bool],
 ) -> None:
     where, _ = small_fs
-    free = _free_bytes(where)
+    free = free_bytes_at(str(where))
     tier = LmdbTier(LmdbTierConfig(path=str(where / "l3"), capacity_bytes=1 << 30))
     try:
         # ext4 keeps what a failed fallocate took: asking for the capacity would have left the disk full.
-        assert _free_bytes(where) >= free // 4, (free, _free_bytes(where))
+        assert free_bytes_at(str(where)) >= free // 4, (free, free_bytes_at(str(where)))
         assert tier.usage().capacity_bytes <= free * 3 // 4
         for i in range(8):
             _put(tier, i)

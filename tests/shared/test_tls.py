@@ -9,7 +9,6 @@ counted error of the tier (it turns itself off), never an exception into the cac
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -20,17 +19,12 @@ import redis
 import torch
 
 from tests.daemon.certs import Pki, make_pki
+from tests.shared.daemons import free_port
 from tiercache.errors import CapacityError
 from tiercache.tiers.shared import SharedTier, SharedTierConfig
 
 SIZE = 256 << 10
 START_TIMEOUT_S = 30.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +34,7 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, 
     if exe is None:
         pytest.skip("redis-server is not installed (Debian: apt-get install redis-server)")
     work = tmp_path_factory.mktemp("shared-tls")
-    pki, port = make_pki(work / "pki"), _free_port()
+    pki, port = make_pki(work / "pki"), free_port()
     argv = [exe, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
             "--tls-cert-file", str(pki.server_cert), "--tls-key-file", str(pki.server_key),
             "--tls-ca-cert-file", str(pki.ca), "--tls-auth-clients", "yes",
