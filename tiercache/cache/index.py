@@ -327,6 +327,16 @@ class Index:
         self._space.accessed(cid, entry, (level,), self.tick, True)
         self._space.refresh(cid, entry)
 
+    def read(self, cid: bytes, entry: ChunkEntry, level: TierLevel) -> int:
+        """A read of ``level``'s copy served to a caller (:meth:`touch` and :meth:`record_hit` in one
+        re-ranking: a lease pays this per chunk); returns the chunk's hit count."""
+        entry.res[level].last_access = self.tick
+        self._space.accessed(cid, entry, (level,), self.tick, True)
+        self.counters[level].hits += 1
+        entry.hits += 1
+        self._space.refresh(cid, entry)
+        return entry.hits
+
     def record_hit(self, cid: bytes, entry: ChunkEntry, level: TierLevel) -> int:
         """Count a read served by ``level``; returns the chunk's hit count."""
         self.counters[level].hits += 1

@@ -203,8 +203,8 @@ class Loads:
     def _take(self, cid: bytes, entry: ChunkEntry, level: TierLevel, lease: Lease) -> None:
         self._index.hold(cid, entry, level)
         lease.chunk_ids.append(cid)
-        self._index.touch(cid, entry, level)
-        self.hit(cid, entry, level)
+        if self._writes.on_hit(self._index.read(cid, entry, level)):
+            self._writeback.schedule(cid)
 
     def read(self, cid: bytes, check_open: Callable[[], None]) -> torch.Tensor | None:
         """A CPU copy of a cached chunk from the fastest tier holding it, or None."""

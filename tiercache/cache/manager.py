@@ -55,7 +55,7 @@ from tiercache.cache.listeners import Listeners
 from tiercache.cache.loads import Loads
 from tiercache.cache.mover import Mover
 from tiercache.cache.namespaces import Namespaces
-from tiercache.cache.parts import Parts
+from tiercache.cache.parts import Parts, held_if_free
 from tiercache.cache.prefetch import Prefetcher
 from tiercache.cache.quotas import QuotaTable
 from tiercache.cache.results import Listener, LoadTicket, LookupResult, Prefetch, StoreTicket
@@ -174,6 +174,17 @@ class CacheManager:
             result, fastest = self._index.lookup(cids, chunk_tokens)
             self._tenants.count_lookup(namespace_id, fastest, chunk_tokens)
             return result
+
+    def lookup_now(
+        self, namespace_id: bytes, keys: Sequence[bytes], count: bool = False
+    ) -> LookupResult | None:
+        """:meth:`lookup` when it can answer without waiting, else None: another thread holds the index lock,
+        or a shared tier must be asked first (network I/O). An event loop calls it instead of an executor hop
+        (the index alone answers in microseconds) and runs :meth:`lookup` in an executor on None."""
+        if TierLevel.SHARED in self._tiers:
+            return None
+        with held_if_free(self._lock) as free:
+            return self.lookup(namespace_id, keys, count) if free else None
 
     # ------------------------------------------------------------------ stores
 

@@ -3,12 +3,14 @@
 Primitives:
     Parts: the index lock, the clock, the tiers, the index, the lease table, the mover, the write policy,
         the write-back worker and the reaper of expired leases and tickets.
+    held_if_free: hold a lock only if no other thread does (for callers that must never wait on it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from tiercache.cache.index import Index
@@ -44,3 +46,14 @@ class Parts:
     writes: WritePolicy
     writeback: WriteBack
     reap: Callable[[float], None]
+
+
+@contextlib.contextmanager
+def held_if_free(lock: threading.RLock) -> Iterator[bool]:
+    """Hold ``lock`` for the ``with`` block if it can be taken at once (True), else hold nothing (False)."""
+    free = lock.acquire(blocking=False)
+    try:
+        yield free
+    finally:
+        if free:
+            lock.release()

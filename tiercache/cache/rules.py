@@ -10,13 +10,14 @@ daemon's handlers only translate requests and responses:
 * a lookup may start promoting the cached prefix into L2 (a prefetch for the load that follows);
 * loads lease L2 slots; after a load the device tier is warmed with the loaded prefix, in the background.
 
-All methods block (they take the manager's lock, some do I/O): run them in an executor.
+All methods but ``lookup_now`` and ``wants_prefetch`` block (they take the manager's lock, some do I/O): run
+them in an executor.
 
 Primitives:
     SHARED_LEVEL: the tier engines map. DEVICE_LEVEL: the tier warmed after loads.
     LookupOutcome: a lookup and the prefetch it started.
-    EngineRules: ``begin_shared_store``, ``begin_stream_store``, ``lookup``, ``prefetch``, ``lease``,
-        ``warm_after_load``.
+    EngineRules: ``begin_shared_store``, ``begin_stream_store``, ``lookup``, ``lookup_now``,
+        ``wants_prefetch``, ``prefetch``, ``lease``, ``warm_after_load``.
 """
 
 from __future__ import annotations
@@ -107,9 +108,23 @@ class EngineRules:
         """
         result = self._manager.lookup(namespace_id, keys, True)
         started = None
-        if prefetch and result.by_tier.get(SHARED_LEVEL, 0) < result.chunks:
-            started = self._manager.prefetch(namespace_id, keys[: result.chunks], SHARED_LEVEL)
+        if prefetch and self.wants_prefetch(result):
+            started = self.prefetch(namespace_id, keys[: result.chunks])
         return LookupOutcome(result, started)
+
+    def lookup_now(self, namespace_id: bytes, keys: Sequence[bytes]) -> LookupResult | None:
+        """An engine's lookup (counted) if it answers without waiting (never blocks; None: run :meth:`lookup`
+        in an executor). See :meth:`CacheManager.lookup_now`.
+
+        Raises:
+            NotFoundError, InvalidArgumentError: from the manager.
+        """
+        return self._manager.lookup_now(namespace_id, keys, True)
+
+    @staticmethod
+    def wants_prefetch(result: LookupResult) -> bool:
+        """Whether part of a looked-up prefix is only in tiers slower than shared memory."""
+        return result.by_tier.get(SHARED_LEVEL, 0) < result.chunks
 
     def prefetch(self, namespace_id: bytes, keys: Sequence[bytes]) -> Prefetch:
         """Start promoting the cached prefix of ``keys`` into the shared-memory tier.

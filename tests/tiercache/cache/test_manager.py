@@ -177,6 +177,42 @@ def test_lookup_gives_each_tiers_prefix_and_counts_the_fastest_holder(make: Call
     assert h.cache.lookup(h.ns_id, keys).chunks == 0
 
 
+def test_lookup_now_answers_at_once_or_not_at_all_while_another_thread_holds_the_index(
+    make: Callable[..., Harness],
+) -> None:
+    h = make(l1=None)
+    keys = h.keys(3)
+    h.put(keys[:2])
+    now = h.cache.lookup_now(h.ns_id, keys, count=True)
+    assert now == h.cache.lookup(h.ns_id, keys)  # the same answer as the blocking lookup
+    assert now is not None and now.chunks == 2
+    tokens = h.ns.layout.chunk_tokens
+    assert h.cache.stats().tier(L2).lookup_hit_tokens == 2 * tokens  # counted like an engine's lookup
+
+    # Listeners run under the index lock: one that waits keeps a store holding it.
+    entered, go_on = threading.Event(), threading.Event()
+
+    def blocking(event: ChunkEvent) -> None:
+        if event.key == keys[2] and not entered.is_set():
+            entered.set()
+            assert go_on.wait(10)
+
+    h.cache.subscribe(blocking)
+    storing = threading.Thread(target=h.put, args=([keys[2]], 2))
+    storing.start()
+    try:
+        assert entered.wait(10)
+        assert h.cache.lookup_now(h.ns_id, keys, count=True) is None  # would wait: not answered
+    finally:
+        go_on.set()
+        storing.join(10)
+    assert h.cache.stats().tier(L2).lookup_hit_tokens == 2 * tokens  # the refused lookup counted nothing
+    assert h.cache.lookup_now(h.ns_id, keys) == h.cache.lookup(h.ns_id, keys)
+    assert h.cache.lookup(h.ns_id, keys).chunks == 3
+    with pytest.raises(NotFoundError, match="namespace_id"):
+        h.cache.lookup_now(b"\x00" * len(h.ns_id), keys)
+
+
 def test_a_commit_inside_its_tier_holds_up_no_other_call(make: Callable[..., Harness]) -> None:
     # The tier's commit (L2's checksums: milliseconds for large chunks) runs without the cache's lock.
     gate, entered, looked = threading.Event(), threading.Event(), threading.Event()
