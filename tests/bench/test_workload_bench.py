@@ -77,6 +77,19 @@ def test_the_default_eviction_hits_the_thrash_trace(work: Path, tmp_path: Path) 
     assert run["lru_hit_tokens"] == 0 < run["effective_hit_tokens"]  # scan resistant where LRU hits nothing
 
 
+@pytest.mark.parametrize("inproc", [True, False], ids=["inproc", "daemon"])
+def test_a_prefix_longer_than_l2_still_loads_whole(work: Path, tmp_path: Path, inproc: bool) -> None:
+    """L2 holds 4 chunks, chat prompts grow to 10: every chunk the lookup found arrives (in rounds)."""
+    out = tmp_path / "w.json"
+    argv = ["workload", *(["--inproc"] if inproc else []), "--traces", "chat", *SMALL, "--l2-bytes", "64K",
+            "--prefill-rate", "20000", "--dir", str(work), "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    (run,) = json.loads(out.read_text())["runs"]
+    _check_run(run, inproc)
+    assert run["lookup_hit_tokens"] > 4 * 64 * 2  # prefixes longer than L2 were found
+    assert run["load_success_tokens"] == run["lookup_hit_tokens"]
+
+
 def test_daemon_replay_json(work: Path, tmp_path: Path) -> None:
     out = tmp_path / "w.json"
     argv = ["workload", "--traces", "system_prompt,chat", *SMALL, "--l2-bytes", "256K", "--prefill-rate",

@@ -17,6 +17,7 @@ from tiercache.connector import (
     TierLevel,
 )
 from tiercache.errors import InvalidArgumentError
+from tiercache.keys import chunk_keys
 from tiercache.policies.load import PrefillModel
 
 Daemon = Any  # tests/connector/conftest.py:Daemon
@@ -91,3 +92,31 @@ def test_a_policy_the_daemon_cannot_serve_falls_back_to_recompute(
         assert conn.load(tokens, engine_mod.empty_kv(seed, N, False), policy).tokens_loaded == 0
     with pytest.raises(InvalidArgumentError):
         LoadPolicy.timeout(-1.0)
+
+
+def test_a_prefix_longer_than_shared_memory_loads_in_rounds_under_wait_complete(
+    daemon_factory: Any, engine_mod: ModuleType
+) -> None:
+    """L2 holds 4 chunks, the prompt has 10 (all in L3): a load leases what fits, copies and releases it,
+    then leases the rest; every byte arrives. Best effort takes only the prefix in L2 now, in one round."""
+    # L2: 4 pages of 64 KiB, one chunk each; no L1, whose warm-up after a load would hold L2 copies a while
+    d = daemon_factory("--l2-bytes", "256K", "--l1-device", "none")
+    d.start()
+    seed, chunk = 604, engine_mod.LAYOUT.chunk_tokens
+    n = 10 * chunk
+    tokens = engine_mod.prompt(seed, n)
+    conn = _connector(d.address, engine_mod, "rounds")
+    src = engine_mod.source_kv(seed, n, False)
+    for upto in (4 * chunk, 8 * chunk, n):  # a shared-memory store must fit in L2 at once
+        conn.store(tokens[:upto], src)
+        deadline = time.monotonic() + 10.0  # L2 makes room once its chunks are written through to L3
+        while conn.client.stats().pending_writes and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert conn.client.lookup(conn.namespace, chunk_keys(conn.namespace, tokens)).chunks == 10
+    kv = engine_mod.empty_kv(seed, n, False)
+    result = conn.load(tokens, kv)
+    assert (result.tokens_cached, result.tokens_hit, result.tokens_loaded) == (n, n, n)
+    assert sum(result.sources.values()) == n and result.tokens_recomputed == 0
+    assert engine_mod.exact(kv, seed, n, n)
+    best = conn.load(tokens, engine_mod.empty_kv(seed, n, False), LoadPolicy.best_effort())
+    assert (best.tokens_cached, best.tokens_loaded) == (n, 0)  # no rounds: L2 holds the chain's end now

@@ -1,7 +1,8 @@
 """Where a ``workload`` trace is replayed: the core cache in this process, or a daemon via the connector.
 
 Each request is served the way an engine would: look the prompt's chunk chain up (counted), load the
-cached prefix the load policy chooses into engine memory, verify every loaded byte against what was
+cached prefix the load policy chooses into engine memory (under ``wait_complete`` in rounds when L2 cannot
+hold the whole prefix at once, as the connector does), verify every loaded byte against what was
 stored for that chunk (a mismatch raises :class:`~tiercache.bench.tiers.RoundTripError`), report what the
 load was worth, then store the full chunks that were computed. A chunk's bytes are a pure function of its
 key (seeded random bytes), so any load can be checked without remembering what was stored.
@@ -22,14 +23,14 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 import torch
 
-from tiercache.cache import CacheBuildConfig, CacheConfig, LoadTicket, build_cache
+from tiercache.cache import CacheBuildConfig, CacheConfig, LoadChunk, LoadTicket, build_cache
 from tiercache.connector import (
     ClientConfig,
     ContiguousKV,
@@ -249,18 +250,24 @@ class InprocTarget:
         info = m.lookup(self._ns_id, keys, count=True)
         if self._options.prefetch and info.chunks:
             m.prefetch(self._ns_id, keys[: info.chunks])
-        ticket = self._acquire(keys[: info.chunks])
         verified = 0
         by_source: dict[TierLevel, int] = {}
-        chunks = ticket.chunks if ticket is not None else ()
+        chunks: list[LoadChunk] = []
         copies = []
-        try:
-            for ch in chunks:
-                copies.append(ch.view.to("cpu", copy=True))
-                by_source[ch.source] = by_source.get(ch.source, 0) + c
-        finally:
-            if ticket is not None and ticket.lease_id:
-                m.release(ticket.lease_id)
+        while len(chunks) < info.chunks:  # in rounds, like the connector, when L2 cannot hold it all at once
+            done = len(chunks)
+            ticket = self._acquire(keys[done : info.chunks])
+            part = ticket.chunks if ticket is not None else ()
+            try:
+                for ch in part:
+                    copies.append(ch.view.to("cpu", copy=True))
+                    by_source[ch.source] = by_source.get(ch.source, 0) + c
+            finally:
+                if ticket is not None and ticket.lease_id:
+                    m.release(ticket.lease_id)
+            chunks.extend(replace(ch, index=done + ch.index) for ch in part)
+            if not part or self._options.load_policy is not LoadPolicyKind.WAIT_COMPLETE:
+                break
         load_s = time.perf_counter() - t0
         if self._options.verify:
             verified = sum(_check(buf, ch.key, ch.index) for buf, ch in zip(copies, chunks, strict=True))

@@ -1,7 +1,9 @@
 """The same-host data plane: copies straight between the daemon's shared-memory slots and the engine's KV.
 
 A load leases the slots of the cached prefix (AcquireLoad), copies each chunk from its slot into the
-engine's tensors and releases the lease. Its bytes count as loaded only if the lease provably covered the
+engine's tensors and releases the lease. A prefix that shared memory cannot hold at once (longer than L2, or
+L2 full of other engines' leases) is loaded in rounds under ``wait_complete``: the rest of the chain is
+leased again once the first part is copied, while each round makes progress. Its bytes count as loaded only if the lease provably covered the
 copy: the copy finished before the lease's expiry by the local clock (the release then rides on the
 namespace's next call: one round trip per load), or the daemon confirmed a waited release. Otherwise the
 slots may have been reused and the load reports 0 tokens.
@@ -21,12 +23,14 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 import torch
 
 from tiercache.errors import TierCacheError, UnavailableError
 from tiercache.keys import Namespace
+from tiercache.policies.load import LoadPolicyKind
 from tiercache.tiers.base import TierLevel
 
 from .client import TierCacheClient
@@ -51,6 +55,28 @@ def _prefix(refs: Sequence[SlotRef]) -> list[SlotRef]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _Round:
+    """A load so far: its result, and whether every chunk leased arrived (another round may follow)."""
+
+    result: LoadResult
+    complete: bool
+
+    def joined(self, later: _Round) -> _Round:
+        """This load followed by a round over the rest of the chain (its result counts from depth 0)."""
+        a, b = self.result, later.result
+        sources = dict(a.sources)
+        for level, tokens in b.sources.items():
+            sources[level] = sources.get(level, 0) + tokens
+        result = replace(
+            a,
+            tokens_hit=a.tokens_hit + b.tokens_hit,
+            tokens_loaded=a.tokens_loaded + b.tokens_loaded,
+            sources=MappingProxyType(sources),
+        )
+        return _Round(result, later.complete)
+
+
 class SharedMemoryPlane(DataPlane):
     """Loads and stores through the daemon's shared-memory slots (the daemon runs on this host)."""
 
@@ -70,19 +96,39 @@ class SharedMemoryPlane(DataPlane):
     # ------------------------------------------------------------------ load
 
     def load(self, keys: Sequence[bytes], kv: EngineKV, policy: WirePolicy, prompt_tokens: int) -> LoadResult:
-        looked_up = len(keys) * self._layout.chunk_tokens
+        result = self._load_round(keys, kv, policy, prompt_tokens, 0)
+        c_tokens = self._layout.chunk_tokens
+        done = result.result.tokens_loaded // c_tokens
+        cached = result.result.tokens_cached // c_tokens
+        # WAIT_COMPLETE leases the whole cached prefix unless shared memory cannot hold it at once (a prefix
+        # larger than L2, or L2 full of other leases): the rest follows in further rounds, each leased once
+        # the previous one is copied (its release rides on the next AcquireLoad), while each makes progress.
+        while policy.kind is LoadPolicyKind.WAIT_COMPLETE and 0 < done < cached and result.complete:
+            part = self._load_round(keys[done:], kv, policy, prompt_tokens, done)
+            result = result.joined(part)
+            if part.result.tokens_loaded == 0:
+                break
+            done += part.result.tokens_loaded // c_tokens
+        return result.result
+
+    def _load_round(
+        self, keys: Sequence[bytes], kv: EngineKV, policy: WirePolicy, prompt_tokens: int, offset: int
+    ) -> _Round:
+        """One lease of the cached prefix of ``keys`` (chain positions ``offset, offset + 1, ...``), copied
+        into ``kv`` and released."""
+        looked_up = (offset + len(keys)) * self._layout.chunk_tokens
         started = self._clock()
         lease = self._acquire(keys, policy, prompt_tokens)
         refs = self._checked(_prefix(lease.slots))
         planned = self._planned(lease, refs, looked_up)
         if lease.lease_id == 0:
-            return planned
+            return _Round(planned, len(refs) == len(lease.slots))
         copied = 0
         in_time = False
         try:
             with self.mapping().use() as slots:
                 for first, run in chunk_runs([(ref.index, slots.view(ref)) for ref in refs]):
-                    run_to_kv(self._layout, run, kv, first)
+                    run_to_kv(self._layout, run, kv, offset + first)
                     copied += run.shape[0]
             # The lease's TTL started at the daemon after ``started``: by the local clock it held throughout.
             in_time = self._clock() < started + lease.expires_in_s
@@ -92,8 +138,9 @@ class SharedMemoryPlane(DataPlane):
             logger.warning("load lease %d lapsed during the copy; recomputing", lease.lease_id)
             copied = 0
         if copied < len(refs):
-            return LoadResult(looked_up, planned.tokens_hit, 0, tokens_cached=planned.tokens_cached)
-        return planned
+            failed = LoadResult(looked_up, planned.tokens_hit, 0, tokens_cached=planned.tokens_cached)
+            return _Round(failed, False)
+        return _Round(planned, len(refs) == len(lease.slots))
 
     def load_layerwise(
         self,
