@@ -31,6 +31,7 @@ Primitives:
     ValueHeader: a parsed header.
     checksum: the xxh3_64 checksum of raw bytes.
     pack_header / parse_header: write a header / read and check one (with the value's length).
+    raw_checksum: the raw checksum of a well-formed raw value, in one unpack (the hot read path's check).
     parse_head: read and check a header kept apart from its payload (with the payload's length).
     encode: the header and the payload of raw bytes (the payload is the raw bytes themselves unless
         compressed).
@@ -58,6 +59,7 @@ FORMAT_VERSION = 1
 """Version of the value format written by this module."""
 _HEADER = struct.Struct("<4sBBHQQQ")
 _HEADER_CHECK = struct.Struct("<Q")
+_WHOLE_HEADER = struct.Struct("<4sBBHQQQQ")  # the header and its own checksum, in one unpack
 HEADER_BYTES = _HEADER.size + _HEADER_CHECK.size
 """Bytes of the header that precedes every payload (40)."""
 
@@ -71,6 +73,7 @@ ByteView = bytes | bytearray | memoryview
 
 _CODEC_IDS = {Codec.RAW: 0, Codec.ZSTD: 1}
 _ID_CODECS = {v: k for k, v in _CODEC_IDS.items()}
+_RAW_ID = _CODEC_IDS[Codec.RAW]
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +109,29 @@ def parse_header(value: memoryview) -> ValueHeader | str:
     if len(value) < HEADER_BYTES:
         return f"value of {len(value)} bytes is shorter than the header"
     return _parse(value, len(value) - HEADER_BYTES)
+
+
+def raw_checksum(value: memoryview) -> int | None:
+    """The raw checksum in the header of ``value`` when it is a well-formed raw (uncompressed) value,
+    else None (a zstd value, or a malformed one: :func:`parse_header` says why).
+
+    The checks are :func:`parse_header`'s, done with one unpack and no parsed header object: a read of a
+    raw value needs the checksum only (the payload is everything after the header).
+    """
+    if len(value) <= HEADER_BYTES:
+        return None
+    magic, version, codec_id, flags, raw_len, stored_len, raw_check, check = _WHOLE_HEADER.unpack_from(value)
+    if (
+        magic != MAGIC
+        or version != FORMAT_VERSION
+        or codec_id != _RAW_ID
+        or flags != 0
+        or raw_len != stored_len
+        or stored_len != len(value) - HEADER_BYTES
+        or xxhash.xxh3_64_intdigest(value[: _HEADER.size]) != check
+    ):
+        return None
+    return int(raw_check)
 
 
 def parse_head(head: memoryview, payload_len: int) -> ValueHeader | str:
