@@ -193,8 +193,8 @@ def write_order(env: lmdb.Environment, dbs: LmdbDatabases, pending: Mapping[byte
 
 
 def _put_order(txn: lmdb.Transaction, dbs: LmdbDatabases, seqs: Mapping[bytes, int]) -> None:
-    for cid, seq in seqs.items():
-        txn.put(cid, pack_seq(seq), db=dbs.order)
+    if seqs:  # one call for all (a read's flush writes hundreds of them)
+        txn.cursor(db=dbs.order).putmulti([(cid, pack_seq(seq)) for cid, seq in seqs.items()])
 
 
 def delete_values(env: lmdb.Environment, dbs: LmdbDatabases, chunk_ids: Sequence[bytes]) -> None:

@@ -59,7 +59,6 @@ FORMAT_VERSION = 1
 """Version of the value format written by this module."""
 _HEADER = struct.Struct("<4sBBHQQQ")
 _HEADER_CHECK = struct.Struct("<Q")
-_WHOLE_HEADER = struct.Struct("<4sBBHQQQQ")  # the header and its own checksum, in one unpack
 HEADER_BYTES = _HEADER.size + _HEADER_CHECK.size
 """Bytes of the header that precedes every payload (40)."""
 
@@ -73,7 +72,10 @@ ByteView = bytes | bytearray | memoryview
 
 _CODEC_IDS = {Codec.RAW: 0, Codec.ZSTD: 1}
 _ID_CODECS = {v: k for k, v in _CODEC_IDS.items()}
-_RAW_ID = _CODEC_IDS[Codec.RAW]
+_RAW_PREFIX = struct.pack("<4sBBH", MAGIC, FORMAT_VERSION, _CODEC_IDS[Codec.RAW], 0)
+"""The first bytes of every well-formed raw value's header: magic, version, the raw codec, no flags."""
+_RAW_PREFIX_BYTES = len(_RAW_PREFIX)
+_RAW_REST = struct.Struct("<QQQQ")  # raw length, stored length, raw checksum, header checksum
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,18 +117,15 @@ def raw_checksum(value: memoryview) -> int | None:
     """The raw checksum in the header of ``value`` when it is a well-formed raw (uncompressed) value,
     else None (a zstd value, or a malformed one: :func:`parse_header` says why).
 
-    The checks are :func:`parse_header`'s, done with one unpack and no parsed header object: a read of a
-    raw value needs the checksum only (the payload is everything after the header).
+    The checks are :func:`parse_header`'s, done with one compare of the fixed prefix, one unpack and no
+    parsed header object: a read of a raw value needs the checksum only (the payload is everything after
+    the header).
     """
-    if len(value) <= HEADER_BYTES:
+    if len(value) <= HEADER_BYTES or value[:_RAW_PREFIX_BYTES] != _RAW_PREFIX:
         return None
-    magic, version, codec_id, flags, raw_len, stored_len, raw_check, check = _WHOLE_HEADER.unpack_from(value)
+    raw_len, stored_len, raw_check, check = _RAW_REST.unpack_from(value, _RAW_PREFIX_BYTES)
     if (
-        magic != MAGIC
-        or version != FORMAT_VERSION
-        or codec_id != _RAW_ID
-        or flags != 0
-        or raw_len != stored_len
+        raw_len != stored_len
         or stored_len != len(value) - HEADER_BYTES
         or xxhash.xxh3_64_intdigest(value[: _HEADER.size]) != check
     ):
