@@ -116,9 +116,9 @@ def read_values(
 
     A chunk is not copied when its value is gone (deleted since the caller looked), corrupt (reported in
     ``corrupt``) or longer than its destination (replaced by a larger chunk since the caller looked). The
-    hot case, a raw value into CPU memory, checks the header with one unpack and builds no header object;
-    any other value (zstd, or one that fails that check and is parsed again to say why) and any other
-    destination take the general path.
+    hot case, a raw value into CPU memory, checks the header with one compare and one unpack (no header
+    object); any other value (zstd, or one that fails that check and is parsed again to say why) and any
+    other destination take the general path.
     """
     copied = [False] * len(chunk_ids)
     corrupt: list[bytes] = []
