@@ -20,6 +20,7 @@ Primitives:
     META_DTYPE: a record as a numpy structured dtype (to parse many at once).
     ChunkMeta: a parsed record.
     pack_meta / unpack_meta: the stored form of a record.
+    record_checksum: the checksum of a stored record alone (the read path's check, no parsed record).
     record_of: the record of a value about to be written.
     foreign: why a value is not the one written under its id (None when it is, or cannot be told).
 """
@@ -38,6 +39,7 @@ UNKNOWN_DEPTH = 0xFFFF_FFFF
 lost, nothing else)."""
 _META = struct.Struct(">IQQQ")
 _SHORT_META = struct.Struct(">IQ")
+_RECORD_CHECKSUM = struct.Struct(">4xQ")  # the checksum field, the same place in both forms
 META_BYTES = _META.size
 """Bytes of a record (28)."""
 SHORT_META_BYTES = _SHORT_META.size
@@ -80,6 +82,15 @@ def unpack_meta(value: memoryview | bytes) -> ChunkMeta | None:
         return None
     depth, check = _SHORT_META.unpack(value)
     return ChunkMeta(None if depth == UNKNOWN_DEPTH else int(depth), int(check))
+
+
+def record_checksum(value: memoryview | bytes) -> int | None:
+    """The checksum of a stored record (either form), or None if it is not one (wrong length); what
+    :func:`unpack_meta` would say of it, without the rest."""
+    if len(value) != _META.size and len(value) != _SHORT_META.size:
+        return None
+    (check,) = _RECORD_CHECKSUM.unpack_from(value)
+    return int(check)
 
 
 def record_of(value: memoryview | bytes, depth: int | None) -> bytes | None:

@@ -31,6 +31,7 @@ Primitives:
     ValueHeader: a parsed header.
     checksum: the xxh3_64 checksum of raw bytes.
     pack_header / parse_header: write a header / read and check one (with the value's length).
+    raw_checksum: the raw checksum of a well-formed raw value, in one unpack (the hot read path's check).
     parse_head: read and check a header kept apart from its payload (with the payload's length).
     encode: the header and the payload of raw bytes (the payload is the raw bytes themselves unless
         compressed).
@@ -71,6 +72,10 @@ ByteView = bytes | bytearray | memoryview
 
 _CODEC_IDS = {Codec.RAW: 0, Codec.ZSTD: 1}
 _ID_CODECS = {v: k for k, v in _CODEC_IDS.items()}
+_RAW_PREFIX = struct.pack("<4sBBH", MAGIC, FORMAT_VERSION, _CODEC_IDS[Codec.RAW], 0)
+"""The first bytes of every well-formed raw value's header: magic, version, the raw codec, no flags."""
+_RAW_PREFIX_BYTES = len(_RAW_PREFIX)
+_RAW_REST = struct.Struct("<QQQQ")  # raw length, stored length, raw checksum, header checksum
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +111,26 @@ def parse_header(value: memoryview) -> ValueHeader | str:
     if len(value) < HEADER_BYTES:
         return f"value of {len(value)} bytes is shorter than the header"
     return _parse(value, len(value) - HEADER_BYTES)
+
+
+def raw_checksum(value: memoryview) -> int | None:
+    """The raw checksum in the header of ``value`` when it is a well-formed raw (uncompressed) value,
+    else None (a zstd value, or a malformed one: :func:`parse_header` says why).
+
+    The checks are :func:`parse_header`'s, done with one compare of the fixed prefix, one unpack and no
+    parsed header object: a read of a raw value needs the checksum only (the payload is everything after
+    the header).
+    """
+    if len(value) <= HEADER_BYTES or value[:_RAW_PREFIX_BYTES] != _RAW_PREFIX:
+        return None
+    raw_len, stored_len, raw_check, check = _RAW_REST.unpack_from(value, _RAW_PREFIX_BYTES)
+    if (
+        raw_len != stored_len
+        or stored_len != len(value) - HEADER_BYTES
+        or xxhash.xxh3_64_intdigest(value[: _HEADER.size]) != check
+    ):
+        return None
+    return int(raw_check)
 
 
 def parse_head(head: memoryview, payload_len: int) -> ValueHeader | str:

@@ -16,7 +16,7 @@ import torch
 
 from tiercache.tiers.lmdb import LmdbTier, LmdbTierConfig
 from tiercache.tiers.lmdb_env import META_DB, VALUES_DB, open_environment
-from tiercache.tiers.lmdb_meta import SHORT_META_BYTES, ChunkMeta, pack_meta, unpack_meta
+from tiercache.tiers.lmdb_meta import SHORT_META_BYTES, ChunkMeta, pack_meta, record_checksum, unpack_meta
 from tiercache.tiers.lmdb_scan import FoundChunks, ScanKind
 from tiercache.tiers.values import HEADER_BYTES
 
@@ -135,6 +135,9 @@ def test_records_of_the_short_form_still_parse() -> None:
     full = pack_meta(ChunkMeta(None, 5, 140, 100))
     assert unpack_meta(full) == ChunkMeta(None, 5, 140, 100)
     assert unpack_meta(full[:-1]) is None
+    # the read path's checksum-only look at a record says what unpack_meta says of it
+    assert record_checksum(short) == 0xABC and record_checksum(memoryview(full)) == 5
+    assert record_checksum(full[:-1]) is None and record_checksum(b"") is None
 
 
 def test_the_tier_index_shares_one_tuple_per_distinct_size_and_depth(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from tiercache.tiers.values import (
     encode_staged,
     pack_header,
     parse_header,
+    raw_checksum,
 )
 
 
@@ -62,6 +63,8 @@ def test_round_trip(raw: bytes, codec: Codec, level: int) -> None:
     assert header.codec is Codec.RAW or (codec is Codec.ZSTD and header.stored_len < len(raw))
     assert len(value) <= HEADER_BYTES + len(raw)
     assert bytes(decode(memoryview(value), zstandard.ZstdDecompressor())) == raw
+    # the read path's one-unpack check: the checksum of a raw value, None for a compressed one
+    assert raw_checksum(memoryview(value)) == (header.checksum if header.codec is Codec.RAW else None)
 
 
 def test_raw_value_is_the_staging_buffer_itself() -> None:
@@ -126,6 +129,7 @@ ZGOOD = encode(bytes(4096), Codec.ZSTD)
 def test_malformed_headers_say_why(value: bytes, why: str) -> None:
     result = parse_header(memoryview(value))
     assert isinstance(result, str) and why in result
+    assert raw_checksum(memoryview(value)) is None  # the read path's fast check refuses it too
     decoded = decode(memoryview(value), zstandard.ZstdDecompressor())
     assert isinstance(decoded, str) and why in decoded
 
@@ -139,6 +143,8 @@ def test_malformed_headers_say_why(value: bytes, why: str) -> None:
     ],
 )
 def test_damaged_payloads_say_why(value: bytes, why: str) -> None:
-    assert isinstance(parse_header(memoryview(value)), ValueHeader)  # the header itself is fine
+    header = parse_header(memoryview(value))
+    assert isinstance(header, ValueHeader)  # the header itself is fine
+    assert raw_checksum(memoryview(value)) == (header.checksum if header.codec is Codec.RAW else None)
     decoded = decode(memoryview(value), zstandard.ZstdDecompressor())
     assert isinstance(decoded, str) and re.search(why, decoded)
