@@ -155,13 +155,15 @@ class Stores:
             raise
         with self._lock:
             self._mover.storing.difference_update(ws.chunk_id for ws in writes)
+            down: list[bytes] = []
             for ws, depth in zip(writes, depths):
                 _, key = split_chunk_id(ws.chunk_id)
                 entry = self._index.add_residency(
                     ws.chunk_id, ChunkEntry(store.namespace_id, key, depth, ws.nbytes), store.level, now
                 )
                 if self._writes.on_commit(self._index.is_pinned(entry)):
-                    self._writeback.schedule(ws.chunk_id)
+                    down.append(ws.chunk_id)
+            self._writeback.schedule_many(down)
             self._prefill.published([ws.chunk_id for ws in writes])
             return len(writes)
 

@@ -9,14 +9,14 @@ The worker's own lock guards only its set of pending futures; :meth:`WriteBack.s
 with the index lock held (index lock first, then this one), and the worker takes neither while it copies.
 
 Primitives:
-    WriteBack: schedule, flush, settle, pending, failed, close.
+    WriteBack: schedule, schedule_many, flush, settle, pending, failed, close.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from tiercache.cache.mover import MoveOutcome
@@ -32,15 +32,15 @@ class WriteBack:
         self._step = step
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tiercache-writedown")
         self._lock = threading.Lock()
-        self._pending: set[Future[None]] = set()
+        self._pending: dict[Future[None], int] = {}  # a job and how many chunks it writes down
         self._failed = 0
         self._closed = False
 
     @property
     def pending(self) -> int:
-        """Write-downs queued or running."""
+        """Write-downs (chunks) queued or running."""
         with self._lock:
-            return len(self._pending)
+            return sum(self._pending.values())
 
     @property
     def failed(self) -> int:
@@ -50,11 +50,18 @@ class WriteBack:
 
     def schedule(self, cid: bytes) -> None:
         """Queue copies of a chunk into every slower tier that lacks it (ignored once closing)."""
+        self.schedule_many([cid])
+
+    def schedule_many(self, cids: Sequence[bytes]) -> None:
+        """Queue the write-downs of several chunks as one job (a commit's: one hand-off to the worker, not
+        one per chunk), done in order (ignored once closing)."""
+        if not cids:
+            return
         with self._lock:
             if self._closed:
                 return
-            fut = self._executor.submit(self._write_down, cid)
-            self._pending.add(fut)
+            fut = self._executor.submit(self._write_downs, list(cids))
+            self._pending[fut] = len(cids)
         fut.add_done_callback(self._done)
 
     def flush(self, timeout_s: float | None = None) -> None:
@@ -79,7 +86,11 @@ class WriteBack:
 
     def _done(self, fut: Future[None]) -> None:
         with self._lock:
-            self._pending.discard(fut)
+            self._pending.pop(fut, None)
+
+    def _write_downs(self, cids: list[bytes]) -> None:
+        for cid in cids:
+            self._write_down(cid)
 
     def _write_down(self, cid: bytes) -> None:
         try:
