@@ -17,12 +17,13 @@ of evictable chunks whenever the tier must make room, so that an adaptive policy
 
 Primitives:
     VictimQueue: push / push_many / discard / pop_min(eligible) over one tier's chunks.
-    Space: the queues and policies of every tier: refresh, accessed, ranker, forget, victim.
+    Space: the queues and policies of every tier: policy, refresh, accessed, forget, victim.
 """
 
 from __future__ import annotations
 
 import heapq
+import operator
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
     from tiercache.cache.index import ChunkEntry
 
 Priority = tuple[int, ...]
+
+_ID = operator.itemgetter(1)  # of a heap item
 
 _COMPACT_SLACK = 64
 """Stale heap items tolerated beyond the live ones before the heap is rebuilt."""
@@ -77,7 +80,7 @@ class VictimQueue:
     def push_many(self, items: list[tuple[Priority, bytes]]) -> None:
         """Queue many chunks at once (a warm start), given as ``(priority, chunk id)`` items (the queue keeps
         them): one heapify instead of a push each; a chunk given twice keeps its last item."""
-        self._live.update((item[1], item) for item in items)
+        self._live.update(zip(map(_ID, items), items))
         self._heap.extend(items)
         heapq.heapify(self._heap)
         self._maybe_compact()
@@ -168,12 +171,6 @@ class Space:
         c = Candidate(tick, entry.depth, entry.hits)
         for level in levels:
             self._policies[level].observe(cid, c, demand)
-
-    def ranker(self, level: TierLevel) -> Callable[[int, int, int], Priority]:
-        """``(last access, depth, hits) -> priority`` in ``level`` (a warm start ranks a million at once,
-        see ``push_many``)."""
-        rank = self._policies[level].priority
-        return lambda last_access, depth, hits: rank(Candidate(last_access, depth, hits))
 
     def forget(self, cid: bytes, entry: ChunkEntry, level: TierLevel) -> None:
         """A residency ended (already taken out of ``entry``): the chunk's other copies are ranked again."""

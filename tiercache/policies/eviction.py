@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import abc
 import enum
+import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import repeat
 
 from tiercache.policies.registry import parse_kind
 from tiercache.policies.shadow import ShadowSample
@@ -42,6 +45,11 @@ class Candidate:
     below: bool = False
 
 
+def _same_length(last_access: Sequence[int], depths: Sequence[int]) -> None:
+    if len(last_access) != len(depths):
+        raise ValueError(f"last_access has {len(last_access)} items, depths {len(depths)}")
+
+
 class EvictionPolicyKind(enum.Enum):
     """Names of the eviction policies."""
 
@@ -60,6 +68,14 @@ class EvictionPolicy(abc.ABC):
     @abc.abstractmethod
     def priority(self, c: Candidate) -> tuple[int, ...]:
         """Sort key of a candidate: smaller goes first."""
+
+    def priorities(self, last_access: Sequence[int], depths: Sequence[int]) -> list[tuple[int, ...]]:
+        """The priorities of many never-read chunks that this tier alone holds (a warm start files a million
+        at once): ``priority(Candidate(t, d, 0))`` for each pair, in order.
+
+        This default calls :meth:`priority` per chunk; the built-in policies build the tuples at C speed.
+        """
+        return [self.priority(Candidate(t, d, 0)) for t, d in zip(last_access, depths, strict=True)]
 
     def for_tier(self) -> EvictionPolicy:
         """The instance one tier uses: the policy itself unless it keeps per-tier state."""
@@ -87,6 +103,11 @@ class LruPolicy(EvictionPolicy):
         """(last access, -depth)."""
         return (c.last_access, -c.depth)
 
+    def priorities(self, last_access: Sequence[int], depths: Sequence[int]) -> list[tuple[int, ...]]:
+        """See :meth:`EvictionPolicy.priorities`."""
+        _same_length(last_access, depths)
+        return list(zip(last_access, map(operator.neg, depths)))
+
 
 class LfuPolicy(EvictionPolicy):
     """Least frequently read first, then least recently used, then deepest."""
@@ -94,6 +115,11 @@ class LfuPolicy(EvictionPolicy):
     def priority(self, c: Candidate) -> tuple[int, ...]:
         """(hits, last access, -depth)."""
         return (c.hits, c.last_access, -c.depth)
+
+    def priorities(self, last_access: Sequence[int], depths: Sequence[int]) -> list[tuple[int, ...]]:
+        """See :meth:`EvictionPolicy.priorities`."""
+        _same_length(last_access, depths)
+        return list(zip(repeat(0), last_access, map(operator.neg, depths)))
 
 
 class SegmentedPolicy(EvictionPolicy):
@@ -118,6 +144,11 @@ class SegmentedPolicy(EvictionPolicy):
         if c.hits == 0:
             return (0, -c.last_access, -c.depth)
         return (1, c.last_access, -c.depth)
+
+    def priorities(self, last_access: Sequence[int], depths: Sequence[int]) -> list[tuple[int, ...]]:
+        """See :meth:`EvictionPolicy.priorities`."""
+        _same_length(last_access, depths)
+        return list(zip(repeat(0), map(operator.neg, last_access), map(operator.neg, depths)))
 
 
 _SCORE_LIMIT = 16
@@ -180,6 +211,14 @@ class AdaptivePolicy(EvictionPolicy):
         if c.hits == 0 and self.segmented:
             return (0, not c.below, -c.last_access, -c.depth)
         return (1, c.last_access, -c.depth)
+
+    def priorities(self, last_access: Sequence[int], depths: Sequence[int]) -> list[tuple[int, ...]]:
+        """See :meth:`EvictionPolicy.priorities` (neither above nor below: the tier alone holds them)."""
+        _same_length(last_access, depths)
+        negative_depths = map(operator.neg, depths)
+        if self.segmented:
+            return list(zip(repeat(0), repeat(True), map(operator.neg, last_access), negative_depths))
+        return list(zip(repeat(1), last_access, negative_depths))
 
     def observe(self, cid: bytes, c: Candidate, demand: bool) -> None:
         """Replay the access on the shadows; a demand that hits in one order only moves the score toward it."""

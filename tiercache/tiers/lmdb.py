@@ -23,6 +23,7 @@ Primitives:
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 from collections.abc import Sequence
 
@@ -33,7 +34,7 @@ import zstandard
 from tiercache.codec import Codec
 from tiercache.errors import CapacityError, ConflictError, InvalidArgumentError
 from tiercache.tiers.base import StorageTier, TierLevel, TierUsage, WriteSlot, check_batch
-from tiercache.tiers.depths import DepthSource
+from tiercache.tiers.depths import DepthSource, HeldChunks
 from tiercache.tiers.lmdb_config import LmdbTierConfig
 from tiercache.tiers.lmdb_env import open_or_recover
 from tiercache.tiers.lmdb_io import (
@@ -57,6 +58,7 @@ __all__ = ["LmdbTier", "LmdbTierConfig"]
 
 logger = logging.getLogger(__name__)
 
+_NBYTES, _DEPTH = operator.itemgetter(1), operator.itemgetter(2)  # of an index entry
 _STAGING_CACHE_BYTES = 256 << 20  # staging buffers kept for reuse after commit or abort
 
 
@@ -176,11 +178,12 @@ class LmdbTier(StorageTier):
         with self._lock:
             return {cid: entry[2] for cid, entry in self._index.items() if entry[2] is not None}
 
-    def depth_entries(self) -> list[tuple[bytes, int, int | None]]:
-        """Committed chunks as ``(chunk_id, nbytes, stored depth or None)``, in :meth:`entries` order."""
+    def depth_entries(self) -> HeldChunks:
+        """Committed chunks with their stored depths, in :meth:`entries` order (columns built at C speed)."""
         with self._lock:
             self._check_open()
-            return [(cid, entry[1], entry[2]) for cid, entry in self._index.items()]
+            values = list(self._index.values())
+            return HeldChunks(list(self._index), list(map(_NBYTES, values)), list(map(_DEPTH, values)))
 
     # ------------------------------------------------------------------------------------------ protocol
 

@@ -3,21 +3,28 @@
 A queue filled with ``push_many`` behaves exactly like one filled push by push (also mixed with later pushes
 and discards); an index rebuilt over a real L3 files every chunk once, in the tier's use order (one tick
 each), with its stored depth, shares one namespace id object per namespace, ranks its victims least
-recently used first and announces one STORED event per chunk.
+recently used first and announces them to the tenants' books once per tier, as counts by namespace; a
+cache restarted on its L3 shows each tenant the chunks and bytes it held before.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from pathlib import Path
 
+import torch
+
+from tiercache.cache import CacheManager
 from tiercache.cache.index import Index
 from tiercache.cache.space import Space, VictimQueue
-from tiercache.keys import NAMESPACE_ID_BYTES
+from tiercache.keys import NAMESPACE_ID_BYTES, Namespace, chunk_keys
 from tiercache.policies import LruPolicy
-from tiercache.stats import ChunkEvent, EventKind
+from tiercache.stats import ChunkEvent
 from tiercache.tiers.base import TierLevel
+from tiercache.tiers.host import HostTier, HostTierConfig
 from tiercache.tiers.lmdb import LmdbTier, LmdbTierConfig
+from tiercache.tiers.values import HEADER_BYTES
 
 L3 = TierLevel.L3
 
@@ -55,9 +62,10 @@ def test_rebuild_files_the_l3_chunks_in_use_order_with_depths(tmp_path: Path) ->
     tier = LmdbTier(config)
     try:
         events: list[ChunkEvent] = []
+        announced: list[tuple[TierLevel, dict[bytes, int]]] = []
         space = Space([L3], LruPolicy(), min_residency_s=0.0)
         index = Index([L3], space, events.append)
-        index.rebuild({L3: tier})
+        index.rebuild({L3: tier}, lambda level, counts: announced.append((level, dict(counts))))
         assert list(index) == cids and len(index) == len(cids)
         entries = [index.get(cid) for cid in cids]
         assert all(e is not None for e in entries)
@@ -70,8 +78,42 @@ def test_rebuild_files_the_l3_chunks_in_use_order_with_depths(tmp_path: Path) ->
         }
         assert all(len(ids) == 1 for ids in by_ns.values())  # one namespace id object per namespace
         assert space.queue(L3).ordered() == cids  # least recently used first
-        assert [(e.kind, e.level, e.namespace_id + e.key) for e in events] == [
-            (EventKind.STORED, L3, cid) for cid in cids
-        ]
+        assert events == []  # no event per chunk: one count per namespace
+        assert announced == [(L3, {bytes([1]) * NAMESPACE_ID_BYTES: 5, bytes([2]) * NAMESPACE_ID_BYTES: 5})]
     finally:
         tier.close()
+
+
+def _tenant_books(cache: CacheManager, tenant: str) -> Mapping[TierLevel, tuple[int, int, int]]:
+    stats = cache.stats(tenant)
+    return {t.level: (t.chunks, t.used_bytes, t.payload_bytes) for t in stats.tiers}
+
+
+def test_a_restart_shows_each_tenant_the_chunks_it_held(tmp_path: Path, namespace: Namespace) -> None:
+    nbytes = namespace.layout.chunk_bytes
+
+    def open_cache() -> CacheManager:
+        l2 = HostTier(HostTierConfig(4 * nbytes, nbytes, "tiercache-test"))
+        l3 = LmdbTier(LmdbTierConfig(path=str(tmp_path / "l3"), capacity_bytes=40 * (HEADER_BYTES + nbytes)))
+        return CacheManager([l2, l3])
+
+    cache = open_cache()
+    try:
+        ids = {t: cache.register_namespace(namespace, t) for t in ("a", "b")}
+        for tenant, n in (("a", 3), ("b", 5)):
+            keys = chunk_keys(namespace, list(range(n * namespace.layout.chunk_tokens)))
+            cache.put(ids[tenant], keys, [torch.full((nbytes,), 7, dtype=torch.uint8) for _ in keys])
+        cache.flush()
+        before = {t: _tenant_books(cache, t)[L3] for t in ids}
+        assert before["a"][0] == 3 and before["b"][0] == 5
+    finally:
+        cache.close()
+    cache = open_cache()
+    try:
+        assert cache.stats().tier(L3).chunks == 8
+        again = {t: cache.register_namespace(namespace, t) for t in ("b", "a")}
+        assert again == ids
+        assert {t: _tenant_books(cache, t)[L3] for t in ids} == before
+        assert {t: _tenant_books(cache, t)[TierLevel.L2][0] for t in ids} == {"a": 0, "b": 0}
+    finally:
+        cache.close()

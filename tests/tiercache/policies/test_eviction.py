@@ -113,3 +113,16 @@ def test_adaptive_is_made_by_name_once_per_tier() -> None:
     assert lru.for_tier() is lru
     with pytest.raises(InvalidArgumentError, match="valid: lru, lfu, segmented, adaptive"):
         make_eviction_policy("arc")
+
+
+@pytest.mark.parametrize("kind", list(EvictionPolicyKind))
+@pytest.mark.parametrize("segmented", [True, False])
+def test_priorities_in_bulk_are_each_chunks_priority(kind: EvictionPolicyKind, segmented: bool) -> None:
+    p = make_eviction_policy(kind).for_tier()
+    if isinstance(p, AdaptivePolicy) and not segmented:
+        p.score = -1  # recency mode
+    ticks, depths = [5, 6, 7, 9, 12], [0, 3, 7, 0, 63]
+    assert p.priorities(ticks, depths) == [p.priority(Candidate(t, d, 0)) for t, d in zip(ticks, depths)]
+    assert p.priorities(range(3, 3), []) == []
+    with pytest.raises(ValueError, match="last_access has 2 items, depths 1"):
+        p.priorities([1, 2], [0])
