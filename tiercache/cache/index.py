@@ -75,16 +75,26 @@ class Residency:
 
 @dataclass(slots=True)
 class ChunkEntry:
-    """A chunk the cache knows, and its copies."""
+    """A chunk the cache knows, and its copies.
+
+    ``cid`` is the chunk id itself (the object the index files it under: no second copy of the key);
+    ``namespace_id`` is its first :data:`NAMESPACE_ID_BYTES` bytes, one object shared by the chunks of
+    a namespace where the caller has one (pinned-namespace checks hash it on every victim search).
+    """
 
     namespace_id: bytes
-    key: bytes
+    cid: bytes
     depth: int
     nbytes: int
     res: dict[TierLevel, Residency] = field(default_factory=dict)
     hits: int = 0
     pinned: bool = False
     purged: bool = False  # invisible; its held copies go when their holds end
+
+    @property
+    def key(self) -> bytes:
+        """The chunk key (the id without its namespace id)."""
+        return self.cid[NAMESPACE_ID_BYTES:]
 
 
 @dataclass(slots=True)
@@ -169,24 +179,23 @@ class Index:
                     )
             keep = [i for i, cid in enumerate(ids) if len(cid) == CHUNK_ID_BYTES]
             ids, nbytes, depths = [ids[i] for i in keep], [nbytes[i] for i in keep], [depths[i] for i in keep]
-        ticks = range(self.tick + 1, self.tick + 1 + len(ids))
+        ticks = list(range(self.tick + 1, self.tick + 1 + len(ids)))  # one int each, shared with the ranks
         self.tick += len(ids)
         if self._entries and any(map(self._entries.__contains__, ids)):
             return self._index_known(level, ids, nbytes, depths, ticks)
         ns_len, namespaces = NAMESPACE_ID_BYTES, dict[bytes, bytes]()
         ns_ids = [cid[:ns_len] for cid in ids]
         ns_ids = list(map(namespaces.setdefault, ns_ids, ns_ids))  # one object per namespace
-        keys = [cid[ns_len:] for cid in ids]
         copies = map(Residency, ticks, itertools.repeat(_LONG_AGO))
         residencies = map(dict, zip(zip(itertools.repeat(level), copies)))  # {level: copy} each
-        found = list(map(ChunkEntry, ns_ids, keys, depths, nbytes, residencies))
+        found = list(map(ChunkEntry, ns_ids, ids, depths, nbytes, residencies))
         self._entries.update(zip(ids, found))
         ranks = self._space.policy(level).priorities(ticks, depths)
         self._space.queue(level).push_many(list(zip(ranks, ids)))
         return found
 
     def _index_known(
-        self, level: TierLevel, ids: list[bytes], nbytes: list[int], depths: list[int], ticks: range
+        self, level: TierLevel, ids: list[bytes], nbytes: list[int], depths: list[int], ticks: list[int]
     ) -> list[ChunkEntry]:
         """:meth:`_index_found` when some chunks are known already (held by a faster tier): chunk by chunk."""
         found: list[ChunkEntry] = []
@@ -196,7 +205,7 @@ class Index:
             entry = self._entries.get(cid)
             if entry is None:
                 ns_id = namespaces.setdefault(cid[:ns_len], cid[:ns_len])
-                entry = ChunkEntry(ns_id, cid[ns_len:], depth, size, {level: res})
+                entry = ChunkEntry(ns_id, cid, depth, size, {level: res})
                 self._entries[cid] = entry
             else:
                 entry.res[level] = res

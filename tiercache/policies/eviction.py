@@ -17,7 +17,7 @@ from __future__ import annotations
 import abc
 import enum
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 
@@ -43,6 +43,12 @@ class Candidate:
     hits: int
     above: bool = False
     below: bool = False
+
+
+def _negated(values: Sequence[int]) -> Iterator[int]:
+    """``-v`` of each value, one int object per distinct value (a million chunks have a few dozen depths)."""
+    negated = {v: -v for v in set(values)}
+    return map(negated.__getitem__, values)
 
 
 def _same_length(last_access: Sequence[int], depths: Sequence[int]) -> None:
@@ -106,7 +112,7 @@ class LruPolicy(EvictionPolicy):
     def priorities(self, last_access: Sequence[int], depths: Sequence[int]) -> list[tuple[int, ...]]:
         """See :meth:`EvictionPolicy.priorities`."""
         _same_length(last_access, depths)
-        return list(zip(last_access, map(operator.neg, depths)))
+        return list(zip(last_access, _negated(depths)))
 
 
 class LfuPolicy(EvictionPolicy):
@@ -119,7 +125,7 @@ class LfuPolicy(EvictionPolicy):
     def priorities(self, last_access: Sequence[int], depths: Sequence[int]) -> list[tuple[int, ...]]:
         """See :meth:`EvictionPolicy.priorities`."""
         _same_length(last_access, depths)
-        return list(zip(repeat(0), last_access, map(operator.neg, depths)))
+        return list(zip(repeat(0), last_access, _negated(depths)))
 
 
 class SegmentedPolicy(EvictionPolicy):
@@ -148,7 +154,7 @@ class SegmentedPolicy(EvictionPolicy):
     def priorities(self, last_access: Sequence[int], depths: Sequence[int]) -> list[tuple[int, ...]]:
         """See :meth:`EvictionPolicy.priorities`."""
         _same_length(last_access, depths)
-        return list(zip(repeat(0), map(operator.neg, last_access), map(operator.neg, depths)))
+        return list(zip(repeat(0), map(operator.neg, last_access), _negated(depths)))
 
 
 _SCORE_LIMIT = 16
@@ -215,7 +221,7 @@ class AdaptivePolicy(EvictionPolicy):
     def priorities(self, last_access: Sequence[int], depths: Sequence[int]) -> list[tuple[int, ...]]:
         """See :meth:`EvictionPolicy.priorities` (neither above nor below: the tier alone holds them)."""
         _same_length(last_access, depths)
-        negative_depths = map(operator.neg, depths)
+        negative_depths = _negated(depths)
         if self.segmented:
             return list(zip(repeat(0), repeat(True), map(operator.neg, last_access), negative_depths))
         return list(zip(repeat(1), last_access, negative_depths))
