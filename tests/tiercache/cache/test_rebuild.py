@@ -13,6 +13,7 @@ import random
 from collections.abc import Mapping
 from pathlib import Path
 
+import pytest
 import torch
 
 from tiercache.cache import CacheManager
@@ -46,6 +47,20 @@ def test_push_many_is_the_same_queue_as_pushes() -> None:
         queue.push(items[1][0], (-1, 0))
     popped = [[q.pop_min(lambda _: True) for _ in range(len(q) + 1)] for q in (one, bulk)]
     assert popped[0] == popped[1] and popped[0][0] == items[1][0] and popped[0][-1] is None
+
+
+@pytest.mark.parametrize("order", ["ascending", "descending", "shuffled"])
+def test_push_many_into_an_empty_queue_in_any_order_pops_smallest_first(order: str) -> None:
+    items = [((0, -t, -(t % 3)), _cid(1, t)) for t in range(100)]
+    items.sort(reverse=order == "descending")
+    if order == "shuffled":
+        random.Random(5).shuffle(items)
+    queue = VictimQueue()
+    queue.push_many(items)
+    queue.push(_cid(2, 0), (0, -50, 0))  # later pushes land in the same heap
+    assert len(queue) == 101
+    expected = [cid for _, cid in sorted([*items, ((0, -50, 0), _cid(2, 0))])]
+    assert [queue.pop_min(lambda _: True) for _ in range(101)] == expected
 
 
 def test_rebuild_files_the_l3_chunks_in_use_order_with_depths(tmp_path: Path) -> None:
