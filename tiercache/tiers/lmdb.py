@@ -23,7 +23,6 @@ Primitives:
 from __future__ import annotations
 
 import logging
-import operator
 import threading
 from collections.abc import Sequence
 
@@ -58,7 +57,6 @@ __all__ = ["LmdbTier", "LmdbTierConfig"]
 
 logger = logging.getLogger(__name__)
 
-_NBYTES, _DEPTH = operator.itemgetter(1), operator.itemgetter(2)  # of an index entry
 _STAGING_CACHE_BYTES = 256 << 20  # staging buffers kept for reuse after commit or abort
 
 
@@ -182,8 +180,7 @@ class LmdbTier(StorageTier):
         """Committed chunks with their stored depths, in :meth:`entries` order (columns built at C speed)."""
         with self._lock:
             self._check_open()
-            values = list(self._index.values())
-            return HeldChunks(list(self._index), list(map(_NBYTES, values)), list(map(_DEPTH, values)))
+            return HeldChunks.of_index(self._index)
 
     # ------------------------------------------------------------------------------------------ protocol
 

@@ -76,6 +76,9 @@ def test_rebuild_files_the_l3_chunks_in_use_order_with_depths(tmp_path: Path) ->
 
     tier = LmdbTier(config)
     try:
+        held = tier.depth_entries()  # the tier's entries as columns, with the depths stored at commit
+        assert list(zip(held.ids, held.nbytes, strict=True)) == tier.entries()
+        assert held.depths == [int.from_bytes(cid[-4:], "big") for cid in held.ids]
         events: list[ChunkEvent] = []
         announced: list[tuple[TierLevel, dict[bytes, int]]] = []
         space = Space([L3], LruPolicy(), min_residency_s=0.0)
