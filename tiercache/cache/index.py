@@ -144,7 +144,7 @@ class Index:
 
         Built in bulk, without Python work per chunk where a C-speed map does it: each chunk gets its own
         tick in the tier's order, its namespace id is shared with the other chunks of its namespace, each
-        tier's victims are ranked at once (``EvictionPolicy.priorities``) and queued in one heapify, with
+        tier's victims are ranked at once (``EvictionPolicy.queue_items``) and queued in one heapify, with
         the garbage collector paused and, after a large build, one full collection before it resumes
         (:mod:`tiercache.gcpause`; resumed first, it would walk the whole new index once more).
         """
@@ -190,8 +190,7 @@ class Index:
         residencies = map(dict, zip(zip(itertools.repeat(level), copies)))  # {level: copy} each
         found = list(map(ChunkEntry, ns_ids, ids, depths, nbytes, residencies))
         self._entries.update(zip(ids, found))
-        ranks = self._space.policy(level).priorities(ticks, depths)
-        self._space.queue(level).push_many(list(zip(ranks, ids)))
+        self._space.queue(level).push_many(self._space.policy(level).queue_items(ticks, depths, ids))
         return found
 
     def _index_known(

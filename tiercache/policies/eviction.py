@@ -8,6 +8,7 @@ and told of the tier's accesses (:meth:`EvictionPolicy.observe`) and of its size
 
 Primitives:
     Candidate: what a policy may look at.
+    RankedChunk: a chunk's priority and id in one tuple (``EvictionPolicy.queue_items``, a warm start).
     EvictionPolicyKind, EvictionPolicy, LruPolicy, LfuPolicy, SegmentedPolicy, AdaptivePolicy,
     make_eviction_policy.
 """
@@ -51,9 +52,13 @@ def _negated(values: Sequence[int]) -> Iterator[int]:
     return map(negated.__getitem__, values)
 
 
-def _same_length(last_access: Sequence[int], depths: Sequence[int]) -> None:
-    if len(last_access) != len(depths):
-        raise ValueError(f"last_access has {len(last_access)} items, depths {len(depths)}")
+def _same_length(last_access: Sequence[int], depths: Sequence[int], cids: Sequence[bytes]) -> None:
+    if not len(last_access) == len(depths) == len(cids):
+        raise ValueError(f"last_access has {len(last_access)} items, depths {len(depths)}, cids {len(cids)}")
+
+
+RankedChunk = tuple[int | bytes, ...]
+"""A chunk's priority followed by its id, one flat tuple (a victim queue's item)."""
 
 
 class EvictionPolicyKind(enum.Enum):
@@ -75,13 +80,16 @@ class EvictionPolicy(abc.ABC):
     def priority(self, c: Candidate) -> tuple[int, ...]:
         """Sort key of a candidate: smaller goes first."""
 
-    def priorities(self, last_access: Sequence[int], depths: Sequence[int]) -> list[tuple[int, ...]]:
-        """The priorities of many never-read chunks that this tier alone holds (a warm start files a million
-        at once): ``priority(Candidate(t, d, 0))`` for each pair, in order.
+    def queue_items(
+        self, last_access: Sequence[int], depths: Sequence[int], cids: Sequence[bytes]
+    ) -> list[RankedChunk]:
+        """Many never-read chunks that this tier alone holds (a warm start files a million at once), ranked:
+        ``(*priority(Candidate(t, d, 0)), cid)`` for each, in order (the victim queue's items).
 
         This default calls :meth:`priority` per chunk; the built-in policies build the tuples at C speed.
         """
-        return [self.priority(Candidate(t, d, 0)) for t, d in zip(last_access, depths, strict=True)]
+        _same_length(last_access, depths, cids)
+        return [(*self.priority(Candidate(t, d, 0)), c) for t, d, c in zip(last_access, depths, cids)]
 
     def for_tier(self) -> EvictionPolicy:
         """The instance one tier uses: the policy itself unless it keeps per-tier state."""
@@ -109,10 +117,12 @@ class LruPolicy(EvictionPolicy):
         """(last access, -depth)."""
         return (c.last_access, -c.depth)
 
-    def priorities(self, last_access: Sequence[int], depths: Sequence[int]) -> list[tuple[int, ...]]:
-        """See :meth:`EvictionPolicy.priorities`."""
-        _same_length(last_access, depths)
-        return list(zip(last_access, _negated(depths)))
+    def queue_items(
+        self, last_access: Sequence[int], depths: Sequence[int], cids: Sequence[bytes]
+    ) -> list[RankedChunk]:
+        """See :meth:`EvictionPolicy.queue_items`."""
+        _same_length(last_access, depths, cids)
+        return list(zip(last_access, _negated(depths), cids))
 
 
 class LfuPolicy(EvictionPolicy):
@@ -122,10 +132,12 @@ class LfuPolicy(EvictionPolicy):
         """(hits, last access, -depth)."""
         return (c.hits, c.last_access, -c.depth)
 
-    def priorities(self, last_access: Sequence[int], depths: Sequence[int]) -> list[tuple[int, ...]]:
-        """See :meth:`EvictionPolicy.priorities`."""
-        _same_length(last_access, depths)
-        return list(zip(repeat(0), last_access, _negated(depths)))
+    def queue_items(
+        self, last_access: Sequence[int], depths: Sequence[int], cids: Sequence[bytes]
+    ) -> list[RankedChunk]:
+        """See :meth:`EvictionPolicy.queue_items`."""
+        _same_length(last_access, depths, cids)
+        return list(zip(repeat(0), last_access, _negated(depths), cids))
 
 
 class SegmentedPolicy(EvictionPolicy):
@@ -151,10 +163,12 @@ class SegmentedPolicy(EvictionPolicy):
             return (0, -c.last_access, -c.depth)
         return (1, c.last_access, -c.depth)
 
-    def priorities(self, last_access: Sequence[int], depths: Sequence[int]) -> list[tuple[int, ...]]:
-        """See :meth:`EvictionPolicy.priorities`."""
-        _same_length(last_access, depths)
-        return list(zip(repeat(0), map(operator.neg, last_access), _negated(depths)))
+    def queue_items(
+        self, last_access: Sequence[int], depths: Sequence[int], cids: Sequence[bytes]
+    ) -> list[RankedChunk]:
+        """See :meth:`EvictionPolicy.queue_items`."""
+        _same_length(last_access, depths, cids)
+        return list(zip(repeat(0), map(operator.neg, last_access), _negated(depths), cids))
 
 
 _SCORE_LIMIT = 16
@@ -218,13 +232,15 @@ class AdaptivePolicy(EvictionPolicy):
             return (0, not c.below, -c.last_access, -c.depth)
         return (1, c.last_access, -c.depth)
 
-    def priorities(self, last_access: Sequence[int], depths: Sequence[int]) -> list[tuple[int, ...]]:
-        """See :meth:`EvictionPolicy.priorities` (neither above nor below: the tier alone holds them)."""
-        _same_length(last_access, depths)
+    def queue_items(
+        self, last_access: Sequence[int], depths: Sequence[int], cids: Sequence[bytes]
+    ) -> list[RankedChunk]:
+        """See :meth:`EvictionPolicy.queue_items` (neither above nor below: the tier alone holds them)."""
+        _same_length(last_access, depths, cids)
         negative_depths = _negated(depths)
         if self.segmented:
-            return list(zip(repeat(0), repeat(True), map(operator.neg, last_access), negative_depths))
-        return list(zip(repeat(1), last_access, negative_depths))
+            return list(zip(repeat(0), repeat(True), map(operator.neg, last_access), negative_depths, cids))
+        return list(zip(repeat(1), last_access, negative_depths, cids))
 
     def observe(self, cid: bytes, c: Candidate, demand: bool) -> None:
         """Replay the access on the shadows; a demand that hits in one order only moves the score toward it."""

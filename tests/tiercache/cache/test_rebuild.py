@@ -40,7 +40,7 @@ def test_push_many_is_the_same_queue_as_pushes() -> None:
     one, bulk = VictimQueue(), VictimQueue()
     for cid, priority in items:
         one.push(cid, priority)
-    bulk.push_many([(priority, cid) for cid, priority in items])
+    bulk.push_many([(*priority, cid) for cid, priority in items])
     assert bulk.ordered() == one.ordered() and len(bulk) == len(one)
     for queue in (one, bulk):  # later changes land the same way on both
         queue.discard(items[0][0])
@@ -51,15 +51,15 @@ def test_push_many_is_the_same_queue_as_pushes() -> None:
 
 @pytest.mark.parametrize("order", ["ascending", "descending", "shuffled"])
 def test_push_many_into_an_empty_queue_in_any_order_pops_smallest_first(order: str) -> None:
-    items = [((0, -t, -(t % 3)), _cid(1, t)) for t in range(100)]
+    items = [(0, -t, -(t % 3), _cid(1, t)) for t in range(100)]
     items.sort(reverse=order == "descending")
     if order == "shuffled":
         random.Random(5).shuffle(items)
     queue = VictimQueue()
-    queue.push_many(items)
+    queue.push_many(list(items))
     queue.push(_cid(2, 0), (0, -50, 0))  # later pushes land in the same heap
-    assert len(queue) == 101
-    expected = [cid for _, cid in sorted([*items, ((0, -50, 0), _cid(2, 0))])]
+    assert len(queue) == 101 and queue.priority(_cid(1, 7)) == (0, -7, -1)
+    expected = [item[-1] for item in sorted([*items, (0, -50, 0, _cid(2, 0))])]
     assert [queue.pop_min(lambda _: True) for _ in range(101)] == expected
 
 
