@@ -72,10 +72,10 @@ class Discovery:
                     continue  # indexed meanwhile (a local store, another discovery): the chain goes on
                 if not there or self._mover.known(cid):
                     break  # missing (the prefix ends here), or being written right now
-                ns_id, key = split_chunk_id(cid)
+                ns_id, _ = split_chunk_id(cid)
                 if ns_id != bytes(namespace_id):
                     break
-                self._index.add_residency(cid, ChunkEntry(ns_id, key, depth, nbytes), TierLevel.SHARED, now)
+                self._index.add_residency(cid, ChunkEntry(ns_id, cid, depth, nbytes), TierLevel.SHARED, now)
                 added += 1
         if added:
             logger.debug("found %d chunks of namespace %s in the shared tier", added, namespace_id.hex())

@@ -129,7 +129,7 @@ class CacheManager:
         self._discovery = Discovery(lock, by_level, index, mover, clock)
         self._tenants = Tenants(parts, self._space, cfg.lease_ttl_s)
         self._listeners.add(self._tenants.on_event)
-        index.rebuild(by_level)
+        index.rebuild(by_level, self._tenants.on_found)
 
     # ------------------------------------------------------------------ registration and lookup
 

@@ -17,16 +17,19 @@ of evictable chunks whenever the tier must make room, so that an adaptive policy
 
 Primitives:
     VictimQueue: push / push_many / discard / pop_min(eligible) over one tier's chunks.
-    Space: the queues and policies of every tier: refresh, accessed, ranker, forget, victim.
+    Space: the queues and policies of every tier: policy, refresh, accessed, forget, victim.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
+import operator
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from tiercache.policies import Candidate, EvictionPolicy
+from tiercache.policies.eviction import RankedChunk as QueueItem
 from tiercache.tiers.base import TierLevel
 
 if TYPE_CHECKING:
@@ -34,22 +37,31 @@ if TYPE_CHECKING:
 
 Priority = tuple[int, ...]
 
+_ID = operator.itemgetter(-1)  # of a heap item
+
 _COMPACT_SLACK = 64
 """Stale heap items tolerated beyond the live ones before the heap is rebuilt."""
+
+
+def _ascending(items: list[QueueItem]) -> bool:
+    """Whether each item is below the next (C-speed; stops at the first that is not)."""
+    return all(map(operator.lt, items, itertools.islice(items, 1, None)))
 
 
 class VictimQueue:
     """Evictable chunks of one tier, smallest (priority, chunk id) first.
 
-    A heap item is ``(priority, chunk id)``; the live item of each chunk is kept by id, and a heap item that
-    is not (by identity) its chunk's live item is stale. Two objects per queued chunk (the item and its
-    priority), no counter: a full index is millions of them.
+    A heap item is the chunk's priority followed by its id, one flat tuple (:data:`QueueItem`); the live
+    item of each chunk is kept by id, and a heap item that is not (by identity) its chunk's live item is
+    stale. One object per queued chunk, no counter: a full index is millions of them. (Flat items order as
+    ``(priority, chunk id)`` pairs would as long as no priority is a proper prefix of another of the same
+    policy, true of every policy: their first element tells the kinds of different lengths apart.)
     """
 
     def __init__(self) -> None:
         """An empty queue."""
-        self._heap: list[tuple[Priority, bytes]] = []
-        self._live: dict[bytes, tuple[Priority, bytes]] = {}
+        self._heap: list[QueueItem] = []
+        self._live: dict[bytes, QueueItem] = {}
 
     def __len__(self) -> int:
         """Chunks in the queue."""
@@ -62,24 +74,34 @@ class VictimQueue:
     def priority(self, cid: bytes) -> Priority | None:
         """The priority a chunk is queued with, or None when it is not queued."""
         item = self._live.get(cid)
-        return None if item is None else item[0]
+        return None if item is None else cast("Priority", item[:-1])
 
     def push(self, cid: bytes, priority: Priority) -> None:
         """Queue a chunk with ``priority`` (replacing its previous priority)."""
-        current = self._live.get(cid)
-        if current is not None and current[0] == priority:
+        item: QueueItem = (*priority, cid)
+        if self._live.get(cid) == item:
             return
-        item = (priority, cid)
         self._live[cid] = item
         heapq.heappush(self._heap, item)
         self._maybe_compact()
 
-    def push_many(self, items: list[tuple[Priority, bytes]]) -> None:
-        """Queue many chunks at once (a warm start), given as ``(priority, chunk id)`` items (the queue keeps
-        them): one heapify instead of a push each; a chunk given twice keeps its last item."""
-        self._live.update((item[1], item) for item in items)
-        self._heap.extend(items)
-        heapq.heapify(self._heap)
+    def push_many(self, items: list[QueueItem]) -> None:
+        """Queue many chunks at once (a warm start), given as items (each a priority followed by its chunk id,
+        as ``EvictionPolicy.queue_items`` makes them; the queue keeps them): one heapify instead of a push
+        each; a chunk given twice keeps its last item.
+
+        Into an empty queue, items already in order (ascending, or descending: reversed) are a heap as they
+        are: a warm start ranks in use order, which most policies' priorities follow one way or the other,
+        and one comparison per item is cheaper than a heapify of tuples.
+        """
+        self._live.update(zip(map(_ID, items), items))
+        if not self._heap and _ascending(items):
+            self._heap = list(items)
+        elif not self._heap and _ascending(items[::-1]):
+            self._heap = items[::-1]
+        else:
+            self._heap.extend(items)
+            heapq.heapify(self._heap)
         self._maybe_compact()
 
     def discard(self, cid: bytes) -> None:
@@ -92,11 +114,11 @@ class VictimQueue:
 
         Chunks ``eligible`` refuses stay queued.
         """
-        skipped: list[tuple[Priority, bytes]] = []
+        skipped: list[QueueItem] = []
         found = None
         while self._heap:
             item = heapq.heappop(self._heap)
-            cid = item[1]
+            cid = cast("bytes", item[-1])
             if self._live.get(cid) is not item:
                 continue  # stale: the chunk was re-queued or discarded since
             if eligible(cid):
@@ -110,7 +132,7 @@ class VictimQueue:
 
     def ordered(self) -> list[bytes]:
         """Every queued chunk, smallest first (for tests and diagnostics; O(n log n))."""
-        return [cid for _, cid in sorted(self._live.values())]
+        return [cast("bytes", item[-1]) for item in sorted(self._live.values())]
 
     def heap_size(self) -> int:
         """Items in the heap, stale ones included (bounded by twice the live ones plus a slack)."""
@@ -168,12 +190,6 @@ class Space:
         c = Candidate(tick, entry.depth, entry.hits)
         for level in levels:
             self._policies[level].observe(cid, c, demand)
-
-    def ranker(self, level: TierLevel) -> Callable[[int, int, int], Priority]:
-        """``(last access, depth, hits) -> priority`` in ``level`` (a warm start ranks a million at once,
-        see ``push_many``)."""
-        rank = self._policies[level].priority
-        return lambda last_access, depth, hits: rank(Candidate(last_access, depth, hits))
 
     def forget(self, cid: bytes, entry: ChunkEntry, level: TierLevel) -> None:
         """A residency ended (already taken out of ``entry``): the chunk's other copies are ranked again."""

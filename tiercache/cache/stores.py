@@ -29,7 +29,6 @@ from tiercache.cache.leases import StoreReservation
 from tiercache.cache.parts import Parts
 from tiercache.cache.results import StoreSlot, StoreTicket
 from tiercache.errors import ExpiredError, InvalidArgumentError, NotFoundError
-from tiercache.keys import split_chunk_id
 from tiercache.prefill import PrefillCoordinator
 from tiercache.tiers.base import TierLevel, WriteSlot
 from tiercache.tiers.slots import SlotPoolTier
@@ -157,9 +156,11 @@ class Stores:
             self._mover.storing.difference_update(ws.chunk_id for ws in writes)
             down: list[bytes] = []
             for ws, depth in zip(writes, depths):
-                _, key = split_chunk_id(ws.chunk_id)
                 entry = self._index.add_residency(
-                    ws.chunk_id, ChunkEntry(store.namespace_id, key, depth, ws.nbytes), store.level, now
+                    ws.chunk_id,
+                    ChunkEntry(store.namespace_id, ws.chunk_id, depth, ws.nbytes),
+                    store.level,
+                    now,
                 )
                 if self._writes.on_commit(self._index.is_pinned(entry)):
                     down.append(ws.chunk_id)

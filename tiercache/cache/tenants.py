@@ -15,9 +15,9 @@ Every method runs under the cache's index lock unless it says otherwise.
 
 Primitives:
     WRITE_DOWN_WAIT_S: how long a store at its quota waits for write-downs holding its chunks.
-    Tenants: set_quotas, register, on_event (the listener), protected (the eviction guard), placing,
-        ttl, storing / leasing (admission of a store / an acquire), check_pin, trim, committed,
-        opened_lease / opened_ticket, count_lookup / count_usage, stats, tenants.
+    Tenants: set_quotas, register, on_event (the listener), on_found (a warm start's counts), protected
+        (the eviction guard), placing, ttl, storing / leasing (admission of a store / an acquire), check_pin,
+        trim, committed, opened_lease / opened_ticket, count_lookup / count_usage, stats, tenants.
 """
 
 from __future__ import annotations
@@ -150,6 +150,18 @@ class Tenants:
         tier.payload_bytes += delta * self._chunk_bytes[event.namespace_id]
         if event.evicted:
             tier.evictions += 1
+
+    def on_found(self, level: TierLevel, counts: Mapping[bytes, int]) -> None:
+        """Count the chunks a warm start found in a tier, by namespace id (the index's bulk announcement:
+        the same books as one STORED event per chunk)."""
+        for namespace_id, chunks in counts.items():
+            self._ns_chunks[namespace_id][level] += chunks
+            tenant = self._tenant.get(namespace_id)
+            if tenant is not None:
+                tier = self._books[tenant].tiers[level]
+                tier.chunks += chunks
+                tier.used_bytes += chunks * self._charge[namespace_id][level]
+                tier.payload_bytes += chunks * self._chunk_bytes[namespace_id]
 
     def used_bytes(self, tenant: str, level: TierLevel) -> int:
         """Bytes a tenant's chunks take in a tier."""

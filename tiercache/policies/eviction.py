@@ -8,6 +8,7 @@ and told of the tier's accesses (:meth:`EvictionPolicy.observe`) and of its size
 
 Primitives:
     Candidate: what a policy may look at.
+    RankedChunk: a chunk's priority and id in one tuple (``EvictionPolicy.queue_items``, a warm start).
     EvictionPolicyKind, EvictionPolicy, LruPolicy, LfuPolicy, SegmentedPolicy, AdaptivePolicy,
     make_eviction_policy.
 """
@@ -16,7 +17,10 @@ from __future__ import annotations
 
 import abc
 import enum
+import operator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 
 from tiercache.policies.registry import parse_kind
 from tiercache.policies.shadow import ShadowSample
@@ -42,6 +46,21 @@ class Candidate:
     below: bool = False
 
 
+def _negated(values: Sequence[int]) -> Iterator[int]:
+    """``-v`` of each value, one int object per distinct value (a million chunks have a few dozen depths)."""
+    negated = {v: -v for v in set(values)}
+    return map(negated.__getitem__, values)
+
+
+def _same_length(last_access: Sequence[int], depths: Sequence[int], cids: Sequence[bytes]) -> None:
+    if not len(last_access) == len(depths) == len(cids):
+        raise ValueError(f"last_access has {len(last_access)} items, depths {len(depths)}, cids {len(cids)}")
+
+
+RankedChunk = tuple[int | bytes, ...]
+"""A chunk's priority followed by its id, one flat tuple (a victim queue's item)."""
+
+
 class EvictionPolicyKind(enum.Enum):
     """Names of the eviction policies."""
 
@@ -60,6 +79,17 @@ class EvictionPolicy(abc.ABC):
     @abc.abstractmethod
     def priority(self, c: Candidate) -> tuple[int, ...]:
         """Sort key of a candidate: smaller goes first."""
+
+    def queue_items(
+        self, last_access: Sequence[int], depths: Sequence[int], cids: Sequence[bytes]
+    ) -> list[RankedChunk]:
+        """Many never-read chunks that this tier alone holds (a warm start files a million at once), ranked:
+        ``(*priority(Candidate(t, d, 0)), cid)`` for each, in order (the victim queue's items).
+
+        This default calls :meth:`priority` per chunk; the built-in policies build the tuples at C speed.
+        """
+        _same_length(last_access, depths, cids)
+        return [(*self.priority(Candidate(t, d, 0)), c) for t, d, c in zip(last_access, depths, cids)]
 
     def for_tier(self) -> EvictionPolicy:
         """The instance one tier uses: the policy itself unless it keeps per-tier state."""
@@ -87,6 +117,13 @@ class LruPolicy(EvictionPolicy):
         """(last access, -depth)."""
         return (c.last_access, -c.depth)
 
+    def queue_items(
+        self, last_access: Sequence[int], depths: Sequence[int], cids: Sequence[bytes]
+    ) -> list[RankedChunk]:
+        """See :meth:`EvictionPolicy.queue_items`."""
+        _same_length(last_access, depths, cids)
+        return list(zip(last_access, _negated(depths), cids))
+
 
 class LfuPolicy(EvictionPolicy):
     """Least frequently read first, then least recently used, then deepest."""
@@ -94,6 +131,13 @@ class LfuPolicy(EvictionPolicy):
     def priority(self, c: Candidate) -> tuple[int, ...]:
         """(hits, last access, -depth)."""
         return (c.hits, c.last_access, -c.depth)
+
+    def queue_items(
+        self, last_access: Sequence[int], depths: Sequence[int], cids: Sequence[bytes]
+    ) -> list[RankedChunk]:
+        """See :meth:`EvictionPolicy.queue_items`."""
+        _same_length(last_access, depths, cids)
+        return list(zip(repeat(0), last_access, _negated(depths), cids))
 
 
 class SegmentedPolicy(EvictionPolicy):
@@ -118,6 +162,13 @@ class SegmentedPolicy(EvictionPolicy):
         if c.hits == 0:
             return (0, -c.last_access, -c.depth)
         return (1, c.last_access, -c.depth)
+
+    def queue_items(
+        self, last_access: Sequence[int], depths: Sequence[int], cids: Sequence[bytes]
+    ) -> list[RankedChunk]:
+        """See :meth:`EvictionPolicy.queue_items`."""
+        _same_length(last_access, depths, cids)
+        return list(zip(repeat(0), map(operator.neg, last_access), _negated(depths), cids))
 
 
 _SCORE_LIMIT = 16
@@ -180,6 +231,16 @@ class AdaptivePolicy(EvictionPolicy):
         if c.hits == 0 and self.segmented:
             return (0, not c.below, -c.last_access, -c.depth)
         return (1, c.last_access, -c.depth)
+
+    def queue_items(
+        self, last_access: Sequence[int], depths: Sequence[int], cids: Sequence[bytes]
+    ) -> list[RankedChunk]:
+        """See :meth:`EvictionPolicy.queue_items` (neither above nor below: the tier alone holds them)."""
+        _same_length(last_access, depths, cids)
+        negative_depths = _negated(depths)
+        if self.segmented:
+            return list(zip(repeat(0), repeat(True), map(operator.neg, last_access), negative_depths, cids))
+        return list(zip(repeat(1), last_access, negative_depths, cids))
 
     def observe(self, cid: bytes, c: Candidate, demand: bool) -> None:
         """Replay the access on the shadows; a demand that hits in one order only moves the score toward it."""

@@ -33,7 +33,7 @@ import zstandard
 from tiercache.codec import Codec
 from tiercache.errors import CapacityError, ConflictError, InvalidArgumentError
 from tiercache.tiers.base import StorageTier, TierLevel, TierUsage, WriteSlot, check_batch
-from tiercache.tiers.depths import DepthSource
+from tiercache.tiers.depths import DepthSource, HeldChunks
 from tiercache.tiers.lmdb_config import LmdbTierConfig
 from tiercache.tiers.lmdb_env import open_or_recover
 from tiercache.tiers.lmdb_io import (
@@ -176,11 +176,11 @@ class LmdbTier(StorageTier):
         with self._lock:
             return {cid: entry[2] for cid, entry in self._index.items() if entry[2] is not None}
 
-    def depth_entries(self) -> list[tuple[bytes, int, int | None]]:
-        """Committed chunks as ``(chunk_id, nbytes, stored depth or None)``, in :meth:`entries` order."""
+    def depth_entries(self) -> HeldChunks:
+        """Committed chunks with their stored depths, in :meth:`entries` order (columns built at C speed)."""
         with self._lock:
             self._check_open()
-            return [(cid, entry[1], entry[2]) for cid, entry in self._index.items()]
+            return HeldChunks.of_index(self._index)
 
     # ------------------------------------------------------------------------------------------ protocol
 

@@ -113,3 +113,19 @@ def test_adaptive_is_made_by_name_once_per_tier() -> None:
     assert lru.for_tier() is lru
     with pytest.raises(InvalidArgumentError, match="valid: lru, lfu, segmented, adaptive"):
         make_eviction_policy("arc")
+
+
+@pytest.mark.parametrize("kind", list(EvictionPolicyKind))
+@pytest.mark.parametrize("segmented", [True, False])
+def test_queue_items_in_bulk_are_each_chunks_priority_and_id(
+    kind: EvictionPolicyKind, segmented: bool
+) -> None:
+    p = make_eviction_policy(kind).for_tier()
+    if isinstance(p, AdaptivePolicy) and not segmented:
+        p.score = -1  # recency mode
+    ticks, depths, cids = [5, 6, 7, 9, 12], [0, 3, 7, 0, 63], [cid(n) for n in range(5)]
+    expected = [(*p.priority(Candidate(t, d, 0)), c) for t, d, c in zip(ticks, depths, cids)]
+    assert p.queue_items(ticks, depths, cids) == expected
+    assert p.queue_items(range(3, 3), [], []) == []
+    with pytest.raises(ValueError, match="last_access has 2 items, depths 1, cids 2"):
+        p.queue_items([1, 2], [0], cids[:2])
