@@ -188,6 +188,7 @@ class StreamRpcs(ServicerBase):
         cctx = zstandard.ZstdCompressor(level=LOAD_ZSTD_LEVEL) if zstd else None
         ticket = await self.run(self._rules.lease, caller.namespace_id, keys)
         done = ticket.lease_id == 0
+        sent = 0  # whole chunks written, counted in the metrics once (not a counter update per chunk)
         try:
             for chunk in ticket.chunks:
                 for start in range(0, chunk_bytes, piece_bytes):
@@ -205,9 +206,10 @@ class StreamRpcs(ServicerBase):
                         chunk_bytes=chunk_bytes,
                     )
                     yield Framed(header, data)
-                self._deps.metrics.add_bytes("stream", "load", chunk_bytes)
+                sent += 1
             await self.run(self._manager.release, ticket.lease_id)
             done = True
         finally:
+            self._deps.metrics.add_bytes("stream", "load", sent * chunk_bytes)
             if not done:  # cancelled or failed: release without waiting (this coroutine may not resume)
                 self.fire(self._manager.release, ticket.lease_id)
