@@ -5,8 +5,9 @@ pieces of at most the negotiated message size, optionally zstd per piece (:mod:`
 them). Pieces travel framed (their data never copied by protobuf, see :data:`~.streams.STREAM_CODECS`).
 A StreamStore whose first message names its key chain (field ``keys``) is reserved in one executor call
 (one ticket, with the first piece's write); one that does not (an older client) reserves each chunk in the
-executor call that writes its first piece. Later large pieces are written in the executor (each while the
-next message arrives), small ones on the event loop, and the stream commits in one executor call; a raw
+executor call that writes its first piece. Later pieces are written on the event loop, large ones (see
+``INLINE_COPY_BYTES``) in the executor while the next message arrives, and the stream commits in one
+executor call; a raw
 load piece is a view of the leased slot that gRPC copies once when it writes the message, and only zstd
 load pieces of more than ``INLINE_BYTES`` go to the executor. A StreamStore names its handle in its first
 message; the handle is checked there (the same check the decorators of :mod:`.rpc` make), and every later
@@ -37,7 +38,15 @@ from tiercache.wire.framing import Framed
 from . import convert
 from .decode import WireCodec
 from .rpc import Caller, ServicerBase, server_stream, unary_tenant
-from .streams import INLINE_BYTES, LOAD_ZSTD_LEVEL, STREAM_CODECS, ChunkAssembler, Piece, encode_piece
+from .streams import (
+    INLINE_BYTES,
+    INLINE_COPY_BYTES,
+    LOAD_ZSTD_LEVEL,
+    STREAM_CODECS,
+    ChunkAssembler,
+    Piece,
+    encode_piece,
+)
 
 P = ParamSpec("P")
 
@@ -116,7 +125,7 @@ class StreamRpcs(ServicerBase):
                     continue
                 if piece.starts_chunk:
                     assembler.open(piece, reserved.buffers.get(piece.index))
-                if memoryview(piece.data).nbytes > INLINE_BYTES:
+                if memoryview(piece.data).nbytes > (INLINE_BYTES if piece.zstd else INLINE_COPY_BYTES):
                     writing = self._submit(assembler.write, piece)
                 else:
                     assembler.write(piece)
