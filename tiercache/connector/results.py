@@ -5,7 +5,6 @@ Primitives:
     Registration: handle, accepted layout and limits of a registered namespace.
     LookupInfo, PrefetchInfo, SlotRef, StoreGrant, LoadLease, StreamStoreResult, StreamChunk: per-call
         results.
-    ChunkBuffer: what a byte-stream chunk is assembled in.
     PrefillClaimInfo: what a single-flight prefill claim granted.
 
 A stats snapshot is the core's :class:`~tiercache.stats.CacheStats` (see :mod:`tiercache.wire.stats`). Tiers
@@ -246,10 +245,6 @@ class StreamStoreResult:
     skipped: tuple[int, ...]
 
 
-ChunkBuffer = bytearray | memoryview
-"""A writable buffer a byte-stream chunk is assembled in (a bytearray, or a row of a copier's run buffer)."""
-
-
 @dataclass(frozen=True, slots=True)
 class StreamChunk:
     """One whole chunk received over the byte stream.
@@ -257,9 +252,9 @@ class StreamChunk:
     Attributes:
         index: position in the request's keys.
         key: the chunk key.
-        data: the raw (decompressed) chunk bytes, ``chunk_bytes`` long, in a writable buffer.
+        data: the raw (decompressed) chunk bytes, ``chunk_bytes`` long.
     """
 
     index: int
     key: bytes
-    data: ChunkBuffer
+    data: bytearray

@@ -31,7 +31,7 @@ from tiercache.proto import tiercache_pb2 as pb
 from tiercache.wire import CODECS
 from tiercache.wire.framing import BytesLike, Framed
 
-from .results import ChunkBuffer, StreamChunk
+from .results import StreamChunk
 
 DEFAULT_MESSAGE_BYTES = 4 * 1024 * 1024
 """Message size limit used when the daemon names none."""
@@ -171,7 +171,7 @@ class StreamAssembler:
         keys: Sequence[bytes],
         chunk_bytes: int,
         reuse_buffer: bool = False,
-        buffers: Callable[[], ChunkBuffer] | None = None,
+        buffers: Callable[[], bytearray] | None = None,
     ) -> None:
         """Args:
         keys: the request's keys.
@@ -187,12 +187,12 @@ class StreamAssembler:
         self._chunk_bytes = chunk_bytes
         self._zstd = zstandard.ZstdDecompressor()
         self._next_index = 0
-        self._buffer: ChunkBuffer | None = None
-        self._spare: ChunkBuffer | None = None
+        self._buffer: bytearray | None = None
+        self._spare: bytearray | None = None
         self._reuse = reuse_buffer
         self._filled = 0
 
-    def _new_buffer(self) -> ChunkBuffer:
+    def _new_buffer(self) -> bytearray:
         if self._buffers is not None:
             buf = self._buffers()
             if len(buf) != self._chunk_bytes:

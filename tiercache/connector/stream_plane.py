@@ -4,7 +4,7 @@ Whole chunks travel over gRPC streams, framed by :mod:`.stream` into messages wi
 (per-piece zstd when the codec asks for it). A store first looks up the cached prefix and sends only what
 follows it, each chunk gathered on a worker thread while the one before is sent; a load receives the contiguous cached prefix and copies each chunk
 into the engine's tensors as soon as it is complete, on a worker thread while the next chunk arrives
-(:class:`~.copier.ChunkCopier`: small chunks a run at a time, two run buffers in rotation). The
+(:class:`~.copier.ChunkCopier`: two assembly buffers in rotation). The
 daemon commits a stream store when the stream ends, so a failed stream leaves nothing visible.
 
 Primitives:
@@ -29,7 +29,7 @@ from .kv import EngineKV
 from .layerwise import LayerwiseLoad, LayerwiseSave
 from .outcomes import LoadResult, StoreResult
 from .policy import WirePolicy
-from .results import ChunkBuffer, StreamChunk, StreamStoreResult
+from .results import StreamChunk, StreamStoreResult
 from .stream import Payload, StreamAssembler, message_limit, payload_view, piece_bytes, store_frames
 
 logger = logging.getLogger(__name__)
@@ -136,7 +136,7 @@ class ByteStreamPlane(DataPlane):
         keys: Sequence[bytes],
         consume: Callable[[StreamChunk], None],
         reuse_buffer: bool = False,
-        buffers: Callable[[], ChunkBuffer] | None = None,
+        buffers: Callable[[], bytearray] | None = None,
     ) -> int:
         """Receive the contiguous cached prefix of ``keys``, handing each whole chunk to ``consume``.
 
