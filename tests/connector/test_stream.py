@@ -158,6 +158,8 @@ def test_store_frames_view_the_payload_and_round_trip_through_the_wire(codec: Co
     frames = list(store_frames(b"h" * 16, KEYS, map(memoryview, payloads), CHUNK, 3000, codec, 2))
     if codec is Codec.RAW:
         assert all(memoryview(f.data).obj is p for f, p in zip(frames[::4], payloads))  # views, no copy
+    # The first piece names the whole key chain (the daemon reserves it in one call), no other does.
+    assert [list(f.header.keys) for f in frames] == [KEYS] + [[]] * (len(frames) - 1)
     wire = [f.serialize() for f in frames]
     assert [pb.StreamStoreMessage.FromString(w) for w in wire] == list(
         store_messages(b"h" * 16, KEYS, map(memoryview, payloads), CHUNK, 3000, codec, 2)

@@ -327,6 +327,30 @@ def test_metrics_endpoint(
     assert "python_gc_objects_collected_total" not in text  # its own registry, not the global one
 
 
+def _moved_bytes(shared_daemon: DaemonProc, direction: str, path: str) -> float:
+    port = shared_daemon.args[shared_daemon.args.index("--metrics-port") + 1]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=RPC_TIMEOUT_S) as resp:
+        text = resp.read().decode()
+    name = f'tiercache_bytes_moved_total{{direction="{direction}",path="{path}"}} '
+    return sum(float(line[len(name) :]) for line in text.splitlines() if line.startswith(name))
+
+
+def test_stream_bytes_are_counted_once_per_stream(
+    shared_daemon: DaemonProc, stub: pb_grpc.KVCacheServiceStub, reg: pb.RegisterResponse
+) -> None:
+    keys = make_keys(3, seed=61)
+    chunks = [payload(i, seed=61) for i in range(3)]
+    stored_before = _moved_bytes(shared_daemon, "store", "stream")
+    reply = stub.StreamStore(
+        stream_store_messages(reg.handle, keys, chunks, piece=10_000, zstd=False), timeout=RPC_TIMEOUT_S
+    )
+    assert reply.stored == 3
+    loaded_before = _moved_bytes(shared_daemon, "load", "stream")
+    assert stream_load(stub, reg.handle, keys[:2], zstd=False)[0] == chunks[:2]
+    assert _moved_bytes(shared_daemon, "store", "stream") - stored_before == 3 * LAYOUT.chunk_bytes
+    assert _moved_bytes(shared_daemon, "load", "stream") - loaded_before == 2 * LAYOUT.chunk_bytes
+
+
 def test_tcp_listener(shared_daemon: DaemonProc) -> None:
     address = shared_daemon.args[shared_daemon.args.index("--tcp") + 1]
     with grpc.insecure_channel(address) as channel:

@@ -86,13 +86,14 @@ class EngineRules:
             )
         return ticket
 
-    def begin_stream_store(self, namespace_id: bytes, key: bytes, depth: int) -> StoreTicket:
-        """Reserve space for one chunk whose bytes arrive as a stream (in L2, else a slower tier).
+    def begin_stream_store(self, namespace_id: bytes, keys: Sequence[bytes], start_depth: int) -> StoreTicket:
+        """Reserve space for chunks whose bytes arrive as a stream (in L2, else a slower tier): the whole key
+        chain of a stream at once when the client named it up front, else one chunk per call.
 
         Raises:
-            CapacityError, NotFoundError, InvalidArgumentError: from the manager.
+            CapacityError, NotFoundError, InvalidArgumentError: from the manager (``keys``: a key twice).
         """
-        return self._manager.begin_store(namespace_id, [key], SHARED_LEVEL, None, depth)
+        return self._manager.begin_store(namespace_id, keys, SHARED_LEVEL, None, start_depth)
 
     def lookup(self, namespace_id: bytes, keys: Sequence[bytes], prefetch: bool) -> LookupOutcome:
         """An engine's lookup (counted in the token-weighted statistics).

@@ -98,7 +98,8 @@ def store_frames(
     codec: Codec = Codec.RAW,
     start_depth: int = 0,
 ) -> Iterator[Framed[pb.StreamStoreMessage]]:
-    """The pieces of a stream store, in order; the first carries the handle.
+    """The pieces of a stream store, in order; the first carries the handle and the whole key chain (the
+    daemon reserves every chunk in one call, and refuses the stream if the pieces do not match the keys).
 
     A raw piece's data is a view of its payload: it must be written to the wire (gRPC serializes each
     request before it asks for the next) before the payload's buffer is reused for the next chunk.
@@ -138,6 +139,7 @@ def store_frames(
             if first:
                 header.handle = handle
                 header.start_depth = start_depth
+                header.keys.extend(keys)
                 first = False
             yield Framed(header, data)
     if count != len(keys):

@@ -2,7 +2,7 @@
 
 A chunk travels as one or more pieces ``(key, index, offset, data, codec, last, chunk_bytes)``; a piece's
 ``offset`` counts raw (decoded) bytes. :class:`ChunkAssembler` checks every piece of a StreamStore against the
-namespace's layout and writes the decoded bytes straight into the buffer reserved for the chunk (a
+namespace's layout (and against the key chain the stream named up front, when it did) and writes the decoded bytes straight into the buffer reserved for the chunk (a
 shared-memory slot), so a chunk is never staged in an extra buffer. :func:`encode_piece` makes the pieces of
 a StreamLoad. Both are synchronous: the servicer runs large pieces in its executor.
 
@@ -15,11 +15,12 @@ Primitives:
     ChunkAssembler: ``check`` a message, ``open`` the chunk's buffer, ``write`` a piece, ``finish``.
     encode_piece: the data and codec flag of one StreamLoad piece.
     STREAM_CODECS: the wire codecs of StreamStore and StreamLoad (framed pieces).
-    INLINE_BYTES: pieces at most this large are copied on the event loop.
+    INLINE_BYTES, INLINE_COPY_BYTES: zstd / raw pieces at most this large are handled on the event loop.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +37,11 @@ from .convert import check_key_field
 from .decode import WireCodec
 
 INLINE_BYTES = 256 << 10
-"""Pieces up to this size are copied or coded inline; larger ones go to the executor."""
+"""zstd pieces up to this size are coded inline; larger ones go to the executor."""
+INLINE_COPY_BYTES = 1 << 20
+"""Raw StreamStore pieces up to this size are copied inline: the hand-off to the executor (a queue put that
+wakes a worker, which takes the GIL) costs more than the copy of a 512 KiB piece (a stream store of 512 KiB
+pieces on a 2-core host: ~0.5 GB/s through the executor, ~0.85 GB/s inline; 4 MiB pieces: no difference)."""
 LOAD_ZSTD_LEVEL = 1
 """zstd level of StreamLoad pieces (fast)."""
 
@@ -67,9 +72,14 @@ class Piece:
 class ChunkAssembler:
     """Validates the pieces of one StreamStore and writes them into the chunks' buffers."""
 
-    def __init__(self, chunk_bytes: int) -> None:
-        """Args: chunk_bytes: raw size of every chunk (from the namespace's layout)."""
+    def __init__(self, chunk_bytes: int, chain: Sequence[bytes] | None = None) -> None:
+        """Args:
+        chunk_bytes: raw size of every chunk (from the namespace's layout).
+        chain: the keys the stream's first message named (its field ``keys``), None when it named none:
+            the stream must then send exactly these chunks, index 0, 1, ... each with its key.
+        """
         self._chunk_bytes = chunk_bytes
+        self._chain = chain
         self._key: bytes | None = None  # the open chunk, None between chunks
         self._index = -1
         self._received = 0
@@ -86,7 +96,8 @@ class ChunkAssembler:
         """Validate a message against the stream so far.
 
         Raises:
-            InvalidArgumentError: naming the field (``key``, ``index``, ``offset``, ``chunk_bytes``, ``codec``).
+            InvalidArgumentError: naming the field (``key``, ``index``, ``offset``, ``chunk_bytes``, ``codec``,
+                ``keys``).
         """
         msg, data = piece.header, piece.data
         n = self._messages
@@ -99,6 +110,8 @@ class ChunkAssembler:
             )
         if self._key is None:
             key = check_key_field(msg.key, "key")
+            if self._chain is not None:
+                self._check_chained(self._chain, key, msg.index, n)
             if msg.index <= self._index:
                 raise InvalidArgumentError(
                     "index", f"{msg.index} (message {n}) is not after the previous chunk's {self._index}"
@@ -120,6 +133,22 @@ class ChunkAssembler:
                 "offset", f"expected {self._received}, got {msg.offset} (message {n}, index {self._index})"
             )
         return Piece(False, self._key, self._index, msg.offset, data, zstd, msg.last)
+
+    def _check_chained(self, chain: Sequence[bytes], key: bytes, index: int, n: int) -> None:
+        """A new chunk of a stream that named its keys: the next index of the chain, with its key."""
+        expected = self._index + 1
+        if expected >= len(chain):
+            raise InvalidArgumentError(
+                "keys", f"the first message names {len(chain)} chunks; message {n} starts another"
+            )
+        if index != expected:
+            raise InvalidArgumentError(
+                "index", f"{index} (message {n}): the first message's keys make chunk {expected} the next"
+            )
+        if key != chain[index]:
+            raise InvalidArgumentError(
+                "key", f"message {n}: chunk index {index}'s key is not keys[{index}] of the first message"
+            )
 
     def open(self, piece: Piece, buffer: torch.Tensor | None) -> None:
         """Start the chunk of a first piece; ``buffer`` is its reserved memory, None when it is skipped."""
@@ -163,16 +192,21 @@ class ChunkAssembler:
             self._key, self._target = None, None
 
     def finish(self) -> None:
-        """Check that the stream did not end inside a chunk.
+        """Check that the stream did not end inside a chunk, nor before every chunk its keys named.
 
         Raises:
-            InvalidArgumentError: naming ``last``.
+            InvalidArgumentError: naming ``last`` or ``keys``.
         """
         if self._key is not None:
             raise InvalidArgumentError(
                 "last",
                 f"the stream ended inside chunk index {self._index} after {self._received} of "
                 f"{self._chunk_bytes} bytes",
+            )
+        if self._chain is not None and self._index + 1 != len(self._chain):
+            raise InvalidArgumentError(
+                "keys",
+                f"the first message names {len(self._chain)} chunks, the stream sent {self._index + 1}",
             )
 
 

@@ -568,7 +568,7 @@ class CacheEvent(_message.Message):
     def __init__(self, sequence: _Optional[int] = ..., kind: _Optional[_Union[CacheEvent.Kind, str]] = ..., tier: _Optional[_Union[Tier, str]] = ..., handle: _Optional[bytes] = ..., key: _Optional[bytes] = ..., evicted: _Optional[bool] = ..., epoch: _Optional[int] = ..., source: _Optional[_Union[Tier, str]] = ...) -> None: ...
 
 class StreamStoreMessage(_message.Message):
-    __slots__ = ("handle", "start_depth", "key", "index", "offset", "data", "codec", "last", "chunk_bytes")
+    __slots__ = ("handle", "start_depth", "key", "index", "offset", "data", "codec", "last", "chunk_bytes", "keys")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     START_DEPTH_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
@@ -578,6 +578,7 @@ class StreamStoreMessage(_message.Message):
     CODEC_FIELD_NUMBER: _ClassVar[int]
     LAST_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
     handle: bytes
     start_depth: int
     key: bytes
@@ -587,7 +588,8 @@ class StreamStoreMessage(_message.Message):
     codec: Codec
     last: bool
     chunk_bytes: int
-    def __init__(self, handle: _Optional[bytes] = ..., start_depth: _Optional[int] = ..., key: _Optional[bytes] = ..., index: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., codec: _Optional[_Union[Codec, str]] = ..., last: _Optional[bool] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, handle: _Optional[bytes] = ..., start_depth: _Optional[int] = ..., key: _Optional[bytes] = ..., index: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., codec: _Optional[_Union[Codec, str]] = ..., last: _Optional[bool] = ..., chunk_bytes: _Optional[int] = ..., keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class StreamStoreResponse(_message.Message):
     __slots__ = ("stored", "skipped")

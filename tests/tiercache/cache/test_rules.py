@@ -122,7 +122,7 @@ def test_shared_store_without_room_in_shared_memory_is_refused_and_aborted(
     with pytest.raises(CapacityError, match="keys: no room in the shared-memory tier for 1 chunks"):
         c.rules.begin_shared_store(c.ns_id, fresh, None, 0)
     # The reservation the manager made below L2 was aborted: the chunk is free to store again.
-    below = c.rules.begin_stream_store(c.ns_id, fresh[0], 0)
+    below = c.rules.begin_stream_store(c.ns_id, fresh[:1], 0)
     assert below.level == L3 and len(below.slots) == 1
     c.manager.abort_store(below.ticket_id)
     assert c.manager.release(lease.lease_id)
@@ -135,7 +135,7 @@ def test_stream_store_lands_below_shared_memory_when_it_is_full(make: Callable[.
     c.store_in(L2, held)
     lease = c.rules.lease(c.ns_id, held)
     key = c.keys(1, seed=5)[0]
-    ticket = c.rules.begin_stream_store(c.ns_id, key, 7)
+    ticket = c.rules.begin_stream_store(c.ns_id, [key], 7)
     assert ticket.level == L3 and [s.index for s in ticket.slots] == [0]
     ticket.slots[0].buffer.copy_(payload_for(key, c.nbytes))
     assert c.manager.commit_store(ticket.ticket_id) == 1
@@ -146,7 +146,7 @@ def test_stream_store_lands_below_shared_memory_when_it_is_full(make: Callable[.
 def test_stream_store_prefers_shared_memory(make: Callable[..., Cache]) -> None:
     c = make()
     key = c.keys(1, seed=6)[0]
-    ticket = c.rules.begin_stream_store(c.ns_id, key, 0)
+    ticket = c.rules.begin_stream_store(c.ns_id, [key], 0)
     assert ticket.level == L2
     c.manager.abort_store(ticket.ticket_id)
 
