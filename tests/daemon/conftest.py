@@ -310,6 +310,41 @@ def map_segment(reg: pb.RegisterResponse, metadata: Sequence[tuple[str, str]] = 
     return SharedSegment.from_fd(dp.shm_segment, os.dup(_GRANTED[dp.shm_segment]))
 
 
+def stream_store_messages(
+    handle: bytes,
+    keys: Sequence[bytes],
+    chunks: Sequence[bytes],
+    piece: int,
+    zstd: bool = False,
+    start_depth: int = 0,
+    chain: Sequence[bytes] | None = None,
+) -> Iterator[pb.StreamStoreMessage]:
+    """The messages of a stream store of ``chunks`` in pieces of ``piece`` bytes; the first carries the handle
+    and, when ``chain`` is given, names it as the stream's keys (None: an older client's stream, without)."""
+    import zstandard
+
+    cctx = zstandard.ZstdCompressor(level=3)
+    first = True
+    for i, (key, chunk) in enumerate(zip(keys, chunks)):
+        for off in range(0, len(chunk), piece):
+            data = chunk[off : off + piece]
+            msg = pb.StreamStoreMessage(
+                handle=handle if first else b"",
+                start_depth=start_depth,
+                key=key,
+                index=i,
+                offset=off,
+                data=cctx.compress(data) if zstd else data,
+                codec=pb.CODEC_ZSTD if zstd else pb.CODEC_RAW,
+                last=off + piece >= len(chunk),
+                chunk_bytes=len(chunk),
+            )
+            if first and chain is not None:
+                msg.keys.extend(chain)
+            first = False
+            yield msg
+
+
 def shm_store(
     stub: pb_grpc.KVCacheServiceStub,
     reg: pb.RegisterResponse,

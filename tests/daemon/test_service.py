@@ -8,7 +8,7 @@ import queue
 import stat
 import threading
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import grpc
 import pytest
@@ -27,6 +27,7 @@ from tests.daemon.conftest import (
     register,
     shm_load,
     shm_store,
+    stream_store_messages,
 )
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.proto import tiercache_pb2_grpc as pb_grpc
@@ -42,35 +43,6 @@ def by_tier(reply: pb.LookupResponse) -> dict[int, int]:
 def lookup(stub: pb_grpc.KVCacheServiceStub, handle: bytes, keys: Sequence[bytes]) -> pb.LookupResponse:
     reply: pb.LookupResponse = stub.Lookup(pb.LookupRequest(handle=handle, keys=keys), timeout=RPC_TIMEOUT_S)
     return reply
-
-
-def stream_store_messages(
-    handle: bytes,
-    keys: Sequence[bytes],
-    chunks: Sequence[bytes],
-    piece: int,
-    zstd: bool,
-    start_depth: int = 0,
-) -> Iterator[pb.StreamStoreMessage]:
-    import zstandard
-
-    cctx = zstandard.ZstdCompressor(level=3)
-    first = True
-    for i, (key, chunk) in enumerate(zip(keys, chunks)):
-        for off in range(0, len(chunk), piece):
-            data = chunk[off : off + piece]
-            yield pb.StreamStoreMessage(
-                handle=handle if first else b"",
-                start_depth=start_depth,
-                key=key,
-                index=i,
-                offset=off,
-                data=cctx.compress(data) if zstd else data,
-                codec=pb.CODEC_ZSTD if zstd else pb.CODEC_RAW,
-                last=off + piece >= len(chunk),
-                chunk_bytes=len(chunk),
-            )
-            first = False
 
 
 def stream_load(

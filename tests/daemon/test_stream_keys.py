@@ -6,11 +6,10 @@ status naming the field, and nothing of such a stream becomes visible or stays r
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import grpc
 import pytest
-import zstandard
 
 from tests.daemon.conftest import (
     LAYOUT,
@@ -21,6 +20,7 @@ from tests.daemon.conftest import (
     register,
     shm_load,
     shm_store,
+    stream_store_messages,
 )
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.proto import tiercache_pb2_grpc as pb_grpc
@@ -39,39 +39,6 @@ def reg(stub: Stub) -> pb.RegisterResponse:
     return register(stub)
 
 
-def pieces(
-    handle: bytes,
-    keys: Sequence[bytes],
-    chunks: Sequence[bytes],
-    piece: int,
-    chain: Sequence[bytes] | None,
-    zstd: bool = False,
-    start_depth: int = 0,
-) -> Iterator[pb.StreamStoreMessage]:
-    """The messages of a stream store; the first names ``chain`` as its keys when given (None: an older
-    client's stream, without the field)."""
-    cctx = zstandard.ZstdCompressor(level=3)
-    first = True
-    for i, (key, chunk) in enumerate(zip(keys, chunks)):
-        for off in range(0, len(chunk), piece):
-            data = chunk[off : off + piece]
-            msg = pb.StreamStoreMessage(
-                key=key,
-                index=i,
-                offset=off,
-                data=cctx.compress(data) if zstd else data,
-                codec=pb.CODEC_ZSTD if zstd else pb.CODEC_RAW,
-                last=off + piece >= len(chunk),
-                chunk_bytes=len(chunk),
-            )
-            if first:
-                msg.handle, msg.start_depth = handle, start_depth
-                if chain is not None:
-                    msg.keys.extend(chain)
-                first = False
-            yield msg
-
-
 def cached(stub: Stub, reg: pb.RegisterResponse, keys: Sequence[bytes]) -> int:
     reply = stub.Lookup(pb.LookupRequest(handle=reg.handle, keys=keys), timeout=RPC_TIMEOUT_S)
     return int(reply.chunks)
@@ -85,7 +52,9 @@ def test_stream_store_round_trip_with_and_without_keys(
     seed = 200 + 2 * named + zstd
     keys = make_keys(4, seed=seed)
     chunks = [payload(i, seed=seed) for i in range(4)]
-    messages = list(pieces(reg.handle, keys, chunks, 10_000, keys if named else None, zstd))
+    messages = list(
+        stream_store_messages(reg.handle, keys, chunks, 10_000, zstd=zstd, chain=keys if named else None)
+    )
     assert len(messages) > len(keys)  # chunks span several pieces
     assert list(messages[0].keys) == (keys if named else [])
     reply = stub.StreamStore(iter(messages), timeout=RPC_TIMEOUT_S)
@@ -99,7 +68,8 @@ def test_a_stream_with_keys_skips_cached_chunks(stub: Stub, reg: pb.RegisterResp
     assert shm_store(stub, reg, keys[:2], chunks[:2]) == 2
     other = [payload(i, seed=211) for i in range(3)]  # the cached chunks' pieces are dropped, not written
     reply = stub.StreamStore(
-        pieces(reg.handle, keys, [*other[:2], chunks[2]], CB, keys), timeout=RPC_TIMEOUT_S
+        stream_store_messages(reg.handle, keys, [*other[:2], chunks[2]], CB, chain=keys),
+        timeout=RPC_TIMEOUT_S,
     )
     assert reply.stored == 1 and list(reply.skipped) == [0, 1]
     assert shm_load(stub, reg, keys) == chunks
@@ -112,7 +82,8 @@ def test_a_stream_with_keys_continues_a_chain_at_its_start_depth(
     chunks = [payload(i, seed=212) for i in range(4)]
     assert shm_store(stub, reg, keys[:2], chunks[:2]) == 2
     reply = stub.StreamStore(
-        pieces(reg.handle, keys[2:], chunks[2:], 5000, keys[2:], start_depth=2), timeout=RPC_TIMEOUT_S
+        stream_store_messages(reg.handle, keys[2:], chunks[2:], 5000, start_depth=2, chain=keys[2:]),
+        timeout=RPC_TIMEOUT_S,
     )
     assert reply.stored == 2
     assert shm_load(stub, reg, keys) == chunks
@@ -126,30 +97,50 @@ def bad_stream(handle: bytes, case: str, seed: int) -> tuple[list[bytes], list[p
     keys = make_keys(3, seed=seed)
     chunks = [payload(i, seed=seed) for i in range(3)]
     if case == "other-key":  # the second chunk's pieces carry a key the chain does not have there
-        msgs = list(pieces(handle, [keys[0], make_keys(1, seed=seed + 50)[0], keys[2]], chunks, 5000, keys))
+        msgs = list(
+            stream_store_messages(
+                handle, [keys[0], make_keys(1, seed=seed + 50)[0], keys[2]], chunks, 5000, chain=keys
+            )
+        )
         return keys, msgs, "key: message "
     if case == "too-few":  # three keys named, two chunks sent
-        return keys, list(pieces(handle, keys[:2], chunks[:2], 5000, keys)), "keys: the first message names 3"
+        return (
+            keys,
+            list(stream_store_messages(handle, keys[:2], chunks[:2], 5000, chain=keys)),
+            "keys: the first message names 3",
+        )
     if case == "too-many":  # two keys named, three chunks sent
-        return keys, list(pieces(handle, keys, chunks, 5000, keys[:2])), "keys: the first message names 2"
+        return (
+            keys,
+            list(stream_store_messages(handle, keys, chunks, 5000, chain=keys[:2])),
+            "keys: the first message names 2",
+        )
     if case == "duplicate":
         chain = [keys[0], keys[1], keys[0]]
-        return keys, list(pieces(handle, chain, chunks, 5000, chain)), "keys: a key appears twice"
+        return (
+            keys,
+            list(stream_store_messages(handle, chain, chunks, 5000, chain=chain)),
+            "keys: a key appears twice",
+        )
     if case == "order":  # chunk 1 sent before chunk 0
-        msgs = list(pieces(handle, keys[:2], chunks[:2], CB, keys[:2]))
+        msgs = list(stream_store_messages(handle, keys[:2], chunks[:2], CB, chain=keys[:2]))
         first, second = msgs
         first.index, second.index = 1, 0
         first.key, second.key = keys[1], keys[0]
         return keys, msgs, "index: 1 (message 0)"
     if case == "late-keys":  # a later message names keys too
-        msgs = list(pieces(handle, keys, chunks, CB, keys))
+        msgs = list(stream_store_messages(handle, keys, chunks, CB, chain=keys))
         msgs[1].keys.extend(keys)
         return keys, msgs, "keys: only the stream's first message"
     if case == "malformed":
         chain = [keys[0], b"short", keys[2]]
-        return keys, list(pieces(handle, keys, chunks, 5000, chain)), "keys[1]: must be 32 bytes, got 5"
+        return (
+            keys,
+            list(stream_store_messages(handle, keys, chunks, 5000, chain=chain)),
+            "keys[1]: must be 32 bytes, got 5",
+        )
     assert case == "overrun"  # a chunk's pieces overrun it after the chain was reserved
-    msgs = list(pieces(handle, keys, chunks, CB, keys))
+    msgs = list(stream_store_messages(handle, keys, chunks, CB, chain=keys))
     msgs[2].data = chunks[2] + b"xx"
     return keys, msgs, "data: chunk index 2 overruns"
 
@@ -172,5 +163,10 @@ def test_keys_that_do_not_match_the_pieces_are_refused_and_nothing_is_visible(
     assert shm_load(stub, reg, before) == before_chunks
     # Nothing stayed reserved: the same chunks store now, keys and all.
     chunks = [payload(i, seed=seed) for i in range(3)]
-    assert stub.StreamStore(pieces(reg.handle, keys, chunks, CB, keys), timeout=RPC_TIMEOUT_S).stored == 3
+    assert (
+        stub.StreamStore(
+            stream_store_messages(reg.handle, keys, chunks, CB, chain=keys), timeout=RPC_TIMEOUT_S
+        ).stored
+        == 3
+    )
     assert shm_load(stub, reg, keys) == chunks
