@@ -9,11 +9,12 @@ Primitives:
     seconds: a non-negative (or positive) number of seconds.
     lifetime: a requested lease / ticket / claim lifetime: the default when absent, refused above its cap.
     tier_level, slot_level: a tier of the cache (a slot tier, for loads), the fastest one by default.
+    usage: an engine's usage report (non-negative token counts, per tier of the cache).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from tiercache.errors import InvalidArgumentError
 from tiercache.tiers.base import SlotTier, StorageTier, TierLevel
@@ -74,3 +75,16 @@ def slot_level(tiers: Mapping[TierLevel, StorageTier], level: TierLevel | None) 
     if not isinstance(tiers[tier_level(tiers, level)], SlotTier):
         raise InvalidArgumentError("level", f"{level.name} has no slots to lease; use L1 or L2")
     return level
+
+
+def usage(
+    effective_by_tier: Mapping[TierLevel, int], recomputed_tokens: int, levels: Iterable[TierLevel]
+) -> None:
+    """Refuse a usage report with a negative count or a tier not in ``levels`` (InvalidArgumentError naming
+    ``recomputed_tokens`` or ``effective_by_tier``)."""
+    count(recomputed_tokens, "recomputed_tokens")
+    known = set(levels)
+    for level, tokens in effective_by_tier.items():
+        if level not in known:
+            raise InvalidArgumentError("effective_by_tier", f"{level!r} is not a tier of this cache")
+        count(tokens, "effective_by_tier", "token counts must be non-negative")

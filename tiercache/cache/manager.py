@@ -175,16 +175,13 @@ class CacheManager:
             self._tenants.count_lookup(namespace_id, fastest, chunk_tokens)
             return result
 
-    def lookup_now(
-        self, namespace_id: bytes, keys: Sequence[bytes], count: bool = False
-    ) -> LookupResult | None:
-        """:meth:`lookup` when it can answer without waiting, else None: another thread holds the index lock,
-        or a shared tier must be asked first (network I/O). An event loop calls it instead of an executor hop
-        (the index alone answers in microseconds) and runs :meth:`lookup` in an executor on None."""
-        if TierLevel.SHARED in self._tiers:
-            return None
+    def lookup_now(self, namespace_id: bytes, keys: Sequence[bytes]) -> LookupResult | None:
+        """An engine's :meth:`lookup` (counted) when it can answer without waiting, else None: another thread
+        holds the index lock, or a shared tier must be asked first (network I/O). An event loop calls it
+        instead of an executor hop and runs :meth:`lookup` in an executor on None."""
+        asks_shared = TierLevel.SHARED in self._tiers
         with held_if_free(self._lock) as free:
-            return self.lookup(namespace_id, keys, count) if free else None
+            return self.lookup(namespace_id, keys, True) if free and not asks_shared else None
 
     # ------------------------------------------------------------------ stores
 
@@ -338,11 +335,7 @@ class CacheManager:
         Raises InvalidArgumentError for negative counts or an unknown tier.
         """
         self.namespace(namespace_id)
-        checks.count(recomputed_tokens, "recomputed_tokens")
-        for level, tokens in effective_by_tier.items():
-            if level not in self._index.tokens:
-                raise InvalidArgumentError("effective_by_tier", f"{level!r} is not a tier of this cache")
-            checks.count(tokens, "effective_by_tier", "token counts must be non-negative")
+        checks.usage(effective_by_tier, recomputed_tokens, self._index.tokens)
         with self._lock:
             self._index.report_usage(effective_by_tier, recomputed_tokens)
             self._tenants.count_usage(namespace_id, effective_by_tier, recomputed_tokens)
@@ -393,16 +386,10 @@ class CacheManager:
             return chunks
 
     def _set_pin(self, namespace_id: bytes, keys: Sequence[bytes] | None, pinned: bool) -> int:
-        if pinned:
-            cids = None if keys is None else self._namespaces.chunk_ids(namespace_id, keys)
-            self._tenants.check_pin(namespace_id, cids)
         if keys is None:
             self.namespace(namespace_id)
-            with self._lock:
-                return self._index.pin_namespace(namespace_id, pinned)
-        cids = self._namespaces.chunk_ids(namespace_id, keys)
-        with self._lock:
-            return self._index.pin(cids, pinned)
+        cids = None if keys is None else self._namespaces.chunk_ids(namespace_id, keys)
+        return self._tenants.pin(namespace_id, cids, pinned)
 
     # ------------------------------------------------------------------ single-flight prefill
 

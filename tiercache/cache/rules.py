@@ -120,7 +120,7 @@ class EngineRules:
         Raises:
             NotFoundError, InvalidArgumentError: from the manager.
         """
-        return self._manager.lookup_now(namespace_id, keys, True)
+        return self._manager.lookup_now(namespace_id, keys)
 
     @staticmethod
     def wants_prefetch(result: LookupResult) -> bool:

@@ -16,8 +16,8 @@ Every method runs under the cache's index lock unless it says otherwise.
 Primitives:
     WRITE_DOWN_WAIT_S: how long a store at its quota waits for write-downs holding its chunks.
     Tenants: set_quotas, register, on_event (the listener), on_found (a warm start's counts), protected
-        (the eviction guard), placing, ttl, storing / leasing (admission of a store / an acquire), check_pin,
-        trim, committed, opened_lease / opened_ticket, count_lookup / count_usage, stats, tenants.
+        (the eviction guard), placing, ttl, storing / leasing (admission of a store / an acquire), pin /
+        check_pin, trim, committed, opened_lease / opened_ticket, count_lookup / count_usage, stats, tenants.
 """
 
 from __future__ import annotations
@@ -326,6 +326,16 @@ class Tenants:
             if books is not None:
                 with self._lock:
                     books.pending_leases -= 1
+
+    def pin(self, namespace_id: bytes, cids: Sequence[bytes] | None, pinned: bool) -> int:
+        """Pin or unpin chunks (``cids`` None: the whole namespace), a pin first checked against the tenant's
+        pinned bytes (:meth:`check_pin`); returns how many chunks changed."""
+        if pinned:
+            self.check_pin(namespace_id, cids)
+        with self._lock:
+            if cids is None:
+                return self._index.pin_namespace(namespace_id, pinned)
+            return self._index.pin(cids, pinned)
 
     def check_pin(self, namespace_id: bytes, cids: Iterable[bytes] | None) -> None:
         """Refuse a pin that would take the tenant over its pinned bytes (``cids`` None: the namespace)."""
