@@ -3,10 +3,10 @@
 A load leases the slots of the cached prefix (AcquireLoad), copies each chunk from its slot into the
 engine's tensors and releases the lease. A prefix that shared memory cannot hold at once (longer than L2, or
 L2 full of other engines' leases) is loaded in rounds under ``wait_complete``: the rest of the chain is
-leased again once the first part is copied, while each round makes progress. Its bytes count as loaded only if the lease provably covered the
-copy: the copy finished before the lease's expiry by the local clock (the release then rides on the
-namespace's next call: one round trip per load), or the daemon confirmed a waited release. Otherwise the
-slots may have been reused and the load reports 0 tokens.
+leased again once the first part is copied, while each round makes progress. Its bytes count as loaded only
+if the lease provably covered the copy: the copy finished before the lease's expiry by the local clock (the
+release then rides on the namespace's next call: one round trip per load), or the daemon confirmed a waited
+release. Otherwise the slots may have been reused and the load reports 0 tokens.
 A store reserves slots (BeginStore), fills them and commits, or aborts on any failure so that no partial
 chunk is ever visible.
 

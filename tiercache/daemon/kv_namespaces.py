@@ -35,7 +35,8 @@ from .rpc import Caller, ServiceDeps, ServicerBase, server_stream_tenant, unary,
 logger = logging.getLogger(__name__)
 
 INLINE_LOOKUP_KEYS = 4096
-"""The longest chain looked up on the event loop (~1 µs of the loop per key); longer ones go to the executor."""
+"""The longest chain looked up on the event loop (~1 µs of the loop per key); longer ones go to the
+executor."""
 
 
 class NamespaceRpcs(ServicerBase):

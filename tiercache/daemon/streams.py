@@ -2,9 +2,10 @@
 
 A chunk travels as one or more pieces ``(key, index, offset, data, codec, last, chunk_bytes)``; a piece's
 ``offset`` counts raw (decoded) bytes. :class:`ChunkAssembler` checks every piece of a StreamStore against the
-namespace's layout (and against the key chain the stream named up front, when it did) and writes the decoded bytes straight into the buffer reserved for the chunk (a
-shared-memory slot), so a chunk is never staged in an extra buffer. :func:`encode_piece` makes the pieces of
-a StreamLoad. Both are synchronous: the servicer runs large pieces in its executor.
+namespace's layout (and against the key chain the stream named up front, when it did) and writes the decoded
+bytes straight into the buffer reserved for the chunk (a shared-memory slot), so a chunk is never staged in
+an extra buffer. :func:`encode_piece` makes the pieces of a StreamLoad. Both are synchronous: the servicer
+runs large pieces in its executor.
 
 Pieces travel framed (:mod:`tiercache.wire.framing`): a StreamStore piece's data is a view into the
 received message and is copied once, into the slot; a raw StreamLoad piece's data is a view of the leased
