@@ -93,6 +93,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", default=None, help="use this daemon (default: start one in a temp dir)")
     parser.add_argument("--l2-bytes", default="1G", help="L2 size of a started daemon (1G)")
     parser.add_argument("--force-remote", action="store_true", help="byte stream instead of shared memory")
+    parser.add_argument(
+        "--grpc-only", action="store_true", help="unary calls through gRPC, not the daemon's control socket"
+    )
     parser.add_argument("--threads", type=_positive, default=None, help="torch intra-op threads")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="write every figure as JSON")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
@@ -171,7 +174,9 @@ class _Bench:
             intermediate_size=2 * args.hidden,
             num_hidden_layers=args.layers,
         )
-        self.client = TierCacheClient.connect(address, config=ClientConfig(timeout_s=30.0))
+        # a byte-stream engine stands for one on another host: it has no control socket either
+        client_config = ClientConfig(timeout_s=30.0, control_socket=not (args.grpc_only or args.force_remote))
+        self.client = TierCacheClient.connect(address, config=client_config)
         salt = f"bench-{uuid.uuid4().hex[:12]}"  # a fresh namespace: nothing cached from earlier runs
         config = ConnectorConfig(force_remote=args.force_remote)
         self.cached = HFAdapter.attach(
@@ -357,6 +362,7 @@ def _run(args: argparse.Namespace, kv_layout: Any, reference_config: Any) -> int
         f"engine TTFT: llama-ref {layout.num_layers} layers, hidden {args.hidden}, {heads} heads / "
         f"{layout.num_kv_heads} KV heads x {layout.head_dim}, {layout.dtype.value}; chunks of "
         f"{layout.chunk_tokens} tokens; {'byte stream' if args.force_remote else 'shared memory'}; "
+        f"calls via {'gRPC' if args.grpc_only or args.force_remote else 'the control socket'}; "
         f"median of {args.repeats}; {torch.get_num_threads()} threads"
     )
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "handler"}

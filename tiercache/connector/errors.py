@@ -27,6 +27,8 @@ from tiercache.errors import (
     UnavailableError,
 )
 
+from .control import ControlCallError
+
 _FIELD = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.\[\]]*)\s*:\s")
 _HANDLE_FIELDS = frozenset({"handle", "namespace", "namespace_id"})
 _UNAVAILABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
@@ -91,7 +93,7 @@ def error_from_rpc(exc: BaseException, method: str = "") -> TierCacheError:
     """
     if isinstance(exc, TierCacheError):
         return exc
-    if isinstance(exc, grpc.Call):
+    if isinstance(exc, (grpc.Call, ControlCallError)):
         return error_from_status(exc.code(), exc.details() or "", method)
     if isinstance(exc, grpc.RpcError):
         return UnavailableError(f"{method + ': ' if method else ''}daemon unavailable: {exc!r}")

@@ -114,6 +114,7 @@ class Options:
     shared_codec: Codec = Codec.RAW
     shared_timeout_s: float = 0.5
     page_bytes: int = 0
+    control_socket: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +127,8 @@ class ListenConfig:
         tcp: ``HOST:PORT``, empty for none.
         tokens_file: TOML file of bearer tokens, empty for no authentication.
         tls: TLS of the TCP listener (off: plaintext).
+        control_socket: with ``socket``, also serve the unary calls on ``<socket>.ctl``
+            (:mod:`tiercache.wire.control`).
     """
 
     socket: str
@@ -133,6 +136,7 @@ class ListenConfig:
     tcp: str
     tokens_file: str
     tls: TlsConfig = field(default_factory=TlsConfig)
+    control_socket: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,7 +253,14 @@ class DaemonConfig:
         except InvalidArgumentError as exc:
             raise reraise_as_option(exc, exc.field) from None
         return cls(
-            listen=ListenConfig(opts.socket, opts.socket_mode, opts.tcp, opts.tokens_file, _tls_config(opts)),
+            listen=ListenConfig(
+                opts.socket,
+                opts.socket_mode,
+                opts.tcp,
+                opts.tokens_file,
+                _tls_config(opts),
+                opts.control_socket,
+            ),
             tiers=TierConfigs(
                 l1=_l1_config(opts, cuda_devices),
                 l2=HostTierConfig(

@@ -16,7 +16,8 @@ Primitives:
     Undecodable: the marker of a request message that could not be decoded.
     WireCodec: a method's own request parser and response writer.
     method_handlers: the grpc method handlers of a servicer for every method of a service descriptor.
-    add_servicer: register a servicer on a server for every method of its service descriptor.
+    add_servicer: register a servicer on a server for every method of its service descriptor (returns the
+        handlers).
 """
 
 from __future__ import annotations
@@ -177,8 +178,13 @@ def method_handlers(servicer: object, service: ServiceDescriptor) -> dict[str, A
     return handlers
 
 
-def add_servicer(server: grpc.aio.Server, servicer: object, service: ServiceDescriptor) -> None:
-    """Serve every method of ``service`` on ``server`` through ``servicer`` (as ``add_*_to_server`` would)."""
+def add_servicer(server: grpc.aio.Server, servicer: object, service: ServiceDescriptor) -> dict[str, Any]:
+    """Serve every method of ``service`` on ``server`` through ``servicer`` (as ``add_*_to_server`` would).
+
+    Returns:
+        The method handlers, by method name (the control socket serves the same ones).
+    """
     handlers = method_handlers(servicer, service)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
     server.add_registered_method_handlers(service.full_name, handlers)
+    return handlers

@@ -93,6 +93,7 @@ class NamespaceRpcs(ServicerBase):
             lease_ttl_s=self._deps.lease_ttl_s,
             max_ttl_s=self._deps.max_ttl_s,
             max_stream_message_bytes=self._deps.stream.stream_chunk_bytes,
+            control_socket=self._deps.control_socket,
         )
 
     @unary

@@ -173,6 +173,14 @@ OPTIONS: tuple[Option, ...] = (
         "PATH",
     ),
     Option("socket_mode", parse_octal, *_fixed(0o600, "0600"), "permission bits of the socket file", "OCTAL"),
+    Option(
+        "control_socket",
+        parse_bool,
+        *_fixed(True, "true"),
+        "also serve the unary calls on <socket>.ctl, a plain unix socket that same-host engines use instead "
+        "of gRPC (a call ~0.1 ms instead of ~1.5 ms after idle)",
+        boolean=True,
+    ),
     Option("tcp", parse_tcp, *_fixed("", '"" (off)'), "TCP address to listen on as HOST:PORT", "HOST:PORT"),
     Option(
         "tokens_file",

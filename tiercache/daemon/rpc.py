@@ -95,6 +95,7 @@ class ServiceDeps:
         wait_executor: where calls that may block for long run (promotion waits, prefill waits); None:
             ``executor``.
         max_ttl_s: the longest lease and ticket lifetime a request may ask for (0: not known).
+        control_socket: where the unary calls are also served without gRPC (:mod:`.control`); "": nowhere.
     """
 
     manager: CacheManager
@@ -109,6 +110,7 @@ class ServiceDeps:
     clock: Callable[[], float] = time.monotonic
     wait_executor: Executor | None = None
     max_ttl_s: float = 0.0
+    control_socket: str = ""
 
 
 @dataclass(frozen=True, slots=True)

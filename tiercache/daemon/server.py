@@ -4,11 +4,11 @@ Start: check the socket path (a live daemon there is an error, a stale file is r
 when configured, L2 always, L3 unless disabled; a warm L3 is re-indexed) and the cache manager in the
 executor, register the servicers (through :mod:`.decode`: an undecodable request answers INVALID_ARGUMENT),
 start ``/metrics`` when configured, bind the unix socket (then chmod it) and/or TCP (TLS when
-configured: :mod:`.tls`), mark the
-health service SERVING and log ``tiercache-daemon listening on ...``.
+configured: :mod:`.tls`), serve the unary calls on the control socket ``<socket>.ctl`` too (:mod:`.control`,
+unless turned off), mark the health service SERVING and log ``tiercache-daemon listening on ...``.
 
-Stop (SIGTERM or SIGINT): health NOT_SERVING, event streams ended, ``server.stop(grace)`` refuses new calls
-and waits for in-flight ones, the executor finishes its work, the manager finishes its write-downs and
+Stop (SIGTERM or SIGINT): health NOT_SERVING, event streams ended, ``server.stop(grace)`` and the control
+socket refuse new calls and wait for in-flight ones, the executor finishes its work, the manager finishes its write-downs and
 closes the tiers (the L2 segment is unlinked, L3 is closed and kept), ``/metrics`` stops, the socket file
 is removed.
 
@@ -40,6 +40,7 @@ from tiercache.tiers.host import HostTier
 
 from .auth import Authenticator
 from .config import DaemonConfig, TierConfigs
+from .control import ControlServer
 from .decode import add_servicer
 from .diagnostics import DiagnosticsServicer
 from .events import EventHub
@@ -173,6 +174,7 @@ class Daemon:
             lease_ttl_s=cfg.cache.lease_ttl_s,
             wait_executor=waits,
             max_ttl_s=cfg.cache.max_ttl_s,
+            control_socket=self._control_path(),
         )
         limit = cfg.stream.max_message_bytes
         server = grpc.aio.server(
@@ -183,8 +185,13 @@ class Daemon:
             ]
         )
         services = pb.DESCRIPTOR.services_by_name
-        add_servicer(server, KVCacheServicer(deps), services["KVCacheService"])
-        add_servicer(server, DiagnosticsServicer(deps), services["Diagnostics"])
+        handlers = add_servicer(server, KVCacheServicer(deps), services["KVCacheService"])
+        handlers |= add_servicer(server, DiagnosticsServicer(deps), services["Diagnostics"])
+        control = (
+            ControlServer(handlers, deps.control_socket, cfg.listen.socket_mode, limit)
+            if deps.control_socket
+            else None
+        )
         health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         socket_file: SocketFile | None = None
@@ -196,6 +203,8 @@ class Daemon:
                 socket_file.chmod(cfg.listen.socket_mode)
             if pools is not None:
                 pools.start()
+            if control is not None:
+                await control.start()
             for service in HEALTH_SERVICES:
                 await health.set(service, health_pb2.HealthCheckResponse.SERVING)
             logger.info("tiercache-daemon listening on %s", " and ".join(addresses))
@@ -203,7 +212,9 @@ class Daemon:
             await health.enter_graceful_shutdown()
             hub.close()
         finally:
-            await server.stop(DRAIN_GRACE_S)
+            await asyncio.gather(
+                server.stop(DRAIN_GRACE_S), control.close(DRAIN_GRACE_S) if control else asyncio.sleep(0)
+            )
             if pools is not None:
                 pools.close()
             hub.close()
@@ -223,6 +234,11 @@ class Daemon:
             return {t: manager.stats(t) for t in manager.tenants()}, refused
 
         return snapshot
+
+    def _control_path(self) -> str:
+        """The control socket's path: ``<socket>.ctl`` with a unix listener and the option on, else ""."""
+        listen = self._config.listen
+        return listen.socket + ".ctl" if listen.socket and listen.control_socket else ""
 
     def _pools(self, host: HostTier) -> TenantPools | None:
         """The isolated data plane (tenant pools by file descriptor): with tokens and a unix socket."""

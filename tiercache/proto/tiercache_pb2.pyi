@@ -146,7 +146,7 @@ class RegisterRequest(_message.Message):
     def __init__(self, namespace: _Optional[_Union[NamespaceSpec, _Mapping]] = ..., engine_id: _Optional[str] = ..., prefill: _Optional[_Union[PrefillModel, _Mapping]] = ..., deadline: _Optional[_Union[DeadlineModel, _Mapping]] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("handle", "layout", "chunk_bytes", "data_plane", "lease_ttl_s", "max_stream_message_bytes", "max_ttl_s")
+    __slots__ = ("handle", "layout", "chunk_bytes", "data_plane", "lease_ttl_s", "max_stream_message_bytes", "max_ttl_s", "control_socket")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -154,6 +154,7 @@ class RegisterResponse(_message.Message):
     LEASE_TTL_S_FIELD_NUMBER: _ClassVar[int]
     MAX_STREAM_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_TTL_S_FIELD_NUMBER: _ClassVar[int]
+    CONTROL_SOCKET_FIELD_NUMBER: _ClassVar[int]
     handle: bytes
     layout: Layout
     chunk_bytes: int
@@ -161,7 +162,8 @@ class RegisterResponse(_message.Message):
     lease_ttl_s: float
     max_stream_message_bytes: int
     max_ttl_s: float
-    def __init__(self, handle: _Optional[bytes] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., chunk_bytes: _Optional[int] = ..., data_plane: _Optional[_Union[DataPlane, _Mapping]] = ..., lease_ttl_s: _Optional[float] = ..., max_stream_message_bytes: _Optional[int] = ..., max_ttl_s: _Optional[float] = ...) -> None: ...
+    control_socket: str
+    def __init__(self, handle: _Optional[bytes] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., chunk_bytes: _Optional[int] = ..., data_plane: _Optional[_Union[DataPlane, _Mapping]] = ..., lease_ttl_s: _Optional[float] = ..., max_stream_message_bytes: _Optional[int] = ..., max_ttl_s: _Optional[float] = ..., control_socket: _Optional[str] = ...) -> None: ...
 
 class TierCount(_message.Message):
     __slots__ = ("tier", "chunks")
