@@ -132,7 +132,7 @@ def compare_charts(report: CompareReport) -> list[Chart]:
     series = tuple(
         Series(p.name, ((float(i), p.load_gbps or 0.0),), errors=_bars(p)) for i, p in enumerate(ok)
     )
-    ticks = tuple((float(i), p.name.split(" ")[0]) for i, p in enumerate(ok))
+    ticks = tuple((float(i), p.name.replace(" (", "\n(")) for i, p in enumerate(ok))  # two tiercache rows
     rounds = report.config.rounds
     spread = f" (median of {rounds} rounds, min-max)" if rounds > 1 else ""
     title = f"compare: KV restore throughput{spread}"
