@@ -1,5 +1,6 @@
 """``tiercache-bench compare``: the same store/load workload against recompute (a seeded reference model),
-a local Redis, plain files and tiercache, measured in one run, with tiercache's ratio to each.
+a local Redis, plain files and tiercache, measured in one run in interleaved rounds (``--rounds``, the
+peer order rotated each round, medians and their spread kept), with tiercache's ratio to each.
 
 Primitives:
     configure_parser: the subcommand's flags.
@@ -31,6 +32,13 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     w.add_argument("--prompt-tokens", type=positive_int, default=2048, help="tokens per prompt (2048)")
     w.add_argument("--chunk-tokens", type=positive_int, default=256, help="tokens per chunk (256)")
     w.add_argument("--seed", type=int, default=0, help="model and prompt seed (0)")
+    w.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=5,
+        help="interleaved rounds, each a pass of every peer in an order rotated per round; times are the "
+        "median round, shown with the lowest and highest (5; 1: one pass per peer)",
+    )
     w.add_argument(
         "--threads", type=positive_int, default=None, help="torch intra-op threads (torch's default)"
     )
@@ -69,6 +77,7 @@ def _config(args: argparse.Namespace) -> CompareConfig:
         chunk_tokens=args.chunk_tokens,
         prompts=args.prompts,
         prompt_tokens=args.prompt_tokens,
+        rounds=args.rounds,
         fsync=args.fsync,
         redis_url=args.redis_url,
         stream=not args.no_stream,

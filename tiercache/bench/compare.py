@@ -10,12 +10,22 @@ is compared byte for byte with the prefill's KV (a mismatch fails the run). Peer
 * redis: a local redis-server used as a chunk store (started by the bench, or ``--redis-url``);
 * files: one file per chunk in a directory (``fsync`` per file as a flag).
 
-A peer that cannot run here (no redis-server) is reported as skipped with the reason. One untimed
-warm-up prompt goes through every peer first. Ratios are the peer's time over tiercache's (shared memory):
-how many times faster tiercache restores (load) or saves (store) the same KV.
+A peer that cannot run here (no redis-server) is reported as skipped with the reason.
+
+One pass of a peer on a shared machine can land on a noisy moment (three single-pass runs moved tiercache's
+ratios by ±30 %), so the run is made of ``rounds`` interleaved rounds: every round runs every peer once, in
+an order rotated by one peer per round (so that no peer always runs first, or right after the prefill), and
+each peer's store and load times are the median round, with the lowest and highest next to them
+(:mod:`tiercache.bench.spread`). A pass stores every prompt after one untimed warm-up prompt, loads and
+verifies each, then clears the peer (so that the next round stores afresh). Recompute's first round is the
+prefill that produced the KV; later rounds run the prefill again at their turn.
+
+Ratios are the peer's time over tiercache's (shared memory): how many times faster tiercache restores
+(load) or saves (store) the same KV. The ratio of record is that of the medians; the per-round ratios
+(round ``i`` of the peer over round ``i`` of tiercache) are kept too, their median and range.
 
 Primitives:
-    CompareConfig: the workload and the peers' settings.
+    CompareConfig: the workload, the rounds and the peers' settings.
     PeerResult: one peer's figures.
     CompareReport: the whole run.
     run_compare: run the benchmark.
@@ -24,12 +34,15 @@ Primitives:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import secrets
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -46,11 +59,15 @@ from .progress import ProgressBar
 from .redis_server import RedisUnavailableError, use_redis
 from .refmodel import ModelSpec, build_model, model_layout, prefill_kv
 from .runner import work_directory
+from .spread import RatioSpread, Spread, paired_ratios, spread_of
 
 logger = logging.getLogger(__name__)
 
 TIERCACHE = "tiercache (shared memory)"
 """The peer every ratio is taken against."""
+
+RECOMPUTE = "recompute (prefill)"
+"""The peer without a cache: the prefill."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +77,9 @@ class CompareConfig:
     Attributes:
         model: the reference model.
         chunk_tokens: tokens per chunk.
-        prompts: timed prompts (one more, untimed, warms every peer up).
+        prompts: timed prompts per pass (one more, untimed, warms the peer up).
         prompt_tokens: tokens per prompt (only full chunks are stored).
+        rounds: interleaved rounds, each a pass of every peer (1: one pass each).
         fsync: the files peer fsyncs every chunk file.
         redis_url: a Redis to use instead of starting one.
         stream: also measure tiercache's byte stream.
@@ -76,6 +94,7 @@ class CompareConfig:
     chunk_tokens: int = 256
     prompts: int = 8
     prompt_tokens: int = 2048
+    rounds: int = 5
     fsync: bool = False
     redis_url: str | None = None
     stream: bool = True
@@ -86,27 +105,39 @@ class CompareConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.prompts <= 0 or self.chunk_tokens <= 0:
-            raise ValueError("prompts and chunk_tokens must be positive")
+        for name in ("prompts", "chunk_tokens", "rounds"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name}: must be a positive integer, got {value!r}")
         if self.prompt_tokens < self.chunk_tokens:
-            raise ValueError(f"prompt_tokens ({self.prompt_tokens}) must hold a chunk of {self.chunk_tokens}")
+            raise ValueError(
+                f"prompt_tokens: {self.prompt_tokens} must hold a chunk of {self.chunk_tokens} tokens"
+            )
 
 
 @dataclass(frozen=True, slots=True)
 class PeerResult:
-    """One peer's figures over the timed prompts.
+    """One peer's figures over the rounds (each round: every timed prompt).
 
     Attributes:
         name: the peer.
         status: ``ok`` or ``skipped``.
         reason: why it was skipped (empty when ok).
-        store_s: seconds to store every prompt (None: not a store, or skipped).
-        load_s: seconds to restore every prompt's KV (recompute: prefill).
-        tokens: tokens restored.
-        nbytes: KV bytes restored.
-        verified_bytes: bytes compared equal to the prefill's KV.
-        load_ratio: ``load_s / tiercache load_s`` (None for tiercache itself or when skipped).
-        store_ratio: ``store_s / tiercache store_s``.
+        store_s: seconds to store every prompt, median round (None: not a store, or skipped).
+        load_s: seconds to restore every prompt's KV, median round (recompute: prefill).
+        tokens: tokens restored per round.
+        nbytes: KV bytes restored per round.
+        verified_bytes: bytes compared equal to the prefill's KV, over every round.
+        load_ratio: ``load_s / tiercache load_s``, of the medians (None for tiercache itself or when
+            skipped).
+        store_ratio: ``store_s / tiercache store_s``, of the medians.
+        rounds: rounds measured (0 when skipped).
+        store_spread: ``store_s`` over the rounds: median, lowest, highest.
+        load_spread: ``load_s`` over the rounds.
+        store_ratio_spread: the per-round store ratios (round ``i`` over tiercache's round ``i``).
+        load_ratio_spread: the per-round load ratios.
+        store_rounds_s: every round's store seconds, in round order.
+        load_rounds_s: every round's load seconds, in round order.
     """
 
     name: str
@@ -119,21 +150,34 @@ class PeerResult:
     verified_bytes: int = 0
     load_ratio: float | None = None
     store_ratio: float | None = None
+    rounds: int = 0
+    store_spread: Spread | None = None
+    load_spread: Spread | None = None
+    store_ratio_spread: RatioSpread | None = None
+    load_ratio_spread: RatioSpread | None = None
+    store_rounds_s: tuple[float, ...] = ()
+    load_rounds_s: tuple[float, ...] = ()
 
     @property
     def load_gbps(self) -> float | None:
-        """Restored KV bytes per second, decimal GB/s."""
+        """Restored KV bytes per second (median round), decimal GB/s."""
         return None if not self.load_s else self.nbytes / self.load_s / 1e9
 
     @property
     def store_gbps(self) -> float | None:
-        """Stored KV bytes per second, decimal GB/s."""
+        """Stored KV bytes per second (median round), decimal GB/s."""
         return None if not self.store_s else self.nbytes / self.store_s / 1e9
 
     @property
     def tokens_per_s(self) -> float | None:
-        """Tokens restored per second."""
+        """Tokens restored per second (median round)."""
         return None if not self.load_s else self.tokens / self.load_s
+
+    @property
+    def load_gbps_range(self) -> tuple[float, float] | None:
+        """Restore GB/s of the slowest and the fastest round."""
+        s = self.load_spread
+        return None if s is None or s.low <= 0 else (self.nbytes / s.high / 1e9, self.nbytes / s.low / 1e9)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +191,7 @@ class CompareReport:
         peers: one result per peer, recompute first.
         redis: the Redis server used (or why none).
         elapsed_s: wall time.
+        orders: the order the peers ran in, per round.
     """
 
     config: CompareConfig
@@ -155,6 +200,7 @@ class CompareReport:
     peers: tuple[PeerResult, ...]
     redis: str
     elapsed_s: float
+    orders: tuple[tuple[str, ...], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -164,7 +210,32 @@ class _Prompt:
     prefill_s: float
 
 
-def _prompts(config: CompareConfig, bar: ProgressBar) -> tuple[list[_Prompt], KVLayout]:
+@dataclass(frozen=True, slots=True, eq=False)
+class _Workload:
+    """The model, its chunk layout and the prompts (``prompts[0]`` is the warm-up)."""
+
+    model: Any
+    layout: KVLayout
+    prompts: list[_Prompt]
+
+
+class _Pass(NamedTuple):
+    """One peer's pass over the timed prompts."""
+
+    store_s: float | None
+    load_s: float
+    verified: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Peer:
+    """A peer in the rotation: its name and one pass (given the round's index)."""
+
+    name: str
+    run: Callable[[int], _Pass]
+
+
+def _workload(config: CompareConfig, bar: ProgressBar) -> _Workload:
     model = build_model(config.model)
     layout = model_layout(config.model, config.chunk_tokens)
     rng = np.random.default_rng(config.seed)
@@ -176,10 +247,10 @@ def _prompts(config: CompareConfig, bar: ProgressBar) -> tuple[list[_Prompt], KV
         kv = prefill_kv(model, tokens)
         out.append(_Prompt(tokens, kv, time.perf_counter() - t0))
         bar.advance()
-    return out, layout
+    return _Workload(model, layout, out)
 
 
-def _measure(store: ChunkStore, prompts: Sequence[_Prompt], layout: KVLayout, bar: ProgressBar) -> PeerResult:
+def _measure(store: ChunkStore, prompts: Sequence[_Prompt], layout: KVLayout, bar: ProgressBar) -> _Pass:
     """Warm up on ``prompts[0]``, then store every other prompt, then load and verify each."""
     chunks = len(prompts[0].tokens) // layout.chunk_tokens
     dst = zeros_like_kv(prompts[0].kv)
@@ -206,18 +277,29 @@ def _measure(store: ChunkStore, prompts: Sequence[_Prompt], layout: KVLayout, ba
             load_s += dt
             verified += n
         bar.advance()
-    timed = prompts[1:]
-    tokens = sum(len(p.tokens) for p in timed)
-    return PeerResult(
-        store.name,
-        "ok",
-        "",
-        store_s,
-        load_s,
-        tokens,
-        tokens // layout.chunk_tokens * layout.chunk_bytes,
-        verified,
-    )
+    return _Pass(store_s, load_s, verified)
+
+
+def _store_pass(store: ChunkStore, work: _Workload, bar: ProgressBar, _round: int) -> _Pass:
+    """One pass of ``store``, cleared afterwards so that the next round stores afresh (after a failure the
+    run stops, and the store is closed at the end of the run)."""
+    result = _measure(store, work.prompts, work.layout, bar)
+    store.clear()
+    return result
+
+
+def _recompute_pass(work: _Workload, bar: ProgressBar, round_index: int) -> _Pass:
+    """The prefill of every timed prompt: round 0's is the one that produced the KV, later rounds run it."""
+    timed = work.prompts[1:]
+    if round_index == 0:
+        return _Pass(None, sum(p.prefill_s for p in timed), 0)
+    total = 0.0
+    for p in timed:
+        t0 = time.perf_counter()
+        prefill_kv(work.model, p.tokens)
+        total += time.perf_counter() - t0
+        bar.advance()
+    return _Pass(None, total, 0)
 
 
 @contextlib.contextmanager
@@ -245,7 +327,47 @@ def _tiercache(
             client.close()
 
 
+def _rotated(peers: Sequence[_Peer], round_index: int) -> list[_Peer]:
+    """``peers`` starting at ``round_index`` (modulo their number): each round starts one peer later."""
+    k = round_index % len(peers)
+    return [*peers[k:], *peers[:k]]
+
+
+@dataclass(slots=True)
+class _Samples:
+    """One peer's passes, in round order."""
+
+    store_s: list[float] = field(default_factory=list)
+    load_s: list[float] = field(default_factory=list)
+    verified: int = 0
+
+    def add(self, p: _Pass) -> None:
+        if p.store_s is not None:
+            self.store_s.append(p.store_s)
+        self.load_s.append(p.load_s)
+        self.verified += p.verified
+
+    def result(self, name: str, tokens: int, nbytes: int) -> PeerResult:
+        store = spread_of(self.store_s) if self.store_s else None
+        load = spread_of(self.load_s)
+        return PeerResult(
+            name,
+            "ok",
+            store_s=None if store is None else store.median,
+            load_s=load.median,
+            tokens=tokens,
+            nbytes=nbytes,
+            verified_bytes=self.verified,
+            rounds=len(self.load_s),
+            store_spread=store,
+            load_spread=load,
+            store_rounds_s=tuple(self.store_s),
+            load_rounds_s=tuple(self.load_s),
+        )
+
+
 def _with_ratios(peers: list[PeerResult]) -> list[PeerResult]:
+    """Every ok peer's ratios to tiercache: of the medians, and per round (time over time, round by round)."""
     ref = next((p for p in peers if p.name == TIERCACHE and p.status == "ok"), None)
     if ref is None or not ref.load_s:
         return peers
@@ -254,17 +376,21 @@ def _with_ratios(peers: list[PeerResult]) -> list[PeerResult]:
         if p.status != "ok" or p is ref:
             out.append(p)
             continue
-        load_ratio = p.load_s / ref.load_s if p.load_s else None
-        store_ratio = p.store_s / ref.store_s if p.store_s and ref.store_s else None
+        stores = bool(p.store_s and ref.store_s)
         out.append(
-            PeerResult(p.name, p.status, p.reason, p.store_s, p.load_s, p.tokens, p.nbytes, p.verified_bytes,
-                       load_ratio, store_ratio)
-        )  # fmt: skip
+            dataclasses.replace(
+                p,
+                load_ratio=p.load_s / ref.load_s if p.load_s else None,
+                store_ratio=p.store_s / ref.store_s if p.store_s and ref.store_s else None,
+                load_ratio_spread=paired_ratios(p.load_rounds_s, ref.load_rounds_s),
+                store_ratio_spread=paired_ratios(p.store_rounds_s, ref.store_rounds_s) if stores else None,
+            )
+        )
     return out
 
 
 def run_compare(config: CompareConfig, progress: bool = False) -> CompareReport:
-    """Run the workload against every peer; see the module docstring.
+    """Run the workload against every peer, in interleaved rounds; see the module docstring.
 
     Raises:
         RoundTripError: a peer loaded other bytes than the prefill produced.
@@ -276,35 +402,53 @@ def run_compare(config: CompareConfig, progress: bool = False) -> CompareReport:
     n = config.prompts + 1
     per_store = 2 * n
     stores = 3 + int(config.stream)
+    steps = n + config.rounds * stores * per_store + (config.rounds - 1) * config.prompts
     with (
         work_directory(config.work_root) as work,
-        ProgressBar(n + stores * per_store, "compare", progress) as bar,
+        ProgressBar(steps, "compare", progress) as bar,
+        contextlib.ExitStack() as stack,
     ):
         machine = describe_machine(torch.device("cpu"), work)
-        prompts, layout = _prompts(config, bar)
-        timed = prompts[1:]
-        tokens = sum(len(p.tokens) for p in timed)
-        nbytes = tokens // layout.chunk_tokens * layout.chunk_bytes
-        peers = [
-            PeerResult("recompute (prefill)", "ok", "", None, sum(p.prefill_s for p in timed), tokens, nbytes)
-        ]
-        with _tiercache(config, layout, work) as (client, ns):
-            peers.append(_measure(TierCacheStore(ns, client), prompts, layout, bar))
-            if config.stream:
-                ns_stream = Namespace(ns.model_id, ns.revision + "-stream", layout)
-                peers.append(
-                    _measure(TierCacheStore(ns_stream, client, force_remote=True), prompts, layout, bar)
-                )
+        load = _workload(config, bar)
+        layout = load.layout
+        client, ns = stack.enter_context(_tiercache(config, layout, work))
+        chunk_stores: list[ChunkStore] = [TierCacheStore(ns, client)]
+        if config.stream:
+            ns_stream = Namespace(ns.model_id, ns.revision + "-stream", layout)
+            chunk_stores.append(TierCacheStore(ns_stream, client, force_remote=True))
+        skipped: list[PeerResult] = []
         redis_desc = ""
         try:
-            with use_redis(config.redis_url, work) as (rclient, redis_desc):
-                peers.append(_measure(RedisStore(ns, rclient), prompts, layout, bar))
+            rclient, redis_desc = stack.enter_context(use_redis(config.redis_url, work))
+            chunk_stores.append(RedisStore(ns, rclient))
         except RedisUnavailableError as exc:
             logger.warning("redis skipped: %s", exc)
             redis_desc = f"skipped: {exc}"
-            peers.append(PeerResult("redis", "skipped", str(exc)))
-            bar.advance(per_store)
-        files = FileStore(ns, work / "files", config.fsync)
-        peers.append(_measure(files, prompts, layout, bar))
-    peers = _with_ratios(peers)
-    return CompareReport(config, machine, layout, tuple(peers), redis_desc, time.perf_counter() - start)
+            skipped.append(PeerResult("redis", "skipped", str(exc)))
+            bar.advance(config.rounds * per_store)
+        chunk_stores.append(FileStore(ns, work / "files", config.fsync))
+        for s in chunk_stores:
+            stack.callback(s.close)
+        peers = [_Peer(RECOMPUTE, partial(_recompute_pass, load, bar))]
+        peers += [_Peer(s.name, partial(_store_pass, s, load, bar)) for s in chunk_stores]
+        samples = {p.name: _Samples() for p in peers}
+        orders = []
+        for r in range(config.rounds):
+            order = _rotated(peers, r)
+            orders.append(tuple(p.name for p in order))
+            logger.info("round %d of %d: %s", r + 1, config.rounds, ", ".join(orders[-1]))
+            for peer in order:
+                samples[peer.name].add(peer.run(r))
+    tokens = sum(len(p.tokens) for p in load.prompts[1:])
+    nbytes = tokens // layout.chunk_tokens * layout.chunk_bytes
+    results = [samples[p.name].result(p.name, tokens, nbytes) for p in peers]
+    results[-1:-1] = skipped  # redis (skipped) keeps its place, before files
+    return CompareReport(
+        config,
+        machine,
+        layout,
+        tuple(_with_ratios(results)),
+        redis_desc,
+        time.perf_counter() - start,
+        tuple(orders),
+    )

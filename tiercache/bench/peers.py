@@ -3,10 +3,12 @@
 Every store moves the same thing: the full chunks of a prompt's KV, taken from and put back into the
 engine's per-layer tensors (:class:`~tiercache.connector.ContiguousKV`), keyed by the prompt's chunk keys.
 Redis and files serialize each chunk into one staging buffer (layer-major, as tiercache lays chunks out)
-and send it; tiercache copies straight between the tensors and its shared-memory slots.
+and send it; tiercache copies straight between the tensors and its shared-memory slots. ``clear`` removes
+what a store stored, so that the benchmark's next round stores afresh (a store of chunks that are already
+there would time nothing); ``close`` clears too, so that a given Redis or daemon is left as it was found.
 
 Primitives:
-    ChunkStore: the protocol (``name``, ``store``, ``load``, ``close``).
+    ChunkStore: the protocol (``name``, ``store``, ``load``, ``clear``, ``close``).
     FileStore: one file per chunk in a directory (written to a temporary name, renamed; optional fsync).
     RedisStore: one key per chunk, a prompt's chunks in one pipeline.
     TierCacheStore: :class:`~tiercache.connector.KVConnector` (shared memory or, forced, the byte stream).
@@ -15,6 +17,7 @@ Primitives:
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -33,6 +36,9 @@ from tiercache.connector import (
 from tiercache.keys import Namespace, chunk_keys
 from tiercache.layout import KVLayout
 
+_DEL_BATCH = 512
+"""Keys per Redis DEL when a store is cleared."""
+
 
 class ChunkStore(Protocol):
     """Where a prompt's KV chunks can be stored and loaded back."""
@@ -47,8 +53,12 @@ class ChunkStore(Protocol):
         """Load the stored prefix of ``tokens`` into ``kv``; returns chunks loaded."""
         ...
 
+    def clear(self) -> None:
+        """Remove every chunk this store stored; it can store them again."""
+        ...
+
     def close(self) -> None:
-        """Release what the store holds."""
+        """Remove every chunk this store stored and release what it holds."""
         ...
 
 
@@ -120,8 +130,14 @@ class FileStore(_Staged):
             loaded += 1
         return loaded
 
+    def clear(self) -> None:
+        """Remove every chunk file (the directory is made again, empty)."""
+        self.close()
+        self._dir.mkdir(parents=True, exist_ok=True)
+
     def close(self) -> None:
-        """Nothing to release (the run's work directory is removed by the caller)."""
+        """Remove the directory and its chunk files."""
+        shutil.rmtree(self._dir, ignore_errors=True)
 
 
 class RedisStore(_Staged):
@@ -132,6 +148,7 @@ class RedisStore(_Staged):
         super().__init__(namespace)
         self.name = "redis"
         self._client = client
+        self._stored: list[bytes] = []
 
     def store(self, tokens: np.ndarray, kv: ContiguousKV) -> int:
         """SET every chunk in one pipeline."""
@@ -141,6 +158,7 @@ class RedisStore(_Staged):
             kv_to_chunk(self._layout, kv, i, self._staging)
             pipe.set(key, self._staging.numpy().tobytes())
         pipe.execute()
+        self._stored += keys
         return len(keys)
 
     def load(self, tokens: np.ndarray, kv: ContiguousKV) -> int:
@@ -158,8 +176,15 @@ class RedisStore(_Staged):
             loaded += 1
         return loaded
 
+    def clear(self) -> None:
+        """DEL every key this store SET."""
+        for i in range(0, len(self._stored), _DEL_BATCH):
+            self._client.delete(*self._stored[i : i + _DEL_BATCH])
+        self._stored.clear()
+
     def close(self) -> None:
-        """Delete nothing: the started server goes away with the run."""
+        """:meth:`clear` (a given Redis keeps nothing of the run; the client is closed by its owner)."""
+        self.clear()
 
 
 class TierCacheStore:
@@ -169,6 +194,8 @@ class TierCacheStore:
         """Use ``client``; ``force_remote`` takes the byte stream instead of shared memory."""
         self.name = "tiercache (byte stream)" if force_remote else "tiercache (shared memory)"
         self._c = namespace.layout.chunk_tokens
+        self._client = client
+        self._ns = namespace
         self._conn = KVConnector(client, namespace, ConnectorConfig(force_remote=force_remote))
 
     def store(self, tokens: np.ndarray, kv: ContiguousKV) -> int:
@@ -180,5 +207,10 @@ class TierCacheStore:
         """``KVConnector.load``; chunks loaded."""
         return int(self._conn.load(tokens, kv).tokens_loaded) // self._c
 
+    def clear(self) -> None:
+        """Purge the namespace from every tier."""
+        self._client.purge(self._ns)
+
     def close(self) -> None:
-        """The client is closed by its owner."""
+        """:meth:`clear` (the client is closed by its owner)."""
+        self.clear()

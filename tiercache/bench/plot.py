@@ -1,7 +1,7 @@
 """PNG line charts of benchmark results (matplotlib, imported only when a plot is asked for).
 
 Primitives:
-    Series: one line: a label and its (x, y) points.
+    Series: one line: a label, its (x, y) points and optional error bars.
     Chart: a titled chart of several series.
     PlotUnavailableError: matplotlib is not installed (``pip install 'tiercache[bench]'``).
     save_chart: draw a chart into a PNG file (Agg backend, no display needed).
@@ -25,11 +25,14 @@ class Series:
         label: the legend entry.
         points: ``(x, y)`` pairs, drawn in x order.
         dashed: draw a dashed line (for ceilings and baselines).
+        errors: per point (same order as ``points``), the lowest and highest y, drawn as an error bar
+            (e.g. the slowest and fastest of several rounds around their median); empty: no bars.
     """
 
     label: str
     points: tuple[tuple[float, float], ...]
     dashed: bool = False
+    errors: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,14 +86,16 @@ def save_chart(charts: Sequence[Chart], path: Path) -> None:
     try:
         for ax, chart in zip(axes[0], charts, strict=True):
             for s in chart.series:
-                pts = sorted(s.points)
-                ax.plot(
-                    [p[0] for p in pts],
-                    [p[1] for p in pts],
-                    linestyle="--" if s.dashed else "-",
-                    marker="o",
-                    label=s.label,
-                )
+                style = {"linestyle": "--" if s.dashed else "-", "marker": "o", "label": s.label}
+                if not s.errors:
+                    pts = sorted(s.points)
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], **style)
+                    continue
+                bars = sorted(zip(s.points, s.errors, strict=True))
+                ys = [p[1] for p, _ in bars]
+                below = [max(0.0, y - e[0]) for y, (_, e) in zip(ys, bars, strict=True)]
+                above = [max(0.0, e[1] - y) for y, (_, e) in zip(ys, bars, strict=True)]
+                ax.errorbar([p[0] for p, _ in bars], ys, yerr=[below, above], capsize=4, **style)
             if chart.log_x:
                 ax.set_xscale("log", base=2)
             if chart.x_ticks:
