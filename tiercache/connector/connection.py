@@ -10,7 +10,7 @@ deterministic, so the same bytes come back; the shared-memory segment may change
 callback hears which segments are in use after each registration).
 
 When the daemon names a control socket (a same-host daemon), unary calls go over it instead of gRPC
-(:mod:`.control`: ~0.1-0.7 ms a call against gRPC's ~1.5 ms after idle), with the same errors, backoff and
+(:mod:`.control`: ~0.4-0.8 ms a call against gRPC's ~1.5-2 ms after idle), with the same errors, backoff and
 re-registration; a control socket that cannot be reached sends the calls back to gRPC.
 
 Namespaces are registered on first use; the handle cache maps each :class:`~tiercache.keys.Namespace` to

@@ -1,16 +1,17 @@
 """The control socket, engine side: the daemon's unary calls over a plain unix socket instead of gRPC.
 
-An engine's calls come between model steps; through gRPC each then costs ~1.5 ms (its threads have gone
-idle), over the daemon's control socket ~0.1 ms (framing and the reason: :mod:`tiercache.wire.control`).
+An engine's calls come between model steps; through gRPC each then costs ~1.5-2 ms (its threads have gone
+idle), over the daemon's control socket ~0.4-0.8 ms (framing and the reason: :mod:`tiercache.wire.control`).
 The daemon names the socket in its RegisterResponse; :class:`~.connection.Connection` then sends every
 unary call here and keeps gRPC for Register, the byte streams and calls it does not wait for.
 
 Calls are blocking and thread-safe: each takes an idle connection from a small pool (or opens one, sending
 the hello with the token) and gives it back after the answer, so concurrent calls never queue behind one
-another. A call that fails on the socket — refused, reset, closed, timed out — closes its connection and
-raises :class:`ControlCallError` with the status gRPC would give (UNAVAILABLE, DEADLINE_EXCEEDED), so that
-the connection's error mapping, backoff and re-registration apply unchanged. A socket that cannot be
-connected to at all (:class:`ControlUnreachable`: nothing was sent) makes the connection go back to gRPC.
+another, and a forked child never uses its parent's connections. A call that fails on the socket —
+refused, reset, closed, timed out — closes its connection and raises :class:`ControlCallError` with the
+status gRPC would give (UNAVAILABLE, DEADLINE_EXCEEDED), so that the connection's error mapping, backoff
+and re-registration apply unchanged. A socket that cannot be connected to at all
+(:class:`ControlUnreachable`: nothing was sent) makes the connection go back to gRPC.
 
 Primitives:
     ControlCallError: a failed call's status code and details (a ``grpc.RpcError``).
@@ -21,6 +22,7 @@ Primitives:
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 
@@ -69,6 +71,7 @@ class ControlSocket:
         self._hello = hello_frame(token)
         self._lock = threading.Lock()
         self._idle: list[socket.socket] = []
+        self._pid = os.getpid()
         self._closed = False
 
     def call(self, rpc: UnaryRpc[Req, Resp], request: Req, timeout_s: float) -> Resp:
@@ -113,6 +116,8 @@ class ControlSocket:
         with self._lock:
             if self._closed:
                 raise ControlCallError(grpc.StatusCode.UNAVAILABLE, "the client is closed")
+            if self._pid != os.getpid():  # a forked child: the parent's connections are the parent's
+                self._idle, self._pid = [], os.getpid()
             while self._idle:
                 sock = self._idle.pop()
                 if _alive(sock):

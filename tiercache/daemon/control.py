@@ -1,7 +1,7 @@
 """The control socket, daemon side: the service's unary calls over a plain unix socket (``<socket>.ctl``).
 
 A same-host engine's calls come between model steps, when gRPC's threads have gone idle, and such a call
-costs ~1.5 ms here; the same request over a unix socket answered on the event loop costs ~0.1 ms (framing:
+costs ~1.5-2 ms here; the same request over a unix socket answered on the event loop ~0.4-0.8 ms (framing:
 :mod:`tiercache.wire.control`). Each call runs through the very handlers gRPC serves (the
 :func:`~.decode.method_handlers` of the servicer: decode check, authentication of the connection's token on
 every call, handle resolution, rate limits, RPC metrics, status mapping), with :class:`ControlContext`

@@ -178,7 +178,7 @@ OPTIONS: tuple[Option, ...] = (
         parse_bool,
         *_fixed(True, "true"),
         "also serve the unary calls on <socket>.ctl, a plain unix socket that same-host engines use instead "
-        "of gRPC (a call ~0.1 ms instead of ~1.5 ms after idle)",
+        "of gRPC (a call ~0.4-0.8 ms instead of ~1.5-2 ms after idle)",
         boolean=True,
     ),
     Option("tcp", parse_tcp, *_fixed("", '"" (off)'), "TCP address to listen on as HOST:PORT", "HOST:PORT"),

@@ -1,7 +1,7 @@
 """The control socket's framing: unary calls of the service over a plain unix socket, without gRPC.
 
 Why: an engine calls the daemon between model steps, so its calls find gRPC's threads idle, and a gRPC
-call after idle costs ~1.5 ms on these machines against ~0.08 ms for a unix-socket round trip. For a
+call after idle costs ~1.5-2 ms on these machines against ~0.1 ms for a bare unix-socket round trip. For a
 request whose cache hit is worth a few milliseconds, that one call is most of the cost. Same-host engines
 therefore send their unary calls over the daemon's control socket, with the very same protobuf messages,
 handlers, authentication and status codes as through gRPC; byte streams and the first Register stay on gRPC.
