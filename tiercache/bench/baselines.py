@@ -1,11 +1,12 @@
 """Bare gRPC baselines over the daemon's own socket: ``Diagnostics.Echo`` and the one-way streams.
 
-The daemon serves them on the same server and socket as the cache, with no cache work, so a cache RPC
-compared with them shows what the cache adds to the transport.
+The daemon serves them on the same server and socket as the cache (and Echo on its control socket too),
+with no cache work, so a cache RPC compared with them shows what the cache adds to the transport.
 
 Primitives:
     DiagnosticsProbe: a channel to the daemon's Diagnostics service.
     DiagnosticsProbe.echo_latency: per-call latency of a unary echo of a given size.
+    DiagnosticsProbe.control_echo_latency: the same over the daemon's control socket.
     DiagnosticsProbe.sink_timing / source_timing: throughput of a one-way stream of messages of a given
         size to / from the daemon (the ceilings of StreamStore / StreamLoad).
 """
@@ -17,6 +18,8 @@ from typing import Any
 
 from tiercache.connector import ChannelConfig, parse_address
 from tiercache.connector.channel import auth_metadata, open_channel
+from tiercache.connector.control import ControlSocket
+from tiercache.connector.rpcs import UnaryRpc
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.proto.tiercache_pb2_grpc import DiagnosticsStub
 from tiercache.wire.framing import split
@@ -24,6 +27,7 @@ from tiercache.wire.framing import split
 from .timing import Latency, Timing, summarize, time_latency
 
 _TIMEOUT_S = 60.0
+_ECHO = UnaryRpc("Echo", pb.EchoMessage, pb.EchoMessage)
 
 
 class EchoMismatchError(RuntimeError):
@@ -45,6 +49,7 @@ class DiagnosticsProbe:
             _registered_method=True,
         )  # responses as received: checked in place, like the byte stream's pieces
         self._metadata = auth_metadata(token)
+        self._token = token
 
     def __enter__(self) -> DiagnosticsProbe:
         return self
@@ -71,6 +76,27 @@ class DiagnosticsProbe:
                 raise EchoMismatchError(f"Echo returned {len(reply.data)} other bytes for {len(payload)}")
 
         return time_latency(call, calls, warmup)
+
+    def control_echo_latency(self, path: str, payload: bytes, calls: int, warmup: int = 10) -> Latency:
+        """Latency of ``Echo(payload)`` over the daemon's control socket at ``path``: the bare cost of a
+        unary call there (what an engine's calls pay instead of gRPC's); every reply is checked.
+
+        Raises:
+            EchoMismatchError: a reply differed from the request.
+            grpc.RpcError: the call failed.
+        """
+        request = pb.EchoMessage(data=payload)
+        control = ControlSocket(path, self._token)
+
+        def call() -> None:
+            reply = control.call(_ECHO, request, _TIMEOUT_S)
+            if reply.data != payload:
+                raise EchoMismatchError(f"Echo returned {len(reply.data)} other bytes for {len(payload)}")
+
+        try:
+            return time_latency(call, calls, warmup)
+        finally:
+            control.close()
 
     def sink_timing(self, message_bytes: int, total_bytes: int, warmup: bool = True) -> Timing:
         """Throughput of ``SinkStream``: ``total_bytes`` (rounded up to whole messages) sent one way, in

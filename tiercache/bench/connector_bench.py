@@ -9,7 +9,8 @@ For each layout case (a model-like KV layout at a chunk size) the bench, in one 
    :class:`~tiercache.connector.ContiguousKV` engine tensors over the shared-memory data plane, verifying
    that every loaded byte equals the stored one (a mismatch is an error, never a figure); the namespace is
    purged after each round so that no round evicts another;
-3. times ``Lookup`` of the stored chain against ``Diagnostics.Echo`` of a message of the same size;
+3. times ``Lookup`` of the stored chain against ``Diagnostics.Echo`` of a message of the same size, over
+   the transport the lookup took (the daemon's control socket when it has one, else gRPC);
 4. stores and loads through the byte stream (``ConnectorConfig(force_remote=True)``), verified the same
    way, against the bare one-way streams ``Diagnostics.SinkStream`` / ``SourceStream`` of the same bytes in
    messages of the path's own piece size (a store against the stream to the daemon, a load against the
@@ -336,7 +337,11 @@ def _lookup_figure(
             raise BenchError(f"lookup found {info.chunks} of {len(keys)} stored chunks")
 
     latency = time_latency(lookup, config.lookup_calls, warmup=10)
-    echo = probe.echo_latency(b"".join(keys), config.lookup_calls, warmup=10)
+    control = client.registration(ns).control_socket  # the lookup went there: so does its echo
+    if control:
+        echo = probe.control_echo_latency(control, b"".join(keys), config.lookup_calls, warmup=10)
+    else:
+        echo = probe.echo_latency(b"".join(keys), config.lookup_calls, warmup=10)
     client.purge(ns)
     ratio = latency.p50_s / echo.p50_s
     return ConnectorFigure(
@@ -347,7 +352,7 @@ def _lookup_figure(
         "lookup",
         "ms",
         latency.p50_ms,
-        "echo",
+        "echo (control socket)" if control else "echo",
         echo.p50_ms,
         ratio,
         LOOKUP_TARGET,

@@ -375,7 +375,7 @@ class Connection:
                 f"the daemon accepted {reg.layout} ({reg.chunk_bytes} bytes per chunk), the namespace has"
                 f" {namespace.layout} ({namespace.layout.chunk_bytes})",
             )
-        control = resp.control_socket if self.config.control_socket and self.endpoint.is_unix else ""
+        control = reg.control_socket if self.config.control_socket and self.endpoint.is_unix else ""
         with self._lock:
             again = namespace in self._registrations
             self._registrations[namespace] = reg

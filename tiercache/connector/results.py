@@ -60,6 +60,7 @@ class Registration:
         segment: the shared-memory segment, or None when the daemon has no shared-memory tier.
         lease_ttl_s: default lifetime of a load lease or store ticket.
         max_stream_message_bytes: largest byte-stream message the daemon accepts or sends.
+        control_socket: where the daemon also serves the unary calls without gRPC ("": nowhere).
     """
 
     handle: bytes
@@ -68,6 +69,7 @@ class Registration:
     segment: SegmentInfo | None
     lease_ttl_s: float
     max_stream_message_bytes: int
+    control_socket: str = ""
 
     @classmethod
     def from_proto(cls, msg: pb.RegisterResponse) -> Registration:
@@ -95,6 +97,7 @@ class Registration:
             segment=segment,
             lease_ttl_s=msg.lease_ttl_s,
             max_stream_message_bytes=msg.max_stream_message_bytes,
+            control_socket=msg.control_socket,
         )
 
 
