@@ -305,7 +305,9 @@ def _recompute_pass(work: _Workload, bar: ProgressBar, round_index: int) -> _Pas
 @contextlib.contextmanager
 def _tiercache(
     config: CompareConfig, layout: KVLayout, work: Path
-) -> Iterator[tuple[TierCacheClient, Namespace]]:
+) -> Iterator[tuple[TierCacheClient, TierCacheClient, Namespace]]:
+    """A daemon, its client for the same-host peer and one for the byte-stream peer (which stands for an
+    engine on another host: its unary calls go through gRPC, not the control socket), and a namespace."""
     chunks = (config.prompts + 1) * (config.prompt_tokens // config.chunk_tokens)
     d = config.daemon
     daemon = EmbeddedDaemonConfig(
@@ -321,9 +323,13 @@ def _tiercache(
     sub.mkdir()
     with use_daemon(config.address, config.token, daemon, sub) as handle:
         client = TierCacheClient.connect(handle.address, handle.token, config=ClientConfig(timeout_s=60.0))
+        remote = ClientConfig(timeout_s=60.0, control_socket=False)
+        stream_client = TierCacheClient.connect(handle.address, handle.token, config=remote)
         try:
-            yield client, Namespace("tiercache-bench/compare", f"run-{secrets.token_hex(4)}", layout)
+            ns = Namespace("tiercache-bench/compare", f"run-{secrets.token_hex(4)}", layout)
+            yield client, stream_client, ns
         finally:
+            stream_client.close()
             client.close()
 
 
@@ -411,11 +417,11 @@ def run_compare(config: CompareConfig, progress: bool = False) -> CompareReport:
         machine = describe_machine(torch.device("cpu"), work)
         load = _workload(config, bar)
         layout = load.layout
-        client, ns = stack.enter_context(_tiercache(config, layout, work))
+        client, stream_client, ns = stack.enter_context(_tiercache(config, layout, work))
         chunk_stores: list[ChunkStore] = [TierCacheStore(ns, client)]
         if config.stream:
             ns_stream = Namespace(ns.model_id, ns.revision + "-stream", layout)
-            chunk_stores.append(TierCacheStore(ns_stream, client, force_remote=True))
+            chunk_stores.append(TierCacheStore(ns_stream, stream_client, force_remote=True))
         skipped: list[PeerResult] = []
         redis_desc = ""
         try:
