@@ -10,7 +10,8 @@ The index never touches a tier: the caller deletes a chunk from its tier before 
 Not thread-safe: every method runs under the cache's index lock.
 
 Primitives:
-    Residency, ChunkEntry: one chunk and its copies.
+    Residency, ChunkEntry: one chunk and its copies (defined in :mod:`tiercache.cache.entries`, compact
+        for a million chunks; import them from either).
     TierCounters, TokenCounters: per-tier counters.
     FoundCounts: how a warm start announces the chunks it found.
     Index: rebuild, tier_stats, lookups (get, visible, cached_prefix, lookup, of_namespace), changes
@@ -25,10 +26,13 @@ import logging
 import operator
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import cast
 
+from tiercache.cache.entries import ChunkEntry as ChunkEntry  # re-exported: the index's entries
+from tiercache.cache.entries import Residency as Residency
+from tiercache.cache.entries import tier_bit
 from tiercache.cache.results import LookupResult
 from tiercache.cache.space import Space
 from tiercache.gcpause import collector_paused, settle
@@ -41,7 +45,7 @@ from tiercache.tiers.depths import DepthKeeper, HeldChunks
 logger = logging.getLogger(__name__)
 
 _PURGED = operator.attrgetter("purged")
-_RES = operator.attrgetter("res")
+_TIERS = operator.attrgetter("tiers")
 _NAMESPACE_ID = operator.attrgetter("namespace_id")
 _LONG_AGO = float("-inf")  # when a copy found at start arrived: its minimum residency is long over
 
@@ -56,45 +60,6 @@ def _first(flags: Iterable[bool]) -> int:
         return marks.index(True)
     except ValueError:
         return len(marks)
-
-
-@dataclass(slots=True)
-class Residency:
-    """One tier's copy of a chunk.
-
-    Attributes:
-        last_access: tick of the last store or read of this copy.
-        stored_at: clock time the copy arrived (minimum residency is measured from it).
-        holds: leases and in-flight copies out of this copy; a held copy is not evicted.
-    """
-
-    last_access: int
-    stored_at: float
-    holds: int = 0
-
-
-@dataclass(slots=True)
-class ChunkEntry:
-    """A chunk the cache knows, and its copies.
-
-    ``cid`` is the chunk id itself (the object the index files it under: no second copy of the key);
-    ``namespace_id`` is its first :data:`NAMESPACE_ID_BYTES` bytes, one object shared by the chunks of
-    a namespace where the caller has one (pinned-namespace checks hash it on every victim search).
-    """
-
-    namespace_id: bytes
-    cid: bytes
-    depth: int
-    nbytes: int
-    res: dict[TierLevel, Residency] = field(default_factory=dict)
-    hits: int = 0
-    pinned: bool = False
-    purged: bool = False  # invisible; its held copies go when their holds end
-
-    @property
-    def key(self) -> bytes:
-        """The chunk key (the id without its namespace id)."""
-        return self.cid[NAMESPACE_ID_BYTES:]
 
 
 @dataclass(slots=True)
@@ -186,9 +151,8 @@ class Index:
         ns_len, namespaces = NAMESPACE_ID_BYTES, dict[bytes, bytes]()
         ns_ids = [cid[:ns_len] for cid in ids]
         ns_ids = list(map(namespaces.setdefault, ns_ids, ns_ids))  # one object per namespace
-        copies = map(Residency, ticks, itertools.repeat(_LONG_AGO))
-        residencies = map(dict, zip(zip(itertools.repeat(level), copies)))  # {level: copy} each
-        found = list(map(ChunkEntry, ns_ids, ids, depths, nbytes, residencies))
+        copies = map(Residency, itertools.repeat(level), ticks, itertools.repeat(_LONG_AGO))
+        found = list(map(ChunkEntry, ns_ids, ids, depths, nbytes, itertools.repeat(tier_bit(level)), copies))
         self._entries.update(zip(ids, found))
         self._space.queue(level).push_many(self._space.policy(level).queue_items(ticks, depths, ids))
         return found
@@ -200,14 +164,14 @@ class Index:
         found: list[ChunkEntry] = []
         ns_len, namespaces = NAMESPACE_ID_BYTES, dict[bytes, bytes]()
         for cid, size, depth, tick in zip(ids, nbytes, depths, ticks, strict=True):
-            res = Residency(tick, _LONG_AGO)
+            res = Residency(level, tick, _LONG_AGO)
             entry = self._entries.get(cid)
             if entry is None:
                 ns_id = namespaces.setdefault(cid[:ns_len], cid[:ns_len])
-                entry = ChunkEntry(ns_id, cid, depth, size, {level: res})
+                entry = ChunkEntry(ns_id, cid, depth, size, tier_bit(level), res)
                 self._entries[cid] = entry
             else:
-                entry.res[level] = res
+                entry.add_copy(res)
             self._space.refresh(cid, entry)
             found.append(entry)
         return found
@@ -292,15 +256,16 @@ class Index:
                 of the prefix (an engine's request); 0 leaves the counters alone (and counts nothing).
         """
         cached = self.cached_prefix(cids)
-        residencies = list(map(_RES, cached))
+        tiers = list(map(_TIERS, cached))  # bit sets of the holders: no object beyond the entry is touched
         by_tier = {
-            level: _first(map(operator.not_, map(operator.contains, residencies, itertools.repeat(level))))
+            level: _first(map(operator.not_, map(operator.and_, tiers, itertools.repeat(tier_bit(level)))))
             for level in self.tokens
         }
         fastest: dict[TierLevel, int] = {}
         if count_tokens:
-            mins = list(map(min, residencies))  # list.count: C-speed (a Counter hashes each enum in Python)
-            fastest = {level: n for level in self.tokens if (n := mins.count(level))}
+            # the fastest holder's bit of each (the lowest bit set)
+            lowest = list(map(operator.and_, tiers, map(operator.neg, tiers)))
+            fastest = {level: n for level in self.tokens if (n := lowest.count(tier_bit(level)))}
             for level, chunks in fastest.items():
                 self.tokens[level].lookup_hit += chunks * count_tokens
         return LookupResult(len(cached), MappingProxyType(by_tier)), fastest
@@ -344,7 +309,7 @@ class Index:
         """
         entry = self._entries.setdefault(cid, entry)
         at = self.tick if tick is None else tick
-        entry.res[level] = Residency(at, now)
+        entry.add_copy(Residency(level, at, now))
         if source is None:  # a store: the engine computed it, a demand on every tier
             self._space.accessed(cid, entry, self.counters.keys(), at, True)
         elif source > level:  # a promotion: demanded from both tiers
@@ -357,14 +322,14 @@ class Index:
 
     def touch(self, cid: bytes, entry: ChunkEntry, level: TierLevel) -> None:
         """A read of ``level``'s copy: it becomes the most recent."""
-        entry.res[level].last_access = self.tick
+        entry.copy(level).last_access = self.tick
         self._space.accessed(cid, entry, (level,), self.tick, True)
         self._space.refresh(cid, entry)
 
     def read(self, cid: bytes, entry: ChunkEntry, level: TierLevel) -> int:
         """A read of ``level``'s copy served to a caller (:meth:`touch` and :meth:`record_hit` in one
         re-ranking: a lease pays this per chunk); returns the chunk's hit count."""
-        entry.res[level].last_access = self.tick
+        entry.copy(level).last_access = self.tick
         self._space.accessed(cid, entry, (level,), self.tick, True)
         self.counters[level].hits += 1
         entry.hits += 1
@@ -380,15 +345,15 @@ class Index:
 
     def hold(self, cid: bytes, entry: ChunkEntry, level: TierLevel) -> None:
         """Protect ``level``'s copy from eviction (a lease, or a copy out of it in flight)."""
-        entry.res[level].holds += 1
+        entry.copy(level).holds += 1
         self._space.queue(level).discard(cid)
 
     def unhold(self, cid: bytes, level: TierLevel) -> bool:
         """End one hold. Returns True when the copy should go now (its chunk was purged, no hold is left)."""
         entry = self._entries.get(cid)
-        if entry is None or level not in entry.res:
+        res = None if entry is None else entry.find_copy(level)
+        if entry is None or res is None:
             return False
-        res = entry.res[level]
         res.holds -= 1
         if res.holds == 0:
             self._space.refresh(cid, entry)
@@ -396,9 +361,9 @@ class Index:
 
     def remove_residency(self, cid: bytes, entry: ChunkEntry, level: TierLevel, evicted: bool) -> None:
         """Record that ``level`` no longer holds a chunk (the caller deleted it from the tier)."""
-        del entry.res[level]
+        entry.drop_copy(level)
         self._space.forget(cid, entry, level)
-        if not entry.res and self._entries.get(cid) is entry:
+        if not entry.tiers and self._entries.get(cid) is entry:
             del self._entries[cid]
         if evicted:
             self.counters[level].evictions += 1
@@ -413,9 +378,9 @@ class Index:
         """
         entry.purged = True
         self._space.refresh(cid, entry)
-        for level in entry.res:
+        for level in entry.levels:
             self._emit(ChunkEvent(EventKind.REMOVED, level, entry.namespace_id, entry.key, False))
-        return [level for level, res in entry.res.items() if res.holds == 0]
+        return [res.level for res in entry.copies() if res.holds == 0]
 
     # ------------------------------------------------------------------ pins
 

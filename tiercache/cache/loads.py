@@ -145,7 +145,7 @@ class Loads:
         """See :meth:`CacheManager.plan_load` (arguments already checked)."""
         nbytes = layout.chunk_bytes
         with self._lock:
-            sources = [min(entry.res) for entry in self._index.cached_prefix(cids)]
+            sources = [entry.fastest for entry in self._index.cached_prefix(cids)]
         copy_out = self._rates.load_seconds(target, nbytes)
 
         def chunk_seconds(source: TierLevel) -> float:
@@ -172,16 +172,16 @@ class Loads:
             if entry is None:
                 self._index.counters[level].misses += 1
                 return None
-            if level in entry.res:
+            if entry.has_copy(level):
                 self._take(cid, entry, level, lease)
                 return level
-            source = min(entry.res)
+            source = entry.fastest
             self._index.counters[level].misses += 1
         if bring is None or not bring():
             return None
         with self._lock:
             entry = self._index.visible(cid)
-            if entry is None or level not in entry.res:
+            if entry is None or not entry.has_copy(level):
                 return None
             self._take(cid, entry, level, lease)
             return source
@@ -212,7 +212,7 @@ class Loads:
             check_open()
             self._index.next_tick()
             entry = self._index.visible(cid)
-            src = min(entry.res) if entry is not None else None
+            src = entry.fastest if entry is not None else None
             for level in self._levels:
                 if src is not None and level >= src:
                     break
@@ -228,7 +228,7 @@ class Loads:
                 return None
             with self._lock:
                 current = self._index.get(cid)
-                if current is not None and src in current.res:
+                if current is not None and current.has_copy(src):
                     self._index.touch(cid, current, src)
             return buf
 

@@ -303,7 +303,7 @@ class CacheManager:
         target = checks.slot_level(self._tiers, level)
         with self._lock:
             self._check_open()
-            plan = [(cid, e.nbytes, target in e.res) for cid, e in zip(cids, self._index.cached_prefix(cids))]
+            plan = [(c, e.nbytes, e.has_copy(target)) for c, e in zip(cids, self._index.cached_prefix(cids))]
             return self._prefetcher.start(plan, target)
 
     def plan_load(

@@ -135,7 +135,7 @@ class Mover:
     def lost(self, cid: bytes, level: TierLevel) -> None:
         """A tier no longer has a chunk the index said it had (a corrupt value it deleted). Under the lock."""
         entry = self._index.get(cid)
-        if entry is not None and level in entry.res:
+        if entry is not None and entry.has_copy(level):
             self._index.counters[level].misses += 1
             self.drop(cid, entry, level, evicted=False)
 
@@ -195,9 +195,9 @@ class Mover:
                     self._index.unhold(victim, level)
                     entry = self._index.get(victim)
                     # Someone may have leased it meanwhile: then it stays, and the loop picks another.
-                    if entry is not None and level in entry.res and entry.res[level].holds == 0:
+                    if entry is not None and entry.has_copy(level) and entry.copy(level).holds == 0:
                         self.drop(victim, entry, level, evicted=not entry.purged)
-                    kept = entry is not None and level in entry.res
+                    kept = entry is not None and entry.has_copy(level)
                     if reason is not None and not kept and not (entry is not None and entry.purged):
                         self._dropped(victim, level, f"demotion into {below.name} failed ({reason})")
 
@@ -220,7 +220,7 @@ class Mover:
     def _demotion_target(self, cid: bytes, entry: ChunkEntry, level: TierLevel) -> TierLevel | None:
         """Where an evicted copy goes: the next slower tier when none holds it and the policy keeps it."""
         slower = [lv for lv in self._levels if lv > level]
-        held_below = any(lv in entry.res or (cid, lv) in self._copying for lv in slower)
+        held_below = any(entry.has_copy(lv) or (cid, lv) in self._copying for lv in slower)
         if slower and not held_below and self._writes.on_evict(entry.hits, self._index.is_pinned(entry)):
             return slower[0]
         return None
@@ -262,8 +262,8 @@ class Mover:
                 entry = self._index.get(cid)
                 if entry is None:
                     continue
-                needs_copy = target not in entry.res
-                if needs_copy and not any(lv < target for lv in entry.res):
+                needs_copy = not entry.has_copy(target)
+                if needs_copy and not any(lv < target for lv in entry.levels):
                     continue
             if needs_copy and not self.move(cid, target):
                 continue
@@ -272,7 +272,7 @@ class Mover:
                 entry = self._index.get(cid)
                 if entry is None:
                     continue
-                for lv in [lv for lv, res in entry.res.items() if lv < target and res.holds == 0]:
+                for lv in [r.level for r in entry.copies() if r.level < target and r.holds == 0]:
                     self.drop(cid, entry, lv, evicted=False)
         return moved
 
@@ -286,11 +286,11 @@ class Mover:
             entry = self._index.visible(cid)
             if entry is None:
                 return None
-            src = min(entry.res)
+            src = entry.fastest
             missing = [
                 lv
                 for lv in self._levels
-                if lv > src and lv not in entry.res and (cid, lv) not in self._copying
+                if lv > src and not entry.has_copy(lv) and (cid, lv) not in self._copying
             ]
             if not missing:
                 return None
@@ -317,11 +317,11 @@ class Mover:
             entry = self._index.visible(cid)
             if entry is None:
                 return MoveOutcome.ABSENT
-            if dst in entry.res:
+            if entry.has_copy(dst):
                 return MoveOutcome.DONE
             if (cid, dst) in self._copying:
                 return MoveOutcome.ABSENT
-            src = min(entry.res)
+            src = entry.fastest
             nbytes = entry.nbytes
             self._index.hold(cid, entry, src)
             self._copying.add((cid, dst))
@@ -397,7 +397,7 @@ class Mover:
         """
         with self._lock:
             entry = self._index.get(cid)
-            if entry is None or level not in entry.res:
+            if entry is None or not entry.has_copy(level):
                 return False
             self._index.hold(cid, entry, level)
         try:

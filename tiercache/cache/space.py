@@ -172,8 +172,10 @@ class Space:
 
     def refresh(self, cid: bytes, entry: ChunkEntry) -> None:
         """Re-rank every residency of a chunk after its access time, hits, holds or pin changed."""
-        fastest, slowest = min(entry.res, default=None), max(entry.res, default=None)
-        for level, res in entry.res.items():
+        copies = entry.copies()
+        fastest, slowest = copies[0].level if copies else None, copies[-1].level if copies else None
+        for res in copies:
+            level = res.level
             queue = self._queues[level]
             if res.holds > 0 or entry.pinned or entry.purged:
                 queue.discard(cid)
@@ -194,7 +196,7 @@ class Space:
     def forget(self, cid: bytes, entry: ChunkEntry, level: TierLevel) -> None:
         """A residency ended (already taken out of ``entry``): the chunk's other copies are ranked again."""
         self._queues[level].discard(cid)
-        if entry.res:
+        if entry.tiers:
             self.refresh(cid, entry)
 
     def victim(
@@ -221,7 +223,7 @@ class Space:
                     return False
             elif self._protected is not None and self._protected(level, entry):
                 return False
-            return now - entry.res[level].stored_at >= self._min_residency_s
+            return now - entry.copy(level).stored_at >= self._min_residency_s
 
         queue = self._queues[level]
         self._policies[level].sized(len(queue))

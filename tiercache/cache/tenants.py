@@ -243,7 +243,7 @@ class Tenants:
                 if victim is not None:
                     entry = self._index.get(victim)
                     assert entry is not None
-                    copy_to = slower[0] if slower and not any(lv > level for lv in entry.res) else None
+                    copy_to = slower[0] if slower and not any(lv > level for lv in entry.levels) else None
                     if copy_to is not None:
                         self._index.hold(victim, entry, level)
             if victim is None:  # queued write-downs hold the chunks they copy: wait for them, once
@@ -258,7 +258,7 @@ class Tenants:
                         self._index.unhold(victim, level)
             with self._lock:
                 entry = self._index.get(victim)
-                if entry is not None and level in entry.res and entry.res[level].holds == 0:
+                if entry is not None and entry.has_copy(level) and entry.copy(level).holds == 0:
                     self._mover.drop(victim, entry, level, evicted=True)
 
     # ------------------------------------------------------------------ limits
@@ -407,7 +407,7 @@ class Tenants:
         def pending(level: TierLevel) -> int:  # committed chunks a write-down will still bring into level
             with self._lock:
                 entries = [self._index.visible(c) for c in cids]
-            return sum(1 for e in entries if e is not None and level not in e.res)
+            return sum(1 for e in entries if e is not None and not e.has_copy(level))
 
         try:
             self._trim(namespace_id, self._levels[0], pending, 0.0)  # best effort: a commit never waits

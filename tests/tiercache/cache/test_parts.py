@@ -136,7 +136,7 @@ def test_held_pinned_young_and_pinned_namespaces_are_never_chosen() -> None:
     assert b.victims(now=200.0) == []
     b.index.pin_namespace(b"n" * 16, False)
     assert b.victims(now=200.0) == [cid(1), cid(2), cid(3)]
-    assert young.res[L1].holds == 0 and pinned.hits == 0 and free.res == {L1: free.res[L1]}
+    assert young.copy(L1).holds == 0 and pinned.hits == 0 and free.levels == (L1,)
 
 
 def test_remove_and_purge_keep_queue_and_index_consistent() -> None:
@@ -160,7 +160,7 @@ def test_remove_and_purge_keep_queue_and_index_consistent() -> None:
 def test_candidate_priority_feeds_the_queue() -> None:
     b = Books(LfuPolicy())
     e = b.add(7, depth=3)
-    assert b.space.queue(L1).priority(cid(7)) == LfuPolicy().priority(Candidate(e.res[L1].last_access, 3, 0))
+    assert b.space.queue(L1).priority(cid(7)) == LfuPolicy().priority(Candidate(e.copy(L1).last_access, 3, 0))
 
 
 # ---------------------------------------------------------------- LeaseTable
@@ -238,7 +238,7 @@ def test_no_room_releases_the_source_hold(
     _store(index, tiers, L3, 3)
     assert mover.move_outcome(cid(3), L1) is MoveOutcome.NO_ROOM
     entry = index.get(cid(3))
-    assert entry is not None and entry.res[L3].holds == 0 and _reserved(tiers) == [0, 0]
+    assert entry is not None and entry.copy(L3).holds == 0 and _reserved(tiers) == [0, 0]
     with pytest.raises(CapacityError, match="leased, pinned"):
         mover.reserve(L1, [cid(9)], [NBYTES])
 
@@ -257,7 +257,7 @@ def test_a_failing_copy_aborts_and_releases(
     with pytest.raises(OSError, match="disk full"):
         mover.move(cid(1), L3)
     entry = index.get(cid(1))
-    assert entry is not None and entry.res[L1].holds == 0 and L3 not in entry.res
+    assert entry is not None and entry.copy(L1).holds == 0 and not entry.has_copy(L3)
     assert _reserved(tiers) == [0, 0] and mover.copying() == set()
 
 
@@ -270,7 +270,7 @@ def test_eviction_demotes_with_the_copy_outside_and_drops_the_victim(
     (ws,) = mover.reserve(L1, [cid(3)], [NBYTES])
     tiers[L1].abort([ws])
     e1 = index.get(cid(1))
-    assert e1 is not None and set(e1.res) == {L3}  # demoted to L3 (on-evict), then dropped from L1
+    assert e1 is not None and e1.levels == (L3,)  # demoted to L3 (on-evict), then dropped from L1
     got = torch.empty(NBYTES, dtype=torch.uint8)
     assert tiers[L3].read_into([cid(1)], [got]) == [True] and bool((got == 1).all())
     assert index.counters[L1].evictions == 1 and index.counters[L3].demotions == 1

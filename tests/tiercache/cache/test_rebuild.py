@@ -87,7 +87,7 @@ def test_rebuild_files_the_l3_chunks_in_use_order_with_depths(tmp_path: Path) ->
         assert list(index) == cids and len(index) == len(cids)
         entries = [index.get(cid) for cid in cids]
         assert all(e is not None for e in entries)
-        ticks = [e.res[L3].last_access for e in entries if e is not None]
+        ticks = [e.copy(L3).last_access for e in entries if e is not None]
         assert ticks == sorted(ticks) and len(set(ticks)) == len(cids)
         assert [e.depth for e in entries if e is not None] == [i for i in range(5) for _ in (1, 2)]
         by_ns = {

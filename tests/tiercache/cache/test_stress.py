@@ -42,15 +42,15 @@ def check_invariants(cache: CacheManager) -> None:
         assert cache._leases.stores() == []
         for level, tier in cache._tiers.items():
             assert tier.usage().reserved_bytes == 0, level
-            indexed = {c for c, e in cache._index.entries.items() if level in e.res}
+            indexed = {c for c, e in cache._index.entries.items() if e.has_copy(level)}
             assert {c for c, _ in tier.entries()} == indexed, level
             queue = cache._space.queue(level)
             for c, entry in cache._index.entries.items():
-                if level in entry.res:
-                    assert entry.res[level].holds == 0 and not entry.purged
+                if entry.has_copy(level):
+                    assert entry.copy(level).holds == 0 and not entry.purged
                     assert (c in queue) == (not entry.pinned), (level, c)
             assert len(queue) == len(indexed) - sum(
-                1 for e in cache._index.entries.values() if level in e.res and e.pinned
+                1 for e in cache._index.entries.values() if e.has_copy(level) and e.pinned
             )
 
 
