@@ -172,18 +172,15 @@ class Mover:
                     self._reap(now)
                     reaped = True
                     continue
-                victim = self._space.victim(level, now, self._index.entries, self._index.pinned_namespaces)
+                victim, entry, below = self._victims(level, now, need - usage.free_bytes)
                 if victim is None:
                     raise CapacityError(
                         f"{level.name}: {need} bytes wanted, {usage.free_bytes} free and nothing else "
                         "evictable (leased, pinned or younger than the minimum residency)"
                     )
-                entry = self._index.get(victim)
-                assert entry is not None
-                below = self._demotion_target(victim, entry, level)
                 if below is None:
-                    self.drop(victim, entry, level, evicted=True)
                     continue
+                assert entry is not None
                 self._index.hold(victim, entry, level)
             reason: str | None = "interrupted"
             try:
@@ -216,6 +213,44 @@ class Mover:
             except CapacityError as exc:
                 errors.append(str(exc))
         raise CapacityError("no tier can hold the chunks: " + "; ".join(errors))
+
+    def _victims(
+        self, level: TierLevel, now: float, short: int
+    ) -> tuple[bytes | None, ChunkEntry | None, TierLevel | None]:
+        """Evict, in policy order, the victims of ``level`` that need no demotion until their charges cover
+        ``short`` bytes (at least one victim), deleting them from the tier in one call (one LMDB transaction
+        for them all: per victim, a transaction was most of an evicting store's cost at a million chunks).
+        Call under the lock.
+
+        A charge is never less than what deleting the chunk frees, so this evicts no victim that one eviction
+        at a time would not have (``short`` <= 0, a fragmented tier: exactly one).
+
+        Returns:
+            ``(victim, entry, below)``: the last victim taken, its entry and the tier it must be demoted to
+            (None: it was evicted with the others); ``(None, None, None)`` when nothing was evictable.
+        """
+        tier, taken = self._tiers[level], list[tuple[bytes, ChunkEntry]]()
+        victim: bytes | None = None
+        entry: ChunkEntry | None = None
+        below: TierLevel | None = None
+        while short > 0 or not taken:
+            victim = self._space.victim(level, now, self._index.entries, self._index.pinned_namespaces)
+            if victim is None:
+                break
+            entry = self._index.get(victim)
+            assert entry is not None
+            below = self._demotion_target(victim, entry, level)
+            if below is not None:
+                break
+            taken.append((victim, entry))
+            short -= tier.charge(entry.nbytes)
+        if taken:
+            tier.delete([cid for cid, _ in taken])
+            for cid, dropped in taken:
+                self._index.remove_residency(cid, dropped, level, True)
+            if victim is None:
+                victim, entry = taken[-1]
+        return victim, entry, below
 
     def _demotion_target(self, cid: bytes, entry: ChunkEntry, level: TierLevel) -> TierLevel | None:
         """Where an evicted copy goes: the next slower tier when none holds it and the policy keeps it."""

@@ -1,0 +1,106 @@
+"""Mover.reserve evicts the victims that need no demotion in one tier call, and exactly those that one
+eviction at a time would: oldest first, no more than the room asked for, stopping at one that must be
+demoted (which is demoted as before)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+import torch
+
+from tiercache.cache.index import ChunkEntry, Index
+from tiercache.cache.mover import Mover
+from tiercache.cache.space import Space
+from tiercache.keys import CHUNK_ID_BYTES
+from tiercache.policies import LruPolicy, OnEvict
+from tiercache.rates import RateEstimator
+from tiercache.tiers.base import StorageTier, TierLevel
+from tiercache.tiers.hbm import HbmTier, HbmTierConfig
+from tiercache.tiers.lmdb import LmdbTier, LmdbTierConfig
+from tiercache.tiers.values import HEADER_BYTES
+
+L1, L3 = TierLevel.L1, TierLevel.L3
+NBYTES = 1024
+
+
+def cid(i: int) -> bytes:
+    return i.to_bytes(4, "big") * (CHUNK_ID_BYTES // 4)
+
+
+class CountingLmdbTier(LmdbTier):
+    """The real L3 tier, recording the ids of each ``delete`` call."""
+
+    def __init__(self, config: LmdbTierConfig) -> None:
+        super().__init__(config)
+        self.deletes: list[list[bytes]] = []
+
+    def delete(self, chunk_ids: Sequence[bytes]) -> int:
+        self.deletes.append(list(chunk_ids))
+        return super().delete(chunk_ids)
+
+
+Parts = tuple[Mover, Index, dict[TierLevel, StorageTier], CountingLmdbTier]
+
+
+@pytest.fixture
+def parts(tmp_path: Path) -> Iterator[Parts]:
+    l3 = CountingLmdbTier(
+        LmdbTierConfig(path=str(tmp_path / "l3"), capacity_bytes=8 * (NBYTES + HEADER_BYTES))
+    )
+    tiers: dict[TierLevel, StorageTier] = {
+        L1: HbmTier(HbmTierConfig(capacity_bytes=4 * NBYTES, slot_bytes=NBYTES, device="cpu")),
+        L3: l3,
+    }
+    space = Space(tiers, LruPolicy(), 0.0)
+    index = Index(list(tiers), space, lambda e: None)
+    mover = Mover(
+        threading.RLock(), tiers, index, space, OnEvict(), RateEstimator(), lambda: 0.0, lambda n: None
+    )
+    yield mover, index, tiers, l3
+    for tier in tiers.values():
+        tier.close()
+
+
+def _store(index: Index, tiers: dict[TierLevel, StorageTier], level: TierLevel, i: int) -> None:
+    (ws,) = tiers[level].reserve([cid(i)], [NBYTES])
+    ws.buffer.fill_(i)
+    tiers[level].commit([ws])
+    index.next_tick()
+    entry = index.get(cid(i)) or ChunkEntry(b"n" * 16, cid(i), 0, NBYTES)
+    index.add_residency(cid(i), entry, level, 0.0)
+
+
+def _intact(tier: StorageTier, ids: list[int]) -> bool:
+    bufs = [torch.empty(NBYTES, dtype=torch.uint8) for _ in ids]
+    found = tier.read_into([cid(i) for i in ids], bufs)
+    return all(found) and all(bool((b == i).all()) for i, b in zip(ids, bufs))
+
+
+def test_a_full_l3_evicts_the_oldest_in_one_delete_and_no_more(parts: Parts) -> None:
+    mover, index, tiers, l3 = parts
+    for i in range(1, 9):
+        _store(index, tiers, L3, i)
+    slots = mover.reserve(L3, [cid(20), cid(21), cid(22)], [NBYTES] * 3)
+    l3.abort(slots)
+    assert l3.deletes == [[cid(1), cid(2), cid(3)]]
+    assert [i for i in range(1, 9) if index.get(cid(i)) is None] == [1, 2, 3]
+    assert index.counters[L3].evictions == 3 and l3.usage().chunks == 5
+    assert _intact(l3, [4, 5, 6, 7, 8])
+
+
+def test_the_batch_stops_at_a_victim_that_must_be_demoted(parts: Parts) -> None:
+    mover, index, tiers, l3 = parts
+    _store(index, tiers, L1, 1)
+    _store(index, tiers, L3, 1)  # written down: its L1 copy goes without a demotion
+    _store(index, tiers, L1, 2)  # only in L1: demoted to L3 when evicted
+    _store(index, tiers, L1, 3)
+    _store(index, tiers, L1, 4)
+    slots = mover.reserve(L1, [cid(20), cid(21)], [NBYTES] * 2)
+    tiers[L1].abort(slots)
+    e1, e2 = index.get(cid(1)), index.get(cid(2))
+    assert e1 is not None and e1.levels == (L3,) and e2 is not None and e2.levels == (L3,)
+    assert index.counters[L1].evictions == 2 and index.counters[L3].demotions == 1
+    assert _intact(l3, [1, 2]) and _intact(tiers[L1], [3, 4])
