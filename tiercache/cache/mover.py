@@ -354,7 +354,10 @@ class Mover:
                 if entry.purged:  # purged while the copy ran: the new copy must not appear
                     self._tiers[dst].delete([cid])
                     return MoveOutcome.ABSENT
-                self._index.add_residency(cid, entry, dst, self._clock(), source=src)
+                # A copy down (a write-down, a demotion) is no use of the chunk: it keeps the recency of
+                # its source, not the tick of whatever operation the write-back worker ran in.
+                tick = entry.res[src].last_access if dst > src and src in entry.res else None
+                self._index.add_residency(cid, entry, dst, self._clock(), tick=tick, source=src)
                 counters = self._index.counters
                 if dst < src:
                     counters[dst].promotions += 1
