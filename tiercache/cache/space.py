@@ -19,7 +19,7 @@ last use of its chunk in any tier.
 
 Primitives:
     VictimQueue: push / push_many / discard / pop_min(eligible) / rerank over one tier's chunks.
-    Space: the queues and policies of every tier: policy, refresh, accessed, forget, victim.
+    Space: the queues and policies of every tier: policy, refresh, accessed, backdate, forget, victim.
 """
 
 from __future__ import annotations
@@ -215,6 +215,14 @@ class Space:
         c = Candidate(tick, entry.depth, entry.hits)
         for level in levels:
             self._policies[level].observe(cid, c, demand)
+
+    def backdate(self, cid: bytes, entry: ChunkEntry, level: TierLevel, tick: int) -> None:
+        """A copy made by a demotion outlived the copy it was made from: it takes that copy's last access
+        ``tick`` when older than its own (the demotion was no use of the chunk) and is ranked again."""
+        res = entry.res.get(level)
+        if res is not None and res.last_access > tick:
+            res.last_access = tick
+            self.refresh(cid, entry)
 
     def forget(self, cid: bytes, entry: ChunkEntry, level: TierLevel) -> None:
         """A residency ended (already taken out of ``entry``): the chunk's other copies are ranked again."""

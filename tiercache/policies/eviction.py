@@ -209,7 +209,7 @@ class AdaptivePolicy(EvictionPolicy):
     each stretch of segmented mode hoards the never-read chunks it ranks. (The ``workload`` bench's RAG
     trace at 16 MiB of L2, write-downs awaited after each request: L3 flipping at 0 hit 1580 chunks
     where plain LRU on the same slots hits 1600; with this rule, the re-ranking below and the
-    hierarchy-wide recency and shadows of :mod:`tiercache.cache.space`, 1603.)
+    hierarchy-wide recency and shadows of :mod:`tiercache.cache.space`, 1602.)
 
     When the mode turns to recency, the never-read chunks queued in segmented mode are re-ranked by
     recency (:meth:`reranked`: O(n) in the tier's queued chunks, once per turn; turns are rare, see
