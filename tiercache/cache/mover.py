@@ -185,6 +185,7 @@ class Mover:
                     self.drop(victim, entry, level, evicted=True)
                     continue
                 self._index.hold(victim, entry, level)
+                self._space.leaving.add(victim)
             reason: str | None = "interrupted"
             try:
                 reason = _FAILED.get(self.move_outcome(victim, below))
@@ -192,6 +193,7 @@ class Mover:
                 reason = f"{type(exc).__name__}: {exc}"
             finally:
                 with self._lock:
+                    self._space.leaving.discard(victim)
                     self._index.unhold(victim, level)
                     entry = self._index.get(victim)
                     # Someone may have leased it meanwhile: then it stays, and the loop picks another.

@@ -169,6 +169,9 @@ class Space:
         self._policies = {level: policy.for_tier() for level in self._queues}
         self._min_residency_s = min_residency_s
         self._protected = protected
+        self.leaving: set[bytes] = set()
+        """Chunks whose copy in some tier is being evicted with a demotion (:meth:`Mover.reserve`): their
+        copies in slower tiers are not victims meanwhile (see :meth:`victim`)."""
 
     def queue(self, level: TierLevel) -> VictimQueue:
         """The victim queue of one tier."""
@@ -240,9 +243,11 @@ class Space:
     ) -> bytes | None:
         """Take the next victim of ``level`` out of its queue, or None when nothing is evictable.
 
-        A chunk of a pinned namespace, or younger than the minimum residency, is skipped and stays queued;
-        so is a protected one, unless ``accept`` is given: then only the chunks it accepts are candidates
-        (a tenant trimming its own chunks).
+        A chunk of a pinned namespace, or younger than the minimum residency, is skipped and stays queued,
+        and so is the copy a demotion made of a chunk whose faster copy is being evicted (until the
+        eviction drops that copy, the new one ranks as a duplicate, which go first: taken then, the chunk
+        would leave both tiers); so is a protected one, unless ``accept`` is given: then only the chunks it
+        accepts are candidates (a tenant trimming its own chunks).
         """
 
         def eligible(cid: bytes) -> bool:
@@ -254,6 +259,8 @@ class Space:
                     return False
             elif self._protected is not None and self._protected(level, entry):
                 return False
+            if cid in self.leaving and any(lv < level for lv in entry.res):
+                return False  # about to be the chunk's last copy, though it still ranks as a duplicate
             return now - entry.res[level].stored_at >= self._min_residency_s
 
         queue, policy = self._queues[level], self._policies[level]
