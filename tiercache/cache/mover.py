@@ -182,6 +182,7 @@ class Mover:
                     continue
                 assert entry is not None
                 self._index.hold(victim, entry, level)
+                self._space.leaving.add(victim)
             reason: str | None = "interrupted"
             try:
                 reason = _FAILED.get(self.move_outcome(victim, below))
@@ -189,11 +190,14 @@ class Mover:
                 reason = f"{type(exc).__name__}: {exc}"
             finally:
                 with self._lock:
+                    self._space.leaving.discard(victim)
                     self._index.unhold(victim, level)
                     entry = self._index.get(victim)
                     # Someone may have leased it meanwhile: then it stays, and the loop picks another.
                     if entry is not None and entry.has_copy(level) and entry.copy(level).holds == 0:
+                        last_use = entry.copy(level).last_access
                         self.drop(victim, entry, level, evicted=not entry.purged)
+                        self._space.backdate(victim, entry, below, last_use)
                     kept = entry is not None and entry.has_copy(level)
                     if reason is not None and not kept and not (entry is not None and entry.purged):
                         self._dropped(victim, level, f"demotion into {below.name} failed ({reason})")
@@ -277,9 +281,15 @@ class Mover:
             self._index.next_tick()
         return sum(self.move(cid, dst) for cid in cids)
 
-    def move_outcome(self, cid: bytes, dst: TierLevel, observe: bool = True) -> MoveOutcome:
-        """Like :meth:`move`, with the reason a move did not happen."""
-        return self._flights.run((cid, dst), lambda: self._copy(cid, dst, observe))[0]
+    def move_outcome(
+        self, cid: bytes, dst: TierLevel, observe: bool = True, keep_recency: bool = False
+    ) -> MoveOutcome:
+        """Like :meth:`move`, with the reason a move did not happen.
+
+        ``keep_recency``: the new copy takes the source copy's last access, not the current tick (a
+        write-down: no use of the chunk, see :meth:`write_down_step`).
+        """
+        return self._flights.run((cid, dst), lambda: self._copy(cid, dst, observe, keep_recency))[0]
 
     def demote(self, cids: Sequence[bytes], target: TierLevel, check_open: Callable[[], None]) -> int:
         """Copy chunks down into ``target`` when needed, then drop their unheld copies in faster tiers.
@@ -316,6 +326,12 @@ class Mover:
 
         A write-down that finds no room, loses its source or raises is counted as a dropped chunk of the
         target tier (the exception propagates).
+
+        The copy keeps its source's recency: a write-down is no use of the chunk, and the tick of whatever
+        operation the write-back worker ran in would rank it by the worker's timing. (A demotion on
+        eviction takes it only once the evicted copy is dropped (:meth:`reserve`): until then the new
+        copy ranks as one a faster tier holds, and with an old tick it would be the slower tier's first
+        victim in that window, so that the chunk would leave both tiers.)
         """
         with self._lock:
             entry = self._index.visible(cid)
@@ -331,7 +347,7 @@ class Mover:
                 return None
         dst = missing[0]
         try:
-            outcome = self.move_outcome(cid, dst, observe=False)
+            outcome = self.move_outcome(cid, dst, observe=False, keep_recency=True)
         except Exception as exc:
             with self._lock:
                 self._dropped(cid, dst, f"write-down failed ({type(exc).__name__}: {exc})")
@@ -347,7 +363,7 @@ class Mover:
         self._index.counters[level].dropped_chunks += 1
         logger.warning("dropped chunk %s at %s: %s", cid.hex(), level.name, reason)
 
-    def _copy(self, cid: bytes, dst: TierLevel, observe: bool) -> MoveOutcome:
+    def _copy(self, cid: bytes, dst: TierLevel, observe: bool, keep_recency: bool) -> MoveOutcome:
         with self._lock:
             entry = self._index.visible(cid)
             if entry is None:
@@ -389,7 +405,8 @@ class Mover:
                 if entry.purged:  # purged while the copy ran: the new copy must not appear
                     self._tiers[dst].delete([cid])
                     return MoveOutcome.ABSENT
-                self._index.add_residency(cid, entry, dst, self._clock(), source=src)
+                tick = entry.copy(src).last_access if keep_recency and entry.has_copy(src) else None
+                self._index.add_residency(cid, entry, dst, self._clock(), tick=tick, source=src)
                 counters = self._index.counters
                 if dst < src:
                     counters[dst].promotions += 1

@@ -4,7 +4,8 @@ Chunks under a lease, pinned chunks and chunks younger than the minimum residenc
 
 A policy with state of its own (the adaptive one) is made once per tier (:meth:`EvictionPolicy.for_tier`)
 and told of the tier's accesses (:meth:`EvictionPolicy.observe`) and of its size when it must make room
-(:meth:`EvictionPolicy.sized`); the others ignore both.
+(:meth:`EvictionPolicy.sized`); the others ignore both. When its ranking of chunks already queued changes,
+it says how to re-rank them (:meth:`EvictionPolicy.reranked`, asked before each victim choice).
 
 Primitives:
     Candidate: what a policy may look at.
@@ -18,7 +19,7 @@ from __future__ import annotations
 import abc
 import enum
 import operator
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 
@@ -99,13 +100,20 @@ class EvictionPolicy(abc.ABC):
         """An access of ``cid`` in the tier, ignored by default.
 
         ``demand``: an engine asked for the chunk (a store after a miss, a read, a promotion out of or into
-        the tier), whether or not the tier held it; False: a copy written down or demoted into the tier.
+        the tier, a read served by a faster tier), whether or not the tier held it; False: a copy written
+        down or demoted into the tier.
         """
         del cid, c, demand
 
     def sized(self, chunks: int) -> None:
-        """The tier must make room while it holds ``chunks`` evictable chunks; ignored by default."""
+        """The tier must make room while it and the faster tiers hold ``chunks`` evictable chunks (the cache
+        down to this tier, whose chunks leave it through this tier's victims); ignored by default."""
         del chunks
+
+    def reranked(self) -> Callable[[RankedChunk], RankedChunk] | None:
+        """How to re-rank the tier's queued items when the ranking changed since the last call (each item to
+        its new item, from the item alone), or None when it did not: a fixed ranking never does."""
+        return None
 
 
 class LruPolicy(EvictionPolicy):
@@ -189,12 +197,28 @@ class AdaptivePolicy(EvictionPolicy):
       it arrived (a chat's next turn) survives one-off chunks that arrived earlier. The never-read chunks
       ranked in segmented mode before still go first: the one-offs a scan left behind are flushed.
 
-    The mode comes from two shadow caches (:mod:`tiercache.policies.shadow`: ids only, no bytes, the tier's
-    capacity) that replay the tier's accesses under each order on a hash sample of its chunks; a net
-    shadow hit moves a saturating score toward the order that had it. Segmented mode holds while the
-    score is >= 0, so a tier starts scan-resistant (the first pass of a cycle leaves nothing to learn
-    from) and turns to recency as soon as recency would have hit more. Cost: O(log n) per sampled access
-    and no scan (the shadows hold at most :data:`~tiercache.policies.shadow.MAX_SHADOW_CHUNKS` ids each).
+    The mode comes from two shadow caches (:mod:`tiercache.policies.shadow`: ids only, no bytes, the size
+    the cache sets with :meth:`sized`) that replay the tier's accesses (and the uses of its chunks that
+    faster tiers serve: :meth:`EvictionPolicy.observe`) under each order on a hash sample of them; a net
+    shadow hit moves a saturating score toward the order that had it. A tier starts scan-resistant (the
+    first pass of a cycle leaves nothing to learn from) and turns to recency as soon as recency would have
+    hit more (score < 0); it turns back only on a saturated score (+:data:`_SCORE_LIMIT`). The asymmetry:
+    where scan resistance pays (a cycle) every chunk of the cycle is a segmented-only shadow hit and the
+    score saturates within a few prompts; where the two orders are close (Zipf reuse with one-off
+    chunks) the score wanders around 0, and flipping with it costs more than either order, because
+    each stretch of segmented mode hoards the never-read chunks it ranks. (The ``workload`` bench's RAG
+    trace at 16 MiB of L2, write-downs awaited after each request: L3 flipping at 0 hit 1580 chunks
+    where plain LRU on the same slots hits 1600; with this rule, the re-ranking below and the
+    hierarchy-wide recency and shadows of :mod:`tiercache.cache.space`, 1602.)
+
+    When the mode turns to recency, the never-read chunks queued in segmented mode are re-ranked by
+    recency (:meth:`reranked`: O(n) in the tier's queued chunks, once per turn; turns are rare, see
+    above, and a tier of a million chunks re-ranks in about a second): left in segmented rank
+    they would go before every other chunk, newest first, the reverse of recency, so that the chunks
+    kept the longest would be the ones the tier filled up with. (Chunks queued in recency mode keep their
+    rank when segmented mode returns: in front of them, the newest never-read chunks go first, which is
+    what segmented mode wants.) Cost: O(log n) per sampled access and no scan (the shadows hold at most
+    :data:`~tiercache.policies.shadow.MAX_SHADOW_CHUNKS` ids each).
 
     Before all of these go the copies a faster tier holds too, least recently used first: a tier whose
     faster neighbour keeps a subset of it (write-through) would otherwise spend its slots on duplicates,
@@ -213,11 +237,14 @@ class AdaptivePolicy(EvictionPolicy):
         )
         self.score = 0
         """Net shadow hits of the segmented order over the recency order, within +-_SCORE_LIMIT."""
+        self._left_segmented = False  # the score fell below 0 since it last saturated at +_SCORE_LIMIT
+        self._queued_segmented = True  # the mode the tier's queue was last ranked in (see reranked)
 
     @property
     def segmented(self) -> bool:
-        """Whether never-read chunks are ranked in segmented mode now."""
-        return self.score >= 0
+        """Whether never-read chunks are ranked in segmented mode now: score >= 0 until it first falls below
+        0, then score >= +_SCORE_LIMIT until it saturates there (see the class docstring)."""
+        return self.score >= (_SCORE_LIMIT if self._left_segmented else 0)
 
     def for_tier(self) -> AdaptivePolicy:
         """A fresh instance: each tier learns its own traffic."""
@@ -249,10 +276,32 @@ class AdaptivePolicy(EvictionPolicy):
             return
         step = 1 if hits[1] else -1
         self.score = max(-_SCORE_LIMIT, min(_SCORE_LIMIT, self.score + step))
+        if self.score < 0:
+            self._left_segmented = True
+        elif self.score == _SCORE_LIMIT:
+            self._left_segmented = False
 
     def sized(self, chunks: int) -> None:
-        """The shadows hold as many chunks (scaled by their sample) as the tier."""
+        """The shadows hold as many chunks (scaled by their sample) as the tier and the faster tiers."""
         self._shadows.sized(chunks)
+
+    def reranked(self) -> Callable[[RankedChunk], RankedChunk] | None:
+        """After a turn from segmented mode to recency: :func:`_by_recency` (see the class docstring)."""
+        segmented = self.segmented
+        turned = self._queued_segmented and not segmented
+        self._queued_segmented = segmented
+        return _by_recency if turned else None
+
+
+def _by_recency(item: RankedChunk) -> RankedChunk:
+    """A queued item of :class:`AdaptivePolicy` as recency mode ranks it: ``(0, not below, -last access,
+    -depth, cid)`` (a never-read chunk ranked in segmented mode) becomes ``(1, last access, -depth, cid)``;
+    any other item is ranked the same in both modes and stays."""
+    if item[0] != 0:
+        return item
+    _, _, negative_last_access, negative_depth, cid = item
+    assert isinstance(negative_last_access, int)
+    return (1, -negative_last_access, negative_depth, cid)
 
 
 _EVICTION: dict[EvictionPolicyKind, type[EvictionPolicy]] = {

@@ -135,3 +135,43 @@ def test_a_lower_tier_drops_the_copies_a_faster_tier_holds_first(
         # L1 holds keys[0] (kept: scan resistant) and keys[3]; L3 let keys[0], a duplicate, go first.
         assert c.removed(L3) == keys[:1] and c.removed(L1) == [keys[1], keys[2]]
         assert held == [True, True, True, True]  # four distinct chunks in 2 + 3 slots
+
+
+def test_a_read_from_a_faster_tier_counts_for_the_slower_copy(make: Callable[..., Cache]) -> None:
+    # L1 holds one chunk, L3 three. A and B are read, B before A, but B's L3 copy was written after A's.
+    # When L3 must make room, A (used last) stays and B goes: a chunk's recency in L3 is its last use,
+    # whichever tier served it, not the last read of the L3 copy (which L1 serves instead).
+    c = make(ADAPTIVE, l1=1, l3=3)
+    a, b, cc, d = c.keys(4, seed=4)
+    c.put([a])
+    c.put([b])  # L1 lets A go (L3 holds it)
+    assert c.serve(b)  # read in L1
+    ticket = c.cache.acquire(c.ns_id, [a])  # A promoted into L1 and read there, after B
+    assert len(ticket.chunks) == 1
+    c.cache.release(ticket.lease_id)
+    c.put([cc])  # L1 lets A go again; L3 holds A, B, C: full
+    assert c.serve(cc)
+    c.put([d])  # L1 lets C go; D's write-down makes room in L3
+    assert c.removed(L3) == [b]  # the stale order (L3 copies by write-down: A, B, C) took A
+    assert c.serve(a)
+
+
+def test_one_offs_left_by_segmented_mode_go_oldest_first_once_recency_wins(
+    make: Callable[..., Cache],
+) -> None:
+    # The scenario of test_reuse_soon_after_one_offs_hits_under_adaptive: four one-off chunks fill L1
+    # while the tier is scan resistant, then reuse turns it to recency. The one-offs still queued, ranked
+    # newest first when they arrived, are re-ranked by recency: the oldest goes first.
+    c = make(ADAPTIVE)
+    one_offs = [c.keys(1, seed=10 + i)[0] for i in range(4)]
+    for k in one_offs:
+        c.put([k])
+    for turn in range(8):
+        (fresh,) = c.keys(1, seed=100 + turn)
+        (other,) = c.keys(1, seed=200 + turn)
+        c.put([fresh])
+        c.put([other])
+        c.serve(fresh)
+    # The newest went while the tier was still scan resistant; after the turn, the other three go oldest
+    # first (left in segmented rank, they would go newest first: 2, 1, 0).
+    assert [k for k in c.removed(L1) if k in one_offs] == [one_offs[3], *one_offs[:3]]

@@ -110,6 +110,17 @@ def test_lru_order_is_last_access_then_deepest() -> None:
     assert b.victims() == [cid(3), cid(2), cid(4), cid(1)]
 
 
+def test_a_demoted_copy_ranks_by_the_last_use_of_the_copy_it_replaced() -> None:
+    b = Books(LruPolicy())
+    e1 = b.add(1)  # tick 1, in L1
+    b.add(2, level=L2)  # tick 2, in L2
+    b.index.next_tick()
+    b.index.add_residency(cid(1), e1, L2, 0.0, source=L1)  # demoted at tick 3 ...
+    b.index.remove_residency(cid(1), e1, L1, evicted=True)  # ... its L1 copy evicted
+    b.space.backdate(cid(1), e1, L2, 1)
+    assert b.victims(L2) == [cid(1), cid(2)]  # last used at tick 1, before chunk 2
+
+
 def test_lfu_order_is_hits_then_access_then_deepest() -> None:
     b = Books(LfuPolicy())
     for i in range(1, 4):

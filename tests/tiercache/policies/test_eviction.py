@@ -89,6 +89,27 @@ def test_adaptive_starts_scan_resistant_and_turns_to_recency_when_recency_would_
     assert p.priority(unread) == (1, 10, 0) == p.priority(Candidate(10, 0, 3))
 
 
+def test_adaptive_turns_back_to_segmented_only_on_a_saturated_score() -> None:
+    p = AdaptivePolicy()
+    p.sized(2)
+    for t, n in enumerate((1, 2, 3, 2)):  # as above: one recency-only hit
+        p.observe(cid(n), Candidate(t, 0, 0), True)
+    assert p.score == -1 and not p.segmented
+    queued = (0, True, -10, -2, cid(9))  # a never-read chunk queued in segmented mode
+    rerank = p.reranked()
+    assert rerank is not None and rerank(queued) == (*p.priority(Candidate(10, 2, 0)), cid(9))
+    read = (1, 4, 0, cid(8))
+    assert rerank(read) is read and p.reranked() is None  # once per turn
+    scores: list[tuple[int, bool]] = []
+    p.sized(5)
+    for t in range(10, 100):  # a cycle of 6 ids over 5 slots (2 kept by the segmented shadow): its hits only
+        p.observe(cid(10 + t % 6), Candidate(t, 0, 0), True)
+        scores.append((p.score, p.segmented))
+    turned = scores.index((16, True))
+    assert all(not seg for _, seg in scores[:turned]) and 0 in [score for score, _ in scores[:turned]]
+    assert all(seg for _, seg in scores[turned:]) and p.reranked() is None  # no re-rank that way
+
+
 def test_adaptive_stays_scan_resistant_on_a_cycle() -> None:
     p = AdaptivePolicy()
     p.sized(2)
