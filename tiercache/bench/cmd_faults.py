@@ -48,16 +48,17 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
 
 def _garbage(work: Path) -> GarbageReport:
-    sock = Path(tempfile.mkdtemp(prefix="tcgarb-")) / "d.sock"
-    daemon = KillableDaemon(default_daemon(), work, work / "l3", sock)
-    daemon.start()
+    short = Path(tempfile.mkdtemp(prefix="tcgarb-"))  # a short path: unix socket paths are limited
+    daemon = KillableDaemon(default_daemon(), work, work / "l3", short / "d.sock")
     try:
+        daemon.start()
         report = run_garbage(daemon.address)
         if not daemon.alive():
             raise RuntimeError("the daemon died under garbage RPCs")
         return report
     finally:
         daemon.stop()
+        shutil.rmtree(short, ignore_errors=True)
 
 
 def run(args: argparse.Namespace) -> int:
