@@ -60,9 +60,6 @@ class ControlContext:
         self.code, self.details = code, details
         raise grpc.aio.AbortError()
 
-    async def send_initial_metadata(self, metadata: Sequence[tuple[str, str]]) -> None:
-        """Nothing to send: a control-socket call has no metadata phase."""
-
 
 class ControlServer:
     """Serves unary calls on a unix socket with the given gRPC method handlers."""
