@@ -256,6 +256,18 @@ def shared_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonPr
     _cleanup(d)
 
 
+@pytest.fixture(scope="module")
+def stub(shared_daemon: DaemonProc) -> pb_grpc.KVCacheServiceStub:
+    """A stub to the module's shared daemon."""
+    return shared_daemon.stub()
+
+
+@pytest.fixture(scope="module")
+def reg(stub: pb_grpc.KVCacheServiceStub) -> pb.RegisterResponse:
+    """The test namespace, registered once per module with the shared daemon."""
+    return register(stub)
+
+
 TENANT_A = (("authorization", "Bearer token-of-a"),)
 """Call metadata of tenant ``team-a`` of :func:`tenants_daemon`."""
 TENANT_B = (("authorization", "Bearer token-of-b"),)

@@ -32,16 +32,6 @@ Stub = pb_grpc.KVCacheServiceStub
 
 
 @pytest.fixture(scope="module")
-def stub(shared_daemon: DaemonProc) -> Stub:
-    return shared_daemon.stub()
-
-
-@pytest.fixture(scope="module")
-def reg(stub: Stub) -> pb.RegisterResponse:
-    return register(stub)
-
-
-@pytest.fixture(scope="module")
 def baseline(stub: Stub, reg: pb.RegisterResponse) -> tuple[list[bytes], list[bytes]]:
     """Chunks stored before any bad input."""
     keys = make_keys(3, seed=7)

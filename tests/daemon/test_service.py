@@ -77,16 +77,6 @@ def stream_load(
     return [bytes(chunks[i]) for i in sorted(chunks)], messages
 
 
-@pytest.fixture(scope="module")
-def stub(shared_daemon: DaemonProc) -> pb_grpc.KVCacheServiceStub:
-    return shared_daemon.stub()
-
-
-@pytest.fixture(scope="module")
-def reg(stub: pb_grpc.KVCacheServiceStub) -> pb.RegisterResponse:
-    return register(stub)
-
-
 def test_register_describes_layout_and_data_plane(
     stub: pb_grpc.KVCacheServiceStub, reg: pb.RegisterResponse
 ) -> None:

@@ -14,10 +14,8 @@ import pytest
 from tests.daemon.conftest import (
     LAYOUT,
     RPC_TIMEOUT_S,
-    DaemonProc,
     make_keys,
     payload,
-    register,
     shm_load,
     shm_store,
     stream_store_messages,
@@ -27,16 +25,6 @@ from tiercache.proto import tiercache_pb2_grpc as pb_grpc
 
 CB = LAYOUT.chunk_bytes
 Stub = pb_grpc.KVCacheServiceStub
-
-
-@pytest.fixture(scope="module")
-def stub(shared_daemon: DaemonProc) -> Stub:
-    return shared_daemon.stub()
-
-
-@pytest.fixture(scope="module")
-def reg(stub: Stub) -> pb.RegisterResponse:
-    return register(stub)
 
 
 def cached(stub: Stub, reg: pb.RegisterResponse, keys: Sequence[bytes]) -> int:
