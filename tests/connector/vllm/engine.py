@@ -25,6 +25,7 @@ import os
 import select
 import signal
 import sys
+import time
 from typing import Any
 
 RESULT = "TIERCACHE-TEST-RESULT "
@@ -38,6 +39,19 @@ def _kill(pid: int) -> None:
         select.select([fd], [], [], 30.0)  # readable once the process has exited
     finally:
         os.close(fd)
+
+
+def _step_until_freed(engine: Any, scheduler: Any, seconds: float = 60.0) -> None:
+    """Step the engine until vLLM holds no request, i.e. the connector reported every held one as saved.
+
+    Bounded by time, not by a count of steps: the drop or commit that ends a save runs on the connector's
+    save thread, which runs at a lower priority and can wait a long time for a CPU on a busy 2-core host
+    while this loop steps; a short pause between steps leaves it the CPU.
+    """
+    deadline = time.monotonic() + seconds
+    while scheduler.requests and time.monotonic() < deadline:
+        engine.step()
+        time.sleep(0.001)
 
 
 def _held(llm: Any, tokens: list[int]) -> dict[str, Any]:
@@ -54,10 +68,8 @@ def _held(llm: Any, tokens: list[int]) -> dict[str, Any]:
     pool = scheduler.kv_cache_manager.block_pool
     ns = conn.identity.namespace()
     keys = chunk_keys(ns, tokens)
-    for _ in range(1000):  # let vLLM free what earlier requests (an abort) still hold
-        if not scheduler.requests:
-            break
-        engine.step()
+    _step_until_freed(engine, scheduler)  # what earlier requests (an abort) still hold
+    idle_before = not scheduler.requests
     free_before = pool.get_num_free_blocks()
     engine.add_request("held", TokensPrompt(prompt_token_ids=tokens), SamplingParams(max_tokens=1))
     finished = False
@@ -65,7 +77,7 @@ def _held(llm: Any, tokens: list[int]) -> dict[str, Any]:
         finished = any(o.request_id == "held" and o.finished for o in engine.step())
         if finished:
             break
-    seen: dict[str, Any] = {"finished": finished, "free_before": free_before}
+    seen: dict[str, Any] = {"finished": finished, "idle_before": idle_before, "free_before": free_before}
     seen["held_blocks"] = free_before - pool.get_num_free_blocks()
     engine.step()
     engine.step()
@@ -74,10 +86,7 @@ def _held(llm: Any, tokens: list[int]) -> dict[str, Any]:
     seen["visible_in_flight"] = conn.client.lookup(ns, keys).chunks
     conn.gate.set()
     seen["committed"] = conn.committed.wait(60.0)
-    for _ in range(1000):  # vLLM frees the blocks at the first step whose get_finished reports the request
-        if not scheduler.requests:
-            break
-        engine.step()
+    _step_until_freed(engine, scheduler)  # vLLM frees the blocks at the first step that reports the request
     seen["released"] = not scheduler.requests
     seen["free_after"] = pool.get_num_free_blocks()
     seen["visible_after"] = conn.client.lookup(ns, keys).chunks

@@ -149,6 +149,7 @@ def test_blocks_held_while_save_in_flight(aborted_and_held, vllm_daemon: Daemon,
     """vLLM keeps a finished request's blocks until the connector reports its save done; then it is visible."""
     before, after, out = aborted_and_held
     held = out["held"]
+    assert held["idle_before"]  # the aborted request's blocks were back before this request came
     assert held["finished"]  # the request finished (its output token was returned) ...
     assert held["held_blocks"] == 5  # ... and its 5 blocks stayed allocated: the save was in flight
     assert held["held_after_steps"] == 1 and held["held_blocks_after_steps"] == 5  # steps did not report it
