@@ -232,6 +232,10 @@ class Mover:
         Returns:
             ``(victim, entry, below)``: the last victim taken, its entry and the tier it must be demoted to
             (None: it was evicted with the others); ``(None, None, None)`` when nothing was evictable.
+
+        Raises:
+            the tier's error when the delete fails: then every victim taken is back in the queue, still
+            indexed, and evictable by a later call.
         """
         tier, taken = self._tiers[level], list[tuple[bytes, ChunkEntry]]()
         victim: bytes | None = None
@@ -249,7 +253,14 @@ class Mover:
             taken.append((victim, entry))
             short -= tier.charge(entry.nbytes)
         if taken:
-            tier.delete([cid for cid, _ in taken])
+            try:
+                tier.delete([cid for cid, _ in taken])
+            except BaseException:  # nothing was deleted (one transaction): every victim taken is queued again
+                if below is not None and victim is not None and entry is not None:
+                    taken.append((victim, entry))
+                for cid, kept in taken:
+                    self._space.refresh(cid, kept)
+                raise
             for cid, dropped in taken:
                 self._index.remove_residency(cid, dropped, level, True)
             if victim is None:

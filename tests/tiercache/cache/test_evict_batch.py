@@ -14,6 +14,7 @@ import torch
 from tiercache.cache.index import ChunkEntry, Index
 from tiercache.cache.mover import Mover
 from tiercache.cache.space import Space
+from tiercache.errors import CapacityError
 from tiercache.keys import CHUNK_ID_BYTES
 from tiercache.policies import LruPolicy, OnEvict
 from tiercache.rates import RateEstimator
@@ -36,9 +37,14 @@ class CountingLmdbTier(LmdbTier):
     def __init__(self, config: LmdbTierConfig) -> None:
         super().__init__(config)
         self.deletes: list[list[bytes]] = []
+        self.fail_deletes = 0
 
     def delete(self, chunk_ids: Sequence[bytes]) -> int:
+        """Fault injection: the next ``fail_deletes`` calls fail as a full map does, removing nothing."""
         self.deletes.append(list(chunk_ids))
+        if self.fail_deletes:
+            self.fail_deletes -= 1
+            raise CapacityError("injected: L3 LMDB map is full; could not delete")
         return super().delete(chunk_ids)
 
 
@@ -104,3 +110,19 @@ def test_the_batch_stops_at_a_victim_that_must_be_demoted(parts: Parts) -> None:
     assert e1 is not None and e1.levels == (L3,) and e2 is not None and e2.levels == (L3,)
     assert index.counters[L1].evictions == 2 and index.counters[L3].demotions == 1
     assert _intact(l3, [1, 2]) and _intact(tiers[L1], [3, 4])
+
+
+def test_a_failed_delete_keeps_every_victim_indexed_and_evictable(parts: Parts) -> None:
+    mover, index, tiers, l3 = parts
+    for i in range(1, 9):
+        _store(index, tiers, L3, i)
+    l3.fail_deletes = 1
+    with pytest.raises(CapacityError, match="injected"):
+        mover.reserve(L3, [cid(20), cid(21), cid(22)], [NBYTES] * 3)
+    assert all(index.get(cid(i)) is not None for i in range(1, 9)) and index.counters[L3].evictions == 0
+    assert _intact(l3, list(range(1, 9)))
+    slots = mover.reserve(L3, [cid(20), cid(21), cid(22)], [NBYTES] * 3)  # the same victims, queued again
+    l3.abort(slots)
+    assert l3.deletes == [[cid(1), cid(2), cid(3)]] * 2
+    assert [i for i in range(1, 9) if index.get(cid(i)) is None] == [1, 2, 3]
+    assert _intact(l3, [4, 5, 6, 7, 8])
