@@ -1,11 +1,15 @@
-"""Address parsing, channel options and bearer-token metadata."""
+"""Address parsing, channel options, bearer-token metadata, and waiting for a daemon to answer."""
 
 from __future__ import annotations
 
 import os
+import threading
+from pathlib import Path
 
 import pytest
 
+from tests.connector.conftest import Daemon
+from tiercache.connector import TierCacheClient
 from tiercache.connector.channel import ChannelConfig, Endpoint, auth_metadata, parse_address
 from tiercache.errors import InvalidArgumentError
 
@@ -92,3 +96,22 @@ def test_auth_metadata() -> None:
     for bad in ("", "a b", "x\n"):
         with pytest.raises(InvalidArgumentError, match=r"^token:"):
             auth_metadata(bad)
+
+
+def test_wait_ready_leaves_no_thread_behind(shared_daemon: Daemon, tmp_path: Path) -> None:
+    """A wait that timed out (the daemon is not up yet) leaves no thread polling the channel: grpc's
+    connectivity poller, which ``channel_ready_future`` left running, failed with "Channel closed!" when the
+    channel was closed under it."""
+    threads = set(threading.enumerate())
+    absent = TierCacheClient.connect(str(tmp_path / "absent.sock"))
+    try:
+        assert not absent.wait_ready(0.3)
+        assert set(threading.enumerate()) <= threads
+    finally:
+        absent.close()
+    client = TierCacheClient.connect(shared_daemon.address)
+    try:
+        assert client.wait_ready(10.0)
+        assert set(threading.enumerate()) <= threads
+    finally:
+        client.close()

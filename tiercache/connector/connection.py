@@ -43,7 +43,7 @@ from tiercache.errors import (
 from tiercache.keys import Namespace
 from tiercache.policies.load import DeadlineModel, PrefillModel
 from tiercache.proto import tiercache_pb2 as pb
-from tiercache.proto.tiercache_pb2_grpc import KVCacheServiceStub
+from tiercache.proto.tiercache_pb2_grpc import DiagnosticsStub, KVCacheServiceStub
 from tiercache.wire import deadline_to_proto, namespace_to_proto, prefill_to_proto
 from tiercache.wire.framing import Framed
 
@@ -156,15 +156,24 @@ class Connection:
             control.close()
 
     def wait_ready(self, timeout_s: float) -> bool:
-        """Wait (without polling) until the channel is connected; False after ``timeout_s``."""
+        """Wait (without polling) until the channel is connected; False after ``timeout_s``.
+
+        One diagnostics echo that waits for the connection (``wait_for_ready``): any answer, even an error
+        status, comes from a connected daemon. (``grpc.channel_ready_future`` leaves a connectivity-polling
+        thread behind that fails with "Channel closed!" when the channel is closed soon after.)
+        """
         self._stub_or_fail("wait_ready", ignore_backoff=True)
         with self._lock:
             channel = self._channel
         if channel is None:
             return False
         try:
-            grpc.channel_ready_future(channel).result(timeout=timeout_s)
-        except grpc.FutureTimeoutError:
+            DiagnosticsStub(channel).Echo(
+                pb.EchoMessage(), timeout=timeout_s, metadata=self._metadata, wait_for_ready=True
+            )
+        except grpc.RpcError as exc:
+            return exc.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
+        except ValueError:  # the channel was closed meanwhile
             return False
         return True
 
