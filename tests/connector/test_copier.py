@@ -70,3 +70,15 @@ def test_a_failed_gather_is_raised_when_its_chunk_is_due() -> None:
     next(chunks)
     with pytest.raises(RuntimeError, match="size of tensor"):
         next(chunks)
+
+
+def test_lent_read_only_chunks_land_in_the_kv_and_take_no_buffer() -> None:
+    src, dst = _kv(4), _kv(None)
+    with ChunkCopier(LAYOUT, dst, depth=2) as copier:
+        for index in range(CHUNKS):
+            buf = torch.empty(LAYOUT.chunk_bytes, dtype=torch.uint8)
+            kv_to_chunk(LAYOUT, src, index, buf)
+            received = bytes(buf.numpy())  # as a received message: immutable
+            copier.submit(StreamChunk(index, b"k", memoryview(received).toreadonly()))
+        assert isinstance(copier.buffer(), bytearray)  # a lent message is never handed out for assembly
+    assert all(torch.equal(a, b) for a, b in zip(src.layers, dst.layers))

@@ -9,6 +9,7 @@ from tiercache.connector.kv import (
     ContiguousKV,
     PagedKV,
     check_kv,
+    chunk_parts,
     chunk_runs,
     chunk_to_kv,
     kv_to_chunk,
@@ -84,6 +85,31 @@ def test_contiguous_out_matches_reference_and_round_trips(name: str) -> None:
         dst = _contiguous(layout, tokens=3 * layout.chunk_tokens, seed=99)
         chunk_to_kv(layout, buf, dst, chunk)
         assert _reference_chunk(layout, dst, chunk) == buf.numpy().tobytes()
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_chunk_parts_are_views_of_the_kv_holding_the_chunk_bytes(name: str) -> None:
+    layout = LAYOUTS[name]
+    kv = _contiguous(layout, tokens=3 * layout.chunk_tokens + 5, seed=2)
+    parts = chunk_parts(layout, kv)
+    assert parts is not None
+    for chunk in range(3):
+        views = parts(chunk)
+        assert b"".join(views) == _reference_chunk(layout, kv, chunk)
+        kv.layers[-1].add_(1)  # views, not copies: they see the engine's writes
+        assert b"".join(views) == _reference_chunk(layout, kv, chunk)
+
+
+def test_chunk_parts_of_a_kv_that_is_not_contiguous_cpu_memory_is_none() -> None:
+    layout = LAYOUTS["bf16-gqa"]
+    assert chunk_parts(layout, _paged(layout, 8, [0, 1, 2, 3], seed=3)) is None
+    kv = _contiguous(layout, tokens=2 * layout.chunk_tokens, seed=3)
+    assert chunk_parts(layout, ContiguousKV([t.to(torch.float32) for t in kv.layers])) is None
+    assert chunk_parts(layout, ContiguousKV([t.reshape(2, -1, 16, 2) for t in kv.layers])) is None  # rows
+    assert chunk_parts(layout, ContiguousKV(list(kv.layers[:2]))) is None  # too few layers
+    strided = [t.transpose(2, 3).contiguous().transpose(2, 3) for t in kv.layers]  # same shape, other strides
+    assert chunk_parts(layout, ContiguousKV(strided)) is None
+    assert b"".join(chunk_parts(layout, kv)(1)) == _reference_chunk(layout, ContiguousKV(strided), 1)  # type: ignore[misc]
 
 
 @pytest.mark.parametrize("name", sorted(LAYOUTS))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from itertools import pairwise
 
 import pytest
 import zstandard
@@ -98,8 +99,9 @@ def _msg(
         ),
     ],
 )
-def test_malformed_streams_are_rejected(msgs: list[pb.StreamLoadMessage], match: str) -> None:
-    asm = StreamAssembler(KEYS, 10)
+@pytest.mark.parametrize("lend", [False, True])
+def test_malformed_streams_are_rejected(msgs: list[pb.StreamLoadMessage], match: str, lend: bool) -> None:
+    asm = StreamAssembler(KEYS, 10, lend=lend)
     with pytest.raises(TierCacheError, match=match):
         for m in msgs:
             asm.feed(m)
@@ -175,3 +177,49 @@ def test_buffers_of_the_wrong_size_are_refused() -> None:
     asm = StreamAssembler(KEYS, 10, buffers=lambda: bytearray(9))
     with pytest.raises(ValueError, match="9 bytes"):
         asm.feed(_msg())
+
+
+def test_a_whole_raw_chunk_is_lent_as_a_read_only_view_of_its_message_and_the_rest_assembled() -> None:
+    payloads = _payloads(True)
+    packed = zstandard.ZstdCompressor().compress(payloads[2])
+    msgs = [
+        pb.StreamLoadMessage(index=0, key=KEYS[0], data=payloads[0], last=True, chunk_bytes=CHUNK),
+        pb.StreamLoadMessage(index=1, key=KEYS[1], data=payloads[1][:4000], chunk_bytes=CHUNK),
+        pb.StreamLoadMessage(
+            index=1, key=KEYS[1], offset=4000, data=payloads[1][4000:], last=True, chunk_bytes=CHUNK
+        ),
+        pb.StreamLoadMessage(
+            index=2, key=KEYS[2], data=packed, codec=pb.CODEC_ZSTD, last=True, chunk_bytes=CHUNK
+        ),
+    ]
+    raw = [m.SerializeToString() for m in msgs]
+    made: list[bytearray] = []
+
+    def buffer() -> bytearray:
+        made.append(bytearray(CHUNK))
+        return made[-1]
+
+    asm = StreamAssembler(KEYS, CHUNK, buffers=buffer, lend=True)
+    got = [c for r in raw if (c := asm.feed(split(r, pb.StreamLoadMessage))) is not None]
+    assert asm.finish() == 3
+    assert [bytes(c.data) for c in got] == payloads
+    lent = got[0].data
+    assert isinstance(lent, memoryview) and lent.readonly and lent.obj is raw[0]  # no copy
+    assert [c.data for c in got[1:]] == made  # several pieces, or zstd: assembled
+
+
+def test_parts_are_cut_into_pieces_across_their_boundaries_without_a_copy() -> None:
+    payloads = _payloads(False)
+    cuts = (0, 1234, 1234, 5000, 9999, CHUNK)  # uneven parts, an empty one
+    parts = [tuple(memoryview(p)[a:b] for a, b in pairwise(cuts)) for p in payloads]
+    frames = list(store_frames(b"h", KEYS, parts, CHUNK, 3000))
+    assert all(memoryview(x).obj is payloads[f.header.index] for f in frames for x in (f.data, *f.more))
+    expected = list(store_messages(b"h", KEYS, map(memoryview, payloads), CHUNK, 3000))
+    assert [pb.StreamStoreMessage.FromString(f.serialize()) for f in frames] == expected
+    assert [f.message() for f in frames] == expected
+    zstd = list(store_frames(b"h", KEYS, parts, CHUNK, 3000, Codec.ZSTD))
+    assert [f.message() for f in zstd] == list(
+        store_messages(b"h", KEYS, map(memoryview, payloads), CHUNK, 3000, Codec.ZSTD)
+    )
+    with pytest.raises(InvalidArgumentError, match=r"payloads\[0\]"):
+        list(store_frames(b"h", KEYS, [parts[0][:-1]], CHUNK, 3000))

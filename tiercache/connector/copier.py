@@ -7,7 +7,8 @@ copies and take the cores that gRPC's receiving thread and a same-host daemon ne
 host, a 128 MiB load of 512 KiB chunks ran at 0.02 GB/s with torch's 2 intra-op threads and at 0.5 GB/s
 with 1. So the scatter runs on one worker thread that uses a single intra-op thread (set on that thread
 only: the engine's own threads keep their setting), one chunk behind the receiver, with ``depth``
-assembly buffers in rotation.
+assembly buffers in rotation. A chunk that arrived whole in one message is scattered straight from that
+message (lent, read-only: no assembly copy); at most ``depth`` copies are pending either way.
 
 A byte-stream store works the other way round, with the same thread setting: :func:`staged_chunks`
 gathers each chunk out of the KV on its own worker, one chunk ahead of the sender.
@@ -20,6 +21,7 @@ Primitives:
 
 from __future__ import annotations
 
+import warnings
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -52,7 +54,7 @@ class ChunkCopier:
         self._kv = kv
         self._depth = depth
         self._made = 0
-        self._pending: deque[tuple[Future[None], bytearray]] = deque()
+        self._pending: deque[tuple[Future[None], bytearray | None]] = deque()  # None: a lent chunk
         self._free: list[bytearray] = []
         self._pool = ThreadPoolExecutor(
             1, thread_name_prefix="tiercache-copy", initializer=_single_intraop_thread
@@ -82,15 +84,41 @@ class ChunkCopier:
         if self._made < self._depth:
             self._made += 1
             return bytearray(self._layout.chunk_bytes)
+        while True:  # every buffer made is free or pending (the caller holds none when it asks)
+            buf = self._retire_oldest()
+            if buf is not None:
+                return buf
+
+    def submit(self, chunk: StreamChunk) -> None:
+        """Scatter ``chunk`` into the KV, on the worker: a chunk assembled in a buffer from :meth:`buffer`,
+        or a lent read-only view of a received message (at most ``depth`` copies are pending: beyond, this
+        waits for the oldest, so that lent messages do not pile up in memory).
+        """
+        data = chunk.data
+        if isinstance(data, memoryview) and data.readonly:
+            with warnings.catch_warnings():  # only read: torch warns that it could write
+                warnings.simplefilter("ignore", UserWarning)
+                view = torch.frombuffer(data, dtype=torch.uint8)
+            buf = None
+        else:
+            view = torch.frombuffer(data, dtype=torch.uint8)
+            buf = data if isinstance(data, bytearray) else None
+        while len(self._pending) >= self._depth:
+            done = self._retire_oldest()
+            if done is not None:
+                self._free.append(done)
+        future = self._pool.submit(chunk_to_kv, self._layout, view, self._kv, chunk.index)
+        self._pending.append((future, buf))
+
+    def _retire_oldest(self) -> bytearray | None:
+        """Wait for the oldest pending copy; its buffer (None for a lent chunk).
+
+        Raises:
+            Exception: the copy failed (its exception).
+        """
         future, buf = self._pending.popleft()
         future.result()
         return buf
-
-    def submit(self, chunk: StreamChunk) -> None:
-        """Scatter ``chunk`` (assembled in a buffer from :meth:`buffer`) into the KV, on the worker."""
-        view = torch.frombuffer(chunk.data, dtype=torch.uint8)
-        future = self._pool.submit(chunk_to_kv, self._layout, view, self._kv, chunk.index)
-        self._pending.append((future, chunk.data))
 
     def finish(self) -> None:
         """Wait for every submitted copy.
@@ -99,9 +127,9 @@ class ChunkCopier:
             Exception: the first copy that failed (its exception).
         """
         while self._pending:
-            future, buf = self._pending.popleft()
-            future.result()
-            self._free.append(buf)
+            buf = self._retire_oldest()
+            if buf is not None:
+                self._free.append(buf)
 
 
 def staged_chunks(

@@ -23,13 +23,14 @@ Primitives:
     ContiguousKV, PagedKV, EngineKV: the engine's tensors.
     check_kv: validate an engine KV against a layout for a number of chunks.
     chunk_to_kv / kv_to_chunk: copy one chunk (all layers, or one layer) in or out.
+    chunk_parts: the chunks of a contiguous CPU KV as views of the engine's memory (no copy).
     chunk_runs: group (chunk index, chunk buffer) pairs into runs of evenly spaced buffers.
     run_to_kv / kv_to_run: copy a run of consecutive chunks in or out (one copy per layer).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -254,6 +255,37 @@ def kv_to_chunk(
     layout.check_buffer(chunk_buf, field="chunk_buf")
     for layer in range(layout.num_layers) if layers is None else layers:
         _copy_layer(layout, kv, chunk, layer, chunk_buf, into_kv=False)
+
+
+def chunk_parts(layout: KVLayout, kv: EngineKV) -> Callable[[int], tuple[memoryview, ...]] | None:
+    """Chunks of the engine's tensors as views of them, in chunk-buffer order (no copy): a chunk's K and V
+    of every layer (MLA: its rows of every layer), when each layer's K and V are one contiguous span of
+    CPU memory of the layout's dtype (a :class:`ContiguousKV` of contiguous CPU tensors); else None (chunks
+    must be gathered with :func:`kv_to_chunk`). The byte stream writes such chunks straight from the
+    engine's memory. Checked once: a chunk's parts are then slices of the spans (no tensor op per chunk).
+
+    Returns:
+        chunk position -> its parts (the caller checked the KV with :func:`check_kv` for those chunks).
+    """
+    if not isinstance(kv, ContiguousKV) or len(kv.layers) != layout.num_layers:
+        return None
+    row = (layout.head_dim,) if layout.mla else (layout.num_kv_heads, layout.head_dim)
+    spans: list[memoryview] = []
+    for tensor in kv.layers:
+        if tensor.device.type != "cpu" or tensor.dtype != layout.dtype.torch_dtype:
+            return None
+        if tensor.dim() != 1 + len(row) + (not layout.mla) or (not layout.mla and tensor.shape[0] != 2):
+            return None
+        for span in (tensor,) if layout.mla else (tensor[0], tensor[1]):
+            if tuple(span.shape[1:]) != row or not span.is_contiguous():
+                return None
+            spans.append(span.detach().view(torch.uint8).reshape(-1).numpy().data)
+    part = layout.chunk_bytes // len(spans)
+
+    def parts(chunk: int) -> tuple[memoryview, ...]:
+        return tuple(span[chunk * part : (chunk + 1) * part] for span in spans)
+
+    return parts
 
 
 def chunk_runs(buffers: Sequence[tuple[int, torch.Tensor]]) -> list[tuple[int, torch.Tensor]]:

@@ -255,9 +255,11 @@ class StreamChunk:
     Attributes:
         index: position in the request's keys.
         key: the chunk key.
-        data: the raw (decompressed) chunk bytes, ``chunk_bytes`` long.
+        data: the raw (decompressed) chunk bytes, ``chunk_bytes`` long: the buffer it was assembled in, or
+            a read-only view of the received message when it came whole in one raw piece and the receiver
+            lent it (see :class:`~.stream.StreamAssembler`).
     """
 
     index: int
     key: bytes
-    data: bytearray
+    data: bytearray | memoryview

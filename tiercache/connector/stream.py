@@ -8,6 +8,7 @@ into the received message that :func:`~tiercache.wire.framing.split` gives.
 
 Primitives:
     Payload, payload_view: one raw chunk to send (a 1-D CPU uint8 tensor or bytes-like) as a memoryview.
+    Parts: one raw chunk as the views of its consecutive parts (sent without joining them).
     message_limit: the message size limit of a stream (the daemon's and the channel's).
     piece_bytes: raw bytes per piece for a message size limit.
     store_frames: the pieces of a store as :class:`~tiercache.wire.framing.Framed` messages, their data
@@ -38,10 +39,15 @@ DEFAULT_MESSAGE_BYTES = 4 * 1024 * 1024
 _OVERHEAD_BYTES = 512
 """Room left in a message for everything but the data (key, offsets, flags, framing)."""
 ZSTD_LEVEL = 1
+_RAW = CODECS.to_proto(Codec.RAW)
 
 
 Payload = torch.Tensor | bytes | bytearray | memoryview
 """One raw chunk for a stream store: a 1-D CPU uint8 tensor or any bytes-like object."""
+
+
+Parts = tuple[memoryview, ...]
+"""One raw chunk as the views of its consecutive parts (e.g. an engine's per-layer K and V)."""
 
 
 def payload_view(payload: Payload, index: int) -> memoryview:
@@ -76,23 +82,43 @@ def piece_bytes(max_message_bytes: int) -> int:
     return limit - _OVERHEAD_BYTES
 
 
+def _flat(view: memoryview) -> memoryview:
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+def _cut(parts: Sequence[memoryview], start: int, stop: int) -> list[memoryview]:
+    """The bytes ``[start, stop)`` of the concatenation of ``parts``, as views of them."""
+    out: list[memoryview] = []
+    pos = 0
+    for part in parts:
+        end = pos + part.nbytes
+        if end > start and pos < stop:
+            out.append(part[max(start - pos, 0) : min(stop, end) - pos])
+        if end >= stop:
+            break
+        pos = end
+    return out
+
+
 class _Encoder:
     def __init__(self, codec: Codec) -> None:
         self.codec = codec
         self._zstd = zstandard.ZstdCompressor(level=ZSTD_LEVEL) if codec is Codec.ZSTD else None
 
-    def encode(self, raw: memoryview) -> tuple[BytesLike, Codec]:
+    def encode(self, raw: list[memoryview]) -> tuple[BytesLike, tuple[BytesLike, ...], Codec]:
+        """A piece's data (its first part and the others, written after it) and codec."""
         if self._zstd is not None:
-            packed = self._zstd.compress(raw)
-            if len(packed) < len(raw):
-                return packed, Codec.ZSTD
-        return raw, Codec.RAW
+            whole = raw[0] if len(raw) == 1 else b"".join(raw)
+            packed = self._zstd.compress(whole)
+            if len(packed) < len(whole):
+                return packed, (), Codec.ZSTD
+        return raw[0], tuple(raw[1:]), Codec.RAW
 
 
 def store_frames(
     handle: bytes,
     keys: Sequence[bytes],
-    payloads: Iterable[memoryview],
+    payloads: Iterable[memoryview | Parts],
     chunk_bytes: int,
     max_piece_bytes: int,
     codec: Codec = Codec.RAW,
@@ -107,7 +133,8 @@ def store_frames(
     Args:
         handle: the namespace handle.
         keys: chunk keys; ``index`` in the messages is the position in ``keys``.
-        payloads: one raw chunk (``chunk_bytes`` bytes) per key, produced lazily.
+        payloads: one raw chunk (``chunk_bytes`` bytes) per key, produced lazily: one view, or the views of
+            its consecutive parts (:data:`Parts`), written to the wire in one copy each, never joined here.
         chunk_bytes: raw bytes of a chunk.
         max_piece_bytes: raw bytes per piece (see :func:`piece_bytes`).
         codec: RAW, or ZSTD to compress pieces where it pays.
@@ -122,12 +149,13 @@ def store_frames(
     count = 0
     for index, (key, payload) in enumerate(zip(keys, payloads)):
         count += 1
-        raw = payload.cast("B") if payload.format != "B" or payload.ndim != 1 else payload
-        if raw.nbytes != chunk_bytes:
-            raise InvalidArgumentError(f"payloads[{index}]", f"has {raw.nbytes} bytes, need {chunk_bytes}")
+        parts = tuple(map(_flat, payload)) if isinstance(payload, tuple) else (_flat(payload),)
+        nbytes = sum(part.nbytes for part in parts)
+        if nbytes != chunk_bytes:
+            raise InvalidArgumentError(f"payloads[{index}]", f"has {nbytes} bytes, need {chunk_bytes}")
         for offset in range(0, chunk_bytes, max_piece_bytes):
             stop = min(offset + max_piece_bytes, chunk_bytes)
-            data, used = encoder.encode(raw[offset:stop])
+            data, more, used = encoder.encode(_cut(parts, offset, stop))
             header = pb.StreamStoreMessage(
                 key=key,
                 index=index,
@@ -141,7 +169,7 @@ def store_frames(
                 header.start_depth = start_depth
                 header.keys.extend(keys)
                 first = False
-            yield Framed(header, data)
+            yield Framed(header, data, more)
     if count != len(keys):
         raise InvalidArgumentError("payloads", f"{count} payloads for {len(keys)} keys")
 
@@ -172,6 +200,7 @@ class StreamAssembler:
         chunk_bytes: int,
         reuse_buffer: bool = False,
         buffers: Callable[[], bytearray] | None = None,
+        lend: bool = False,
     ) -> None:
         """Args:
         keys: the request's keys.
@@ -181,7 +210,10 @@ class StreamAssembler:
             4 KiB on first touch, several times the copy itself.
         buffers: where each chunk is assembled instead (``chunk_bytes`` long; e.g. the rotating buffers
             of a :class:`~.copier.ChunkCopier`).
+        lend: a chunk that arrives whole in one raw piece is not assembled: its ``data`` is a read-only
+            view of the received message (which it keeps alive), and no buffer is taken for it.
         """
+        self._lend = lend
         self._buffers = buffers
         self._keys = keys
         self._chunk_bytes = chunk_bytes
@@ -215,16 +247,16 @@ class StreamAssembler:
                 raise self._fail(f"chunk {msg.index} arrived, expected {self._next_index}")
             if msg.offset != 0:
                 raise self._fail(f"chunk {msg.index} starts at offset {msg.offset}")
+            whole = memoryview(data)
+            if self._lend and msg.last and msg.codec == _RAW and whole.nbytes == self._chunk_bytes:
+                self._check_chunk(msg)
+                self._next_index += 1
+                return StreamChunk(msg.index, self._keys[msg.index], whole.toreadonly())
             self._buffer = self._new_buffer()
             self._filled = 0
         elif msg.index != self._next_index:
             raise self._fail(f"chunk {msg.index} interleaved with unfinished chunk {self._next_index}")
-        if msg.chunk_bytes and msg.chunk_bytes != self._chunk_bytes:
-            raise self._fail(
-                f"chunk {msg.index} has {msg.chunk_bytes} bytes, the layout needs {self._chunk_bytes}"
-            )
-        if msg.key and msg.key != self._keys[msg.index]:
-            raise self._fail(f"chunk {msg.index} carries another key")
+        self._check_chunk(msg)
         if msg.offset != self._filled:
             raise self._fail(f"chunk {msg.index}: piece at offset {msg.offset}, expected {self._filled}")
         raw = self._decode(msg, data)
@@ -244,6 +276,15 @@ class StreamAssembler:
         self._buffer = None
         self._next_index += 1
         return chunk
+
+    def _check_chunk(self, msg: pb.StreamLoadMessage) -> None:
+        """The message's chunk size and key (when it names them) are the request's."""
+        if msg.chunk_bytes and msg.chunk_bytes != self._chunk_bytes:
+            raise self._fail(
+                f"chunk {msg.index} has {msg.chunk_bytes} bytes, the layout needs {self._chunk_bytes}"
+            )
+        if msg.key and msg.key != self._keys[msg.index]:
+            raise self._fail(f"chunk {msg.index} carries another key")
 
     def _decode(self, msg: pb.StreamLoadMessage, data: BytesLike) -> BytesLike:
         codec = CODECS.lookup(msg.codec)

@@ -2,9 +2,12 @@
 
 Whole chunks travel over gRPC streams, framed by :mod:`.stream` into messages within both ends' size limit
 (per-piece zstd when the codec asks for it). A store first looks up the cached prefix and sends only what
-follows it, each chunk gathered on a worker thread while the one before is sent; a load receives the contiguous cached prefix and copies each chunk
+follows it, each chunk written to the wire straight from the engine's tensors when they are contiguous CPU
+memory (its per-layer K and V joined into the message in one copy), else gathered on a worker thread while
+the one before is sent; a load receives the contiguous cached prefix and copies each chunk
 into the engine's tensors as soon as it is complete, on a worker thread while the next chunk arrives
-(:class:`~.copier.ChunkCopier`: two assembly buffers in rotation). The
+(:class:`~.copier.ChunkCopier`: two assembly buffers in rotation; a chunk that came whole in one raw
+message is copied straight out of that message, never assembled). The
 daemon commits a stream store when the stream ends, so a failed stream leaves nothing visible.
 
 Primitives:
@@ -20,17 +23,18 @@ from contextlib import nullcontext
 import torch
 
 from tiercache.codec import Codec
+from tiercache.layout import KVLayout
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.wire.framing import Framed
 
 from .copier import ChunkCopier, staged_chunks
 from .dataplane import DataPlane, DataPlaneKind, PrefillPublisher
-from .kv import EngineKV
+from .kv import EngineKV, chunk_parts
 from .layerwise import LayerwiseLoad, LayerwiseSave
 from .outcomes import LoadResult, StoreResult
 from .policy import WirePolicy
 from .results import StreamChunk, StreamStoreResult
-from .stream import Payload, StreamAssembler, message_limit, payload_view, piece_bytes, store_frames
+from .stream import Parts, Payload, StreamAssembler, message_limit, payload_view, piece_bytes, store_frames
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +49,7 @@ class ByteStreamPlane(DataPlane):
     def load(self, keys: Sequence[bytes], kv: EngineKV, policy: WirePolicy, prompt_tokens: int) -> LoadResult:
         layout = self.namespace.layout
         with ChunkCopier(layout, kv) as copier:
-            loaded = self.receive(keys, copier.submit, buffers=copier.buffer)
+            loaded = self.receive(keys, copier.submit, buffers=copier.buffer, lend=True)
         hit = loaded * layout.chunk_tokens
         return LoadResult(len(keys) * layout.chunk_tokens, hit, hit, remote=True, tokens_cached=hit)
 
@@ -74,7 +78,7 @@ class ByteStreamPlane(DataPlane):
         cached = self.client.lookup(self.namespace, keys).chunks
         if cached >= len(keys):
             return StoreResult(offered, 0, offered, remote=True)
-        payloads = staged_chunks(layout, kv, range(cached, len(keys)))
+        payloads = _payloads(layout, kv, range(cached, len(keys)))
         result = self.send(keys[cached:], payloads, start_depth=cached, codec=self.config.codec)
         skipped = cached + len(result.skipped)
         return StoreResult(offered, result.stored * c_tokens, skipped * c_tokens, remote=True)
@@ -101,7 +105,7 @@ class ByteStreamPlane(DataPlane):
     def send(
         self,
         keys: Sequence[bytes],
-        payloads: Iterable[Payload],
+        payloads: Iterable[Payload | Parts],
         start_depth: int = 0,
         codec: Codec = Codec.RAW,
     ) -> StreamStoreResult:
@@ -109,7 +113,8 @@ class ByteStreamPlane(DataPlane):
 
         Args:
             keys: chunk keys; ``keys[0]`` is at chain depth ``start_depth``.
-            payloads: one raw chunk per key, consumed lazily while the stream is sent.
+            payloads: one raw chunk per key, consumed lazily while the stream is sent (or the views of its
+                consecutive parts, see :func:`~.kv.chunk_parts`).
             start_depth: chain depth of ``keys[0]``.
             codec: RAW, or ZSTD to compress pieces (level 1) where it pays.
 
@@ -126,7 +131,7 @@ class ByteStreamPlane(DataPlane):
         )
 
         def messages(handle: bytes) -> Iterator[Framed[pb.StreamStoreMessage]]:
-            views = (payload_view(p, i) for i, p in enumerate(payloads))
+            views = (p if isinstance(p, tuple) else payload_view(p, i) for i, p in enumerate(payloads))
             return store_frames(handle, keys, views, reg.chunk_bytes, piece, codec, start_depth)
 
         return self.client.stream_store(self.namespace, messages)
@@ -137,11 +142,14 @@ class ByteStreamPlane(DataPlane):
         consume: Callable[[StreamChunk], None],
         reuse_buffer: bool = False,
         buffers: Callable[[], bytearray] | None = None,
+        lend: bool = False,
     ) -> int:
         """Receive the contiguous cached prefix of ``keys``, handing each whole chunk to ``consume``.
 
         With ``reuse_buffer`` every chunk is assembled in the same buffer: ``consume`` must be done with
-        ``chunk.data`` when it returns; with ``buffers``, each chunk is assembled in the buffer it gives.
+        ``chunk.data`` when it returns; with ``buffers``, each chunk is assembled in the buffer it gives;
+        with ``lend``, a chunk that came whole in one raw message is handed over as a read-only view of that
+        message instead (no assembly copy).
         Returns the number of chunks consumed.
 
         Raises:
@@ -154,7 +162,7 @@ class ByteStreamPlane(DataPlane):
         limit = message_limit(reg.max_stream_message_bytes, self.client.config.channel.max_message_bytes)
 
         def read(messages: Iterator[Framed[pb.StreamLoadMessage]]) -> int:
-            assembler = StreamAssembler(keys, reg.chunk_bytes, reuse_buffer, buffers)
+            assembler = StreamAssembler(keys, reg.chunk_bytes, reuse_buffer, buffers, lend)
             count = 0
             for msg in messages:
                 chunk = assembler.feed(msg)
@@ -169,6 +177,16 @@ class ByteStreamPlane(DataPlane):
         )
 
 
+def _payloads(layout: KVLayout, kv: EngineKV, positions: Sequence[int]) -> Iterable[Payload | Parts]:
+    """The chunks at ``positions`` to send: views of the engine's memory when every chunk lies there in
+    contiguous parts (written to the wire in one copy each), else gathered one ahead on a worker thread.
+    """
+    parts = chunk_parts(layout, kv)
+    if parts is not None:
+        return map(parts, positions)
+    return staged_chunks(layout, kv, positions)
+
+
 class _StreamPublisher(PrefillPublisher):
     """Publishes led chunks as one stream store per publication (nothing is reserved in between)."""
 
@@ -181,7 +199,7 @@ class _StreamPublisher(PrefillPublisher):
         return False
 
     def publish(self, kv: EngineKV, positions: Sequence[int]) -> int:
-        payloads = staged_chunks(self._plane.namespace.layout, kv, positions)
+        payloads = _payloads(self._plane.namespace.layout, kv, positions)
         keys = [self._keys[p] for p in positions]
         # Publications travel raw, whatever the connector's codec (as they always have).
         return self._plane.send(keys, payloads, start_depth=positions[0]).stored

@@ -65,26 +65,31 @@ class Framed(Generic[M]):
     Attributes:
         header: the message without its data (the other fields).
         data: the data field's bytes (a memoryview into a larger buffer when received).
+        more: further bytes of the data field, after ``data``: a piece gathered from several buffers (an
+            engine's per-layer tensors) is written in the same one copy, never staged. Always empty in a
+            received message (:func:`split`).
     """
 
     header: M
     data: BytesLike
+    more: tuple[BytesLike, ...] = ()
 
     def serialize(self) -> bytes:
         """The wire bytes of the whole message: the header's, then the data field (one copy of the data)."""
         head = self.header.SerializeToString()
-        view = memoryview(self.data)
-        if not view.nbytes:
+        parts = [memoryview(part) for part in (self.data, *self.more)]
+        nbytes = sum(part.nbytes for part in parts)
+        if not nbytes:
             return head
         number = data_field_number(type(self.header))
-        prefix = _varint(number << 3 | _LEN) + _varint(view.nbytes)
-        return b"".join((head, prefix, view))
+        prefix = _varint(number << 3 | _LEN) + _varint(nbytes)
+        return b"".join((head, prefix, *parts))
 
     def message(self) -> M:
         """The whole message as a protobuf object (copies the data: for tests and small messages)."""
         msg: Any = type(self.header)()
         msg.CopyFrom(self.header)
-        msg.data = bytes(memoryview(self.data))
+        msg.data = b"".join([memoryview(part) for part in (self.data, *self.more)])
         return cast(M, msg)
 
 
