@@ -318,3 +318,30 @@ def test_runs_into_a_paged_kv_and_bad_runs() -> None:
         run_to_kv(
             layout, torch.zeros(1, layout.chunk_bytes, dtype=torch.uint8), _contiguous(layout, 16, 1), 0, [9]
         )
+
+
+@pytest.mark.parametrize("odd", ["requires_grad", "strided_last_dim"])
+def test_runs_are_bit_exact_with_engine_tensors_numpy_cannot_view(odd: str) -> None:
+    """Host runs copy through numpy byte views; an engine tensor without one (strided innermost dimension)
+    or one that requires grad still moves the same bytes."""
+    layout = LAYOUTS["bf16-gqa"]
+    tokens = 2 * layout.chunk_tokens
+    plain = _contiguous(layout, tokens, seed=31)
+    if odd == "requires_grad":
+        layers = [t.float().requires_grad_(True) for t in plain.layers]
+        layout = KVLayout(3, 2, 16, KVDtype.FLOAT32, chunk_tokens=16, page_tokens=4)
+    else:  # same values, the head_dim axis strided in memory
+        layers = [t.transpose(-1, -2).contiguous().transpose(-1, -2) for t in plain.layers]
+        assert layers[0].stride(-1) != 1
+    src = ContiguousKV(layers)
+    bufs = _slots(layout, layout.chunk_bytes, [3, 4])
+    ((first, run),) = chunk_runs(bufs)
+    kv_to_run(layout, src, first, run)
+    for index, buf in bufs:
+        assert buf.numpy().tobytes() == _reference_chunk(layout, src, index)
+    dst = ContiguousKV([torch.zeros_like(t).detach() for t in layers])
+    if odd == "strided_last_dim":
+        dst = ContiguousKV([t.transpose(-1, -2).contiguous().transpose(-1, -2) for t in dst.layers])
+    run_to_kv(layout, run, dst, first)
+    for index, buf in bufs:
+        assert _reference_chunk(layout, dst, index) == buf.numpy().tobytes()
