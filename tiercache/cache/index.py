@@ -45,6 +45,7 @@ from tiercache.tiers.depths import DepthKeeper, HeldChunks
 logger = logging.getLogger(__name__)
 
 _PURGED = operator.attrgetter("purged")
+_TRUTH = operator.truth
 _TIERS = operator.attrgetter("tiers")
 _NAMESPACE_ID = operator.attrgetter("namespace_id")
 _LONG_AGO = float("-inf")  # when a copy found at start arrived: its minimum residency is long over
@@ -236,10 +237,9 @@ class Index:
 
     def cached_prefix(self, cids: Sequence[bytes]) -> list[ChunkEntry]:
         """Entries of the contiguous cached prefix of a chain."""
-        # Every lookup walks its chain: in C-speed bulk operations (map, list.index), no Python per chunk.
-        found = list(map(self._entries.get, cids))
-        n = _first(map(operator.is_, found, itertools.repeat(None)))
-        cached = cast("list[ChunkEntry]", found[:n])
+        # Every lookup walks its chain: in C-speed bulk operations (map, takewhile), no Python per chunk; an
+        # entry is always true (no __len__ or __bool__), so the prefix ends at the first None.
+        cached = cast("list[ChunkEntry]", list(itertools.takewhile(_TRUTH, map(self._entries.get, cids))))
         if any(map(_PURGED, cached)):
             cached = cached[: _first(map(_PURGED, cached))]
         return cached
@@ -257,18 +257,27 @@ class Index:
         """
         cached = self.cached_prefix(cids)
         tiers = list(map(_TIERS, cached))  # bit sets of the holders: no object beyond the entry is touched
-        by_tier = {
-            level: _first(map(operator.not_, map(operator.and_, tiers, itertools.repeat(tier_bit(level)))))
-            for level in self.tokens
-        }
-        fastest: dict[TierLevel, int] = {}
-        if count_tokens:
+        n = len(tiers)
+        if not n or tiers.count(tiers[0]) == n:  # the usual case: every chunk in the same tiers (one pass)
+            holders = tiers[0] if n else 0
+            by_tier = {level: n if holders & tier_bit(level) else 0 for level in self.tokens}
+            lowest_bit = holders & -holders
+            fastest = {level: n for level in self.tokens if n and tier_bit(level) == lowest_bit}
+        else:
+            by_tier = {
+                level: _first(
+                    map(operator.not_, map(operator.and_, tiers, itertools.repeat(tier_bit(level))))
+                )
+                for level in self.tokens
+            }
             # the fastest holder's bit of each (the lowest bit set)
             lowest = list(map(operator.and_, tiers, map(operator.neg, tiers)))
-            fastest = {level: n for level in self.tokens if (n := lowest.count(tier_bit(level)))}
-            for level, chunks in fastest.items():
-                self.tokens[level].lookup_hit += chunks * count_tokens
-        return LookupResult(len(cached), MappingProxyType(by_tier)), fastest
+            fastest = {level: k for level in self.tokens if (k := lowest.count(tier_bit(level)))}
+        if not count_tokens:
+            return LookupResult(n, MappingProxyType(by_tier)), {}
+        for level, chunks in fastest.items():
+            self.tokens[level].lookup_hit += chunks * count_tokens
+        return LookupResult(n, MappingProxyType(by_tier)), fastest
 
     def report_usage(self, effective_by_tier: Mapping[TierLevel, int], recomputed_tokens: int) -> None:
         """Count what an engine did with a load: tokens it skipped (per source tier) and recomputed."""

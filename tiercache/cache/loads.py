@@ -10,7 +10,7 @@ commit-time checksum before the lease is handed out: one that fails ends the lea
 counted as a miss (its bytes are never served).
 
 Primitives:
-    Loads: acquire, release, expire, lease_one, view, drop_lease, read, hit, plan.
+    Loads: acquire, release, expire, lease_one, drop_lease, read, hit, plan.
 """
 
 from __future__ import annotations
@@ -86,6 +86,8 @@ class Loads:
             lease_id = self._leases.new_id()
             self._leases.add_lease(lease_id, lease)
         chunks: list[LoadChunk] = []
+        tier = self._tiers[target]
+        assert isinstance(tier, SlotTier)
         try:
             for i, cid in enumerate(cids):
                 bring: Callable[[], bool] | None = None
@@ -96,8 +98,9 @@ class Loads:
                 source = self.lease_one(cid, target, lease, bring)
                 if source is None or not self._verified(cid, target, lease):
                     break
-                slot, view = self.view(cid, target)
-                chunks.append(LoadChunk(i, bytes(keys[i]), slot, view, source))
+                slot = tier.slot_of(cid)  # the lease's hold keeps it there: no index lock needed
+                assert slot is not None
+                chunks.append(LoadChunk(i, bytes(keys[i]), slot, source, partial(tier.view, cid)))
         except BaseException:
             self.release(lease_id)
             raise
@@ -185,15 +188,6 @@ class Loads:
                 return None
             self._take(cid, entry, level, lease)
             return source
-
-    def view(self, cid: bytes, level: TierLevel) -> tuple[int, torch.Tensor]:
-        """Slot and zero-copy view of a leased chunk."""
-        tier = self._tiers[level]
-        assert isinstance(tier, SlotTier)
-        with self._lock:
-            slot, view = tier.slot_of(cid), tier.view(cid)
-        assert slot is not None and view is not None
-        return slot, view
 
     def drop_lease(self, lease: Lease) -> None:
         """End a lease's holds (call under the lock)."""

@@ -42,6 +42,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 
 import torch
 
@@ -134,11 +135,9 @@ class CacheManager:
     # ------------------------------------------------------------------ registration and lookup
 
     def register_namespace(self, namespace: Namespace, tenant: str = "") -> bytes:
-        """Register a namespace for a tenant (idempotent) and return its id.
-
-        ``tenant`` is the authenticated tenant: each tenant's chunks are filed under an id of its own.
-        Raises InvalidArgumentError (``layout``) when its chunks do not fit the tiers.
-        """
+        """Register a namespace for a tenant (idempotent) and return its id: ``tenant`` is the authenticated
+        tenant, each tenant's chunks are filed under an id of its own. Raises InvalidArgumentError
+        (``layout``) when its chunks do not fit the tiers."""
         ns_id = self._namespaces.register(namespace, tenant, self._check_open)
         self._tenants.register(ns_id, tenant, namespace.layout.chunk_bytes)
         return ns_id
@@ -176,12 +175,14 @@ class CacheManager:
             return result
 
     def lookup_now(self, namespace_id: bytes, keys: Sequence[bytes]) -> LookupResult | None:
-        """An engine's :meth:`lookup` (counted) when it can answer without waiting, else None: another thread
-        holds the index lock, or a shared tier must be asked first (network I/O). An event loop calls it
-        instead of an executor hop and runs :meth:`lookup` in an executor on None."""
-        asks_shared = TierLevel.SHARED in self._tiers
-        with held_if_free(self._lock) as free:
-            return self.lookup(namespace_id, keys, True) if free and not asks_shared else None
+        """An engine's :meth:`lookup` (counted) if it answers at once (:meth:`uncontended`), else None."""
+        with self.uncontended() as free:
+            return self.lookup(namespace_id, keys, True) if free else None
+
+    def uncontended(self) -> AbstractContextManager[bool]:
+        """Holds the index lock for a ``with`` block where no call can wait (True): it was free and no shared
+        tier is asked (network I/O). Lookups, leases of chunks in their tier and releases then run at once."""
+        return held_if_free(self._lock, TierLevel.SHARED not in self._tiers)
 
     # ------------------------------------------------------------------ stores
 

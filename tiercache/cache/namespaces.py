@@ -87,6 +87,11 @@ class Namespaces:
         if isinstance(keys, (bytes, bytearray, str)):
             raise InvalidArgumentError("keys", "must be a sequence of keys, not a single value")
         prefix = bytes(namespace_id)
-        if set(map(type, keys)) <= {bytes} and set(map(len, keys)) <= {KEY_BYTES}:  # the usual case, in bulk
-            return list(map(prefix.__add__, keys))
+        try:  # the usual case, in two C-speed passes: bytes-like keys of the right length
+            cids = list(map(prefix.__add__, keys))
+        except TypeError:
+            pass  # not bytes-like: checked one by one below, naming the key
+        else:
+            if set(map(len, cids)) <= {len(prefix) + KEY_BYTES}:
+                return cids
         return [chunk_id(prefix, check_key(k, f"keys[{i}]")) for i, k in enumerate(keys)]

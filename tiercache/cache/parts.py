@@ -49,9 +49,10 @@ class Parts:
 
 
 @contextlib.contextmanager
-def held_if_free(lock: threading.RLock) -> Iterator[bool]:
-    """Hold ``lock`` for the ``with`` block if it can be taken at once (True), else hold nothing (False)."""
-    free = lock.acquire(blocking=False)
+def held_if_free(lock: threading.RLock, wanted: bool = True) -> Iterator[bool]:
+    """Hold ``lock`` for the ``with`` block if it can be taken at once (True), else hold nothing (False);
+    ``wanted`` False: hold nothing (False) without trying."""
+    free = wanted and lock.acquire(blocking=False)
     try:
         yield free
     finally:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -82,16 +82,31 @@ class LoadChunk:
         index: position in the key chain.
         key: the chunk key.
         slot: slot index inside the tier's pool.
-        view: zero-copy read view of the chunk's bytes (valid until the lease ends).
         source: the tier the bytes came from: ``level`` itself when the chunk was there, else the fastest
             tier it was promoted from.
+        read_view: the tier's view of the chunk (see :attr:`view`).
     """
 
     index: int
     key: bytes
     slot: int
-    view: torch.Tensor
     source: TierLevel
+    read_view: Callable[[], torch.Tensor | None] = field(repr=False, compare=False)
+
+    @property
+    def view(self) -> torch.Tensor:
+        """Zero-copy read view of the chunk's bytes (valid until the lease ends).
+
+        Made when asked for, not with the lease: a daemon answering AcquireLoad sends slot numbers only,
+        and a view per chunk would cost it more than the rest of the lease.
+
+        Raises:
+            RuntimeError: the chunk is gone from its tier (asked after the lease ended).
+        """
+        view = self.read_view()
+        if view is None:
+            raise RuntimeError(f"chunk {self.index} of the load is gone from its tier: its lease ended")
+        return view
 
 
 @dataclass(frozen=True, slots=True)

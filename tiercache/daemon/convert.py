@@ -86,8 +86,8 @@ def keys_from_proto(keys: Sequence[bytes], field: str = "keys") -> list[bytes]:
     Raises:
         InvalidArgumentError: ``keys[i]: must be 32 bytes, got N``.
     """
-    out = list(keys)
-    if set(map(type, out)) <= {bytes} and set(map(len, out)) <= {KEY_BYTES}:
+    out = list(keys)  # protobuf's repeated bytes are bytes: only their lengths need a look
+    if set(map(len, out)) <= {KEY_BYTES}:
         return out  # the usual case, checked in bulk (a 512-key lookup pays no Python call per key)
     return [check_key_field(k, f"{field}[{i}]") for i, k in enumerate(out)]
 

@@ -9,8 +9,10 @@ with FAILED_PRECONDITION naming the ticket (:class:`~tiercache.errors.ExpiredErr
 
 AcquireLoad and BeginStore first settle what the request carries (:mod:`.settle`: leases the engine is done
 with, its usage report), in the same executor job as their own work. AcquireLoad's policies are resolved in
-:mod:`.loads`. A load that may wait for promotion out of a slow L3
-runs in the bounded wait executor; a load that waits for nothing (``wait_s == 0``) in the short one.
+:mod:`.loads`. A load whose whole cached prefix is in L2 already, and a release, are answered on the event
+loop when the index lock is free (an executor hop costs more than leasing a few dozen chunks); otherwise a
+load that may wait for promotion out of a slow L3 runs in the bounded wait executor, one that waits for
+nothing (``wait_s == 0``) in the short one.
 
 Primitives:
     SharedMemoryRpcs: the handlers (a part of :class:`~tiercache.daemon.servicer.KVCacheServicer`).
@@ -32,7 +34,7 @@ from tiercache.wire import LOAD_POLICIES
 
 from . import convert
 from .handles import Claims
-from .loads import LoadOutcome, resolve_policy, run_load
+from .loads import LoadOutcome, resolve_policy, run_load, run_load_now
 from .rpc import Caller, ServiceDeps, ServicerBase, unary
 from .settle import Settled, apply, taken
 
@@ -136,14 +138,16 @@ class SharedMemoryRpcs(ServicerBase):
         executor = self._deps.executor if wait_s == 0 else self.long_executor
         level = self._rules.shared_level
         settled = self._settled(request.settle, caller) if request.HasField("settle") else None
-        fut = executor.submit(
-            run_load, self._manager, handle, keys, level, ttl, policy, wait_s, arrived, settled
-        )
-        try:
-            outcome = await asyncio.wrap_future(fut)
-        except asyncio.CancelledError:
-            fut.add_done_callback(self._release_orphan)
-            raise
+        outcome = run_load_now(self._manager, handle, keys, level, ttl, policy, settled)
+        if outcome is None:  # it may wait (a promotion, the lock): in an executor
+            fut = executor.submit(
+                run_load, self._manager, handle, keys, level, ttl, policy, wait_s, arrived, settled
+            )
+            try:
+                outcome = await asyncio.wrap_future(fut)
+            except asyncio.CancelledError:
+                fut.add_done_callback(self._release_orphan)
+                raise
         ticket = outcome.ticket
         if ticket.lease_id:
             self._leases.add(ticket.lease_id, handle, ticket.expires_at)
@@ -174,7 +178,10 @@ class SharedMemoryRpcs(ServicerBase):
         self, request: pb.ReleaseLoadRequest, caller: Caller, context: Any
     ) -> pb.ReleaseLoadResponse:
         """End a lease (False when it is not a live lease of this handle)."""
-        released = self._leases.take(request.lease_id, caller.namespace_id) and await self.run(
-            self._manager.release, request.lease_id
-        )
+        released: bool | None = False
+        if self._leases.take(request.lease_id, caller.namespace_id):
+            with self._manager.uncontended() as free:  # at once when the lock is free: no executor hop
+                released = self._manager.release(request.lease_id) if free else None
+            if released is None:
+                released = await self.run(self._manager.release, request.lease_id)
         return pb.ReleaseLoadResponse(released=released)

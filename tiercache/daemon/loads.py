@@ -17,6 +17,8 @@ Primitives:
     LoadOutcome: the lease, the cached prefix and the cost estimates behind the decision.
     resolve_policy: the request's policy with the declared models (validates that the needed one exists).
     run_load: the blocking settlement (:mod:`.settle`) + lookup + plan + acquire.
+    run_load_now: the same at once, when nothing in it can wait (else None: run :func:`run_load`).
+    INLINE_LOAD_KEYS: the longest chain :func:`run_load_now` takes.
 """
 
 from __future__ import annotations
@@ -28,10 +30,14 @@ from dataclasses import dataclass
 from tiercache.cache import CacheManager, LoadTicket
 from tiercache.policies.load import CostPlan, LoadPolicy, LoadPolicyKind, make_load_policy
 from tiercache.tiers.base import TierLevel
+from tiercache.tiers.slots import SlotPoolTier
 
 from .handles import HandleInfo
 from .settle import Settled, apply
 
+INLINE_LOAD_KEYS = 128
+"""The longest chain leased on the event loop (~5-15 µs of the loop per chunk); longer ones go to the
+executor."""
 _LATE_WAIT_S = 1e-3
 """A deadline that passed while the call queued still starts background promotion (for the next load)."""
 
@@ -102,3 +108,42 @@ def run_load(
         wait_s = max(_LATE_WAIT_S, arrived + wait_s - time.monotonic())
     ticket = manager.acquire(handle, choice.keys, level, ttl_s, wait_s)
     return LoadOutcome(ticket, cached, choice.plan)
+
+
+def run_load_now(
+    manager: CacheManager,
+    handle: bytes,
+    keys: Sequence[bytes],
+    level: TierLevel,
+    ttl_s: float | None,
+    policy: LoadPolicy,
+    settled: Settled | None = None,
+) -> LoadOutcome | None:
+    """:func:`run_load` without waiting, or None (nothing done) when it might wait: the chain is longer
+    than :data:`INLINE_LOAD_KEYS`, the index lock is taken or a shared tier would be asked
+    (``CacheManager.uncontended``), part of the cached prefix is not in ``level`` yet (a promotion), or
+    ``level`` checks each chunk's bytes before leasing it. An event loop calls it instead of an executor hop
+    (which costs more than the lease of a few dozen chunks) and :func:`run_load` in an executor on None.
+
+    The outcome is :func:`run_load`'s: with the whole cached prefix in ``level`` and the lock held
+    throughout, nothing is promoted or waited for under any policy.
+
+    Raises:
+        NotFoundError, InvalidArgumentError: from the cache manager.
+    """
+    tier = manager.tier(level)
+    if len(keys) > INLINE_LOAD_KEYS or (isinstance(tier, SlotPoolTier) and tier.verify_loads):
+        return None
+    with manager.uncontended() as free:
+        if not free:
+            return None
+        found = manager.lookup(handle, keys)
+        if found.by_tier.get(level, 0) < found.chunks:
+            return None
+        if settled is not None and not settled.empty:
+            apply(manager, settled)
+        choice = policy.choose(
+            keys[: found.chunks], lambda ks, prefill: manager.plan_load(handle, ks, prefill, level)
+        )
+        ticket = manager.acquire(handle, choice.keys, level, ttl_s, 0.0)
+        return LoadOutcome(ticket, found.chunks, choice.plan)
