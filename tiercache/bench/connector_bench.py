@@ -263,7 +263,7 @@ def _measure_case(
         memcpy = dataclasses.replace(
             memcpy,
             timing=summarize(total * len(passes), sum(shm.memcpy_s), shm.memcpy_s),
-            note=f"{len(passes)} passes, one right before each timed round ({min(passes):.2f}-{max(passes):.2f} GB/s)",
+            note=f"{len(passes)} passes, one right before each timed round ({min(passes):.2f}-{max(passes):.2f} GB/s); {memcpy.note}",
         )
         base = memcpy.timing.gbps
         store_spread = paired_ratios(_gbps(total, shm.store_s), passes)
