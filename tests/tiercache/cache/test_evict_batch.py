@@ -4,31 +4,21 @@ demoted (which is demoted as before)."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-import torch
 
-from tiercache.cache.index import ChunkEntry, Index
+from tests.tiercache.cache.movers import NBYTES, cid, intact, mover_over, store
+from tiercache.cache.index import Index
 from tiercache.cache.mover import Mover
-from tiercache.cache.space import Space
 from tiercache.errors import CapacityError
-from tiercache.keys import CHUNK_ID_BYTES
-from tiercache.policies import LruPolicy, OnEvict
-from tiercache.rates import RateEstimator
 from tiercache.tiers.base import StorageTier, TierLevel
 from tiercache.tiers.hbm import HbmTier, HbmTierConfig
 from tiercache.tiers.lmdb import LmdbTier, LmdbTierConfig
 from tiercache.tiers.values import HEADER_BYTES
 
 L1, L3 = TierLevel.L1, TierLevel.L3
-NBYTES = 1024
-
-
-def cid(i: int) -> bytes:
-    return i.to_bytes(4, "big") * (CHUNK_ID_BYTES // 4)
 
 
 class CountingLmdbTier(LmdbTier):
@@ -60,69 +50,50 @@ def parts(tmp_path: Path) -> Iterator[Parts]:
         L1: HbmTier(HbmTierConfig(capacity_bytes=4 * NBYTES, slot_bytes=NBYTES, device="cpu")),
         L3: l3,
     }
-    space = Space(tiers, LruPolicy(), 0.0)
-    index = Index(list(tiers), space, lambda e: None)
-    mover = Mover(
-        threading.RLock(), tiers, index, space, OnEvict(), RateEstimator(), lambda: 0.0, lambda n: None
-    )
+    mover, index = mover_over(tiers)
     yield mover, index, tiers, l3
     for tier in tiers.values():
         tier.close()
 
 
-def _store(index: Index, tiers: dict[TierLevel, StorageTier], level: TierLevel, i: int) -> None:
-    (ws,) = tiers[level].reserve([cid(i)], [NBYTES])
-    ws.buffer.fill_(i)
-    tiers[level].commit([ws])
-    index.next_tick()
-    entry = index.get(cid(i)) or ChunkEntry(b"n" * 16, cid(i), 0, NBYTES)
-    index.add_residency(cid(i), entry, level, 0.0)
-
-
-def _intact(tier: StorageTier, ids: list[int]) -> bool:
-    bufs = [torch.empty(NBYTES, dtype=torch.uint8) for _ in ids]
-    found = tier.read_into([cid(i) for i in ids], bufs)
-    return all(found) and all(bool((b == i).all()) for i, b in zip(ids, bufs))
-
-
 def test_a_full_l3_evicts_the_oldest_in_one_delete_and_no_more(parts: Parts) -> None:
     mover, index, tiers, l3 = parts
     for i in range(1, 9):
-        _store(index, tiers, L3, i)
+        store(index, tiers, L3, i)
     slots = mover.reserve(L3, [cid(20), cid(21), cid(22)], [NBYTES] * 3)
     l3.abort(slots)
     assert l3.deletes == [[cid(1), cid(2), cid(3)]]
     assert [i for i in range(1, 9) if index.get(cid(i)) is None] == [1, 2, 3]
     assert index.counters[L3].evictions == 3 and l3.usage().chunks == 5
-    assert _intact(l3, [4, 5, 6, 7, 8])
+    assert intact(l3, [4, 5, 6, 7, 8])
 
 
 def test_the_batch_stops_at_a_victim_that_must_be_demoted(parts: Parts) -> None:
     mover, index, tiers, l3 = parts
-    _store(index, tiers, L1, 1)
-    _store(index, tiers, L3, 1)  # written down: its L1 copy goes without a demotion
-    _store(index, tiers, L1, 2)  # only in L1: demoted to L3 when evicted
-    _store(index, tiers, L1, 3)
-    _store(index, tiers, L1, 4)
+    store(index, tiers, L1, 1)
+    store(index, tiers, L3, 1)  # written down: its L1 copy goes without a demotion
+    store(index, tiers, L1, 2)  # only in L1: demoted to L3 when evicted
+    store(index, tiers, L1, 3)
+    store(index, tiers, L1, 4)
     slots = mover.reserve(L1, [cid(20), cid(21)], [NBYTES] * 2)
     tiers[L1].abort(slots)
     e1, e2 = index.get(cid(1)), index.get(cid(2))
     assert e1 is not None and e1.levels == (L3,) and e2 is not None and e2.levels == (L3,)
     assert index.counters[L1].evictions == 2 and index.counters[L3].demotions == 1
-    assert _intact(l3, [1, 2]) and _intact(tiers[L1], [3, 4])
+    assert intact(l3, [1, 2]) and intact(tiers[L1], [3, 4])
 
 
 def test_a_failed_delete_keeps_every_victim_indexed_and_evictable(parts: Parts) -> None:
     mover, index, tiers, l3 = parts
     for i in range(1, 9):
-        _store(index, tiers, L3, i)
+        store(index, tiers, L3, i)
     l3.fail_deletes = 1
     with pytest.raises(CapacityError, match="injected"):
         mover.reserve(L3, [cid(20), cid(21), cid(22)], [NBYTES] * 3)
     assert all(index.get(cid(i)) is not None for i in range(1, 9)) and index.counters[L3].evictions == 0
-    assert _intact(l3, list(range(1, 9)))
+    assert intact(l3, list(range(1, 9)))
     slots = mover.reserve(L3, [cid(20), cid(21), cid(22)], [NBYTES] * 3)  # the same victims, queued again
     l3.abort(slots)
     assert l3.deletes == [[cid(1), cid(2), cid(3)]] * 2
     assert [i for i in range(1, 9) if index.get(cid(i)) is None] == [1, 2, 3]
-    assert _intact(l3, [4, 5, 6, 7, 8])
+    assert intact(l3, [4, 5, 6, 7, 8])

@@ -9,14 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.tiercache.cache.movers import NBYTES, cid, mover_over, store
 from tiercache.cache.index import ChunkEntry, Index
 from tiercache.cache.leases import Lease, LeaseTable, StoreReservation
 from tiercache.cache.mover import MoveOutcome, Mover
 from tiercache.cache.space import Space, VictimQueue
 from tiercache.errors import CapacityError
-from tiercache.keys import CHUNK_ID_BYTES
-from tiercache.policies import Candidate, LfuPolicy, LruPolicy, OnEvict
-from tiercache.rates import RateEstimator
+from tiercache.policies import Candidate, LfuPolicy, LruPolicy
 from tiercache.stats import ChunkEvent, EventKind
 from tiercache.tiers.base import StorageTier, TierLevel
 from tiercache.tiers.hbm import HbmTier, HbmTierConfig
@@ -24,11 +23,6 @@ from tiercache.tiers.lmdb import LmdbTier, LmdbTierConfig
 from tiercache.tiers.values import HEADER_BYTES
 
 L1, L2, L3 = TierLevel.L1, TierLevel.L2, TierLevel.L3
-NBYTES = 1024
-
-
-def cid(i: int) -> bytes:
-    return i.to_bytes(4, "big") * (CHUNK_ID_BYTES // 4)
 
 
 # ---------------------------------------------------------------- VictimQueue
@@ -198,28 +192,14 @@ def test_lease_table_reaps_at_ttl_only_what_is_open() -> None:
 
 @pytest.fixture
 def mover_parts(tmp_path: Path) -> Iterator[tuple[Mover, Index, dict[TierLevel, StorageTier]]]:
-    import threading
-
     tiers: dict[TierLevel, StorageTier] = {
         L1: HbmTier(HbmTierConfig(capacity_bytes=2 * NBYTES, slot_bytes=NBYTES, device="cpu")),
         L3: LmdbTier(LmdbTierConfig(path=str(tmp_path / "l3"), capacity_bytes=4 * (NBYTES + HEADER_BYTES))),
     }
-    space = Space(tiers, LruPolicy(), 0.0)
-    index = Index(list(tiers), space, lambda e: None)
-    mover = Mover(
-        threading.RLock(), tiers, index, space, OnEvict(), RateEstimator(), lambda: 0.0, lambda n: None
-    )
+    mover, index = mover_over(tiers)
     yield mover, index, tiers
     for tier in tiers.values():
         tier.close()
-
-
-def _store(index: Index, tiers: dict[TierLevel, StorageTier], level: TierLevel, i: int) -> None:
-    (ws,) = tiers[level].reserve([cid(i)], [NBYTES])
-    ws.buffer.fill_(i)
-    tiers[level].commit([ws])
-    index.next_tick()
-    index.add_residency(cid(i), ChunkEntry(b"n" * 16, cid(i), 0, NBYTES), level, 0.0)
 
 
 def _reserved(tiers: dict[TierLevel, StorageTier]) -> list[int]:
@@ -230,7 +210,7 @@ def test_a_lost_source_aborts_the_reservation_and_drops_the_copy(
     mover_parts: tuple[Mover, Index, dict[TierLevel, StorageTier]],
 ) -> None:
     mover, index, tiers = mover_parts
-    _store(index, tiers, L3, 1)
+    store(index, tiers, L3, 1)
     tiers[L3].delete([cid(1)])  # the index still believes L3 has it
     assert mover.move_outcome(cid(1), L1) is MoveOutcome.LOST
     assert _reserved(tiers) == [0, 0] and index.get(cid(1)) is None
@@ -242,11 +222,11 @@ def test_no_room_releases_the_source_hold(
 ) -> None:
     mover, index, tiers = mover_parts
     for i in (1, 2):
-        _store(index, tiers, L1, i)
+        store(index, tiers, L1, i)
         entry = index.get(cid(i))
         assert entry is not None
         index.hold(cid(i), entry, L1)  # both L1 chunks leased: nothing evictable
-    _store(index, tiers, L3, 3)
+    store(index, tiers, L3, 3)
     assert mover.move_outcome(cid(3), L1) is MoveOutcome.NO_ROOM
     entry = index.get(cid(3))
     assert entry is not None and entry.copy(L3).holds == 0 and _reserved(tiers) == [0, 0]
@@ -258,7 +238,7 @@ def test_a_failing_copy_aborts_and_releases(
     mover_parts: tuple[Mover, Index, dict[TierLevel, StorageTier]],
 ) -> None:
     mover, index, tiers = mover_parts
-    _store(index, tiers, L1, 1)
+    store(index, tiers, L1, 1)
     l3 = tiers[L3]
 
     def broken_commit(slots: object) -> None:
@@ -276,8 +256,8 @@ def test_eviction_demotes_with_the_copy_outside_and_drops_the_victim(
     mover_parts: tuple[Mover, Index, dict[TierLevel, StorageTier]],
 ) -> None:
     mover, index, tiers = mover_parts
-    _store(index, tiers, L1, 1)
-    _store(index, tiers, L1, 2)
+    store(index, tiers, L1, 1)
+    store(index, tiers, L1, 2)
     (ws,) = mover.reserve(L1, [cid(3)], [NBYTES])
     tiers[L1].abort([ws])
     e1 = index.get(cid(1))
