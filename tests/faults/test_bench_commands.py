@@ -5,6 +5,7 @@ by the other tests of this folder)."""
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,14 +15,16 @@ from tiercache.bench.faults_report import FAULTS_SCHEMA, SOAK_SCHEMA
 
 
 def test_faults_garbage_part_prints_and_writes_its_figures(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the part makes its short socket dir
     out = tmp_path / "faults.json"
     assert main(["faults", "--parts", "garbage", "--json", str(out), "-q", "--dir", str(tmp_path)]) == 0
     doc = json.loads(out.read_text())
     assert doc["schema"] == FAULTS_SCHEMA and doc["ok"] is True
     assert doc["kill"] is None and doc["garbage"]["sent"] == doc["garbage"]["invalid_argument"] > 0
     assert "malformed RPCs / INVALID_ARGUMENT" in capsys.readouterr().out
+    assert not list(tmp_path.glob("tcgarb-*"))  # the socket's directory went with the daemon
 
 
 def test_faults_refuses_an_unknown_part(tmp_path: Path) -> None:
