@@ -81,11 +81,14 @@ class VictimQueue:
     def push(self, cid: bytes, priority: Priority) -> None:
         """Queue a chunk with ``priority`` (replacing its previous priority)."""
         item: QueueItem = (*priority, cid)
-        if self._live.get(cid) == item:
+        live = self._live
+        if live.get(cid) == item:
             return
-        self._live[cid] = item
-        heapq.heappush(self._heap, item)
-        self._maybe_compact()
+        live[cid] = item
+        heap = self._heap
+        heapq.heappush(heap, item)
+        if len(heap) > 2 * len(live) + _COMPACT_SLACK:  # :meth:`_maybe_compact`, inlined: a push per access
+            self._maybe_compact()
 
     def push_many(self, items: list[QueueItem]) -> None:
         """Queue many chunks at once (a warm start), given as items (each a priority followed by its chunk id,

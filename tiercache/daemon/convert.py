@@ -10,8 +10,8 @@ Primitives:
     keys_from_proto, check_key_field: 32-byte chunk keys.
     ttl_from_proto, timeout_from_proto: optional durations (0 means the default / no wait).
     usage_from_proto: ReportUsage's per-tier chunks -> tokens per tier.
-    lookup_to_proto, slot_refs, claim_to_proto, event_to_proto: responses (stats travel through
-        :mod:`tiercache.wire.stats`).
+    lookup_to_proto, slot_refs, add_load_refs, claim_to_proto, event_to_proto: responses (stats travel
+        through :mod:`tiercache.wire.stats`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 from tiercache.cache import LoadChunk, LookupResult, StoreSlot
 from tiercache.errors import InvalidArgumentError
@@ -138,14 +140,30 @@ def lookup_to_proto(result: LookupResult, prefetch_id: int = 0) -> pb.LookupResp
     )
 
 
-def slot_refs(slots: Sequence[StoreSlot] | Sequence[LoadChunk], nbytes: int) -> list[pb.SlotRef]:
-    """SlotRefs of a store ticket's slots or a load ticket's chunks (each ``nbytes`` long; loads: source)."""
+def slot_refs(slots: Sequence[StoreSlot], nbytes: int) -> list[pb.SlotRef]:
+    """SlotRefs of a store ticket's slots (each ``nbytes`` long; a load's: :func:`add_load_refs`)."""
     refs = []
     for s in slots:
         assert s.slot is not None, "shared-memory slots always have an index"
-        source = TIERS.to_proto(s.source) if isinstance(s, LoadChunk) else pb.TIER_UNSPECIFIED
-        refs.append(pb.SlotRef(index=s.index, slot=s.slot, nbytes=nbytes, source=source))
+        refs.append(pb.SlotRef(index=s.index, slot=s.slot, nbytes=nbytes, source=pb.TIER_UNSPECIFIED))
     return refs
+
+
+def add_load_refs(
+    refs: RepeatedCompositeFieldContainer[pb.SlotRef], chunks: Sequence[LoadChunk], nbytes: int
+) -> None:
+    """Append a load ticket's chunks to a response's ``slots`` (each ``nbytes`` long, with its source).
+
+    Filled in place: :func:`slot_refs` builds each SlotRef apart and the response then copies them, ~3x the
+    time (~0.1 ms of a 32-chunk AcquireLoad on these machines).
+    """
+    add = refs.add
+    sources: dict[TierLevel, int] = {}
+    for c in chunks:
+        source = sources.get(c.source)
+        if source is None:
+            source = sources[c.source] = TIERS.to_proto(c.source)
+        add(index=c.index, slot=c.slot, nbytes=nbytes, source=source)
 
 
 def claim_to_proto(claim: PrefillClaim) -> pb.ClaimPrefillResponse:

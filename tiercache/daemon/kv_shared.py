@@ -155,14 +155,15 @@ class SharedMemoryRpcs(ServicerBase):
                 self.fire(self._rules.warm_after_load, handle, keys, ticket)
         self._deps.metrics.add_bytes("shm", "load", len(ticket.chunks) * info.chunk_bytes)
         plan = outcome.plan
-        return pb.AcquireLoadResponse(
+        response = pb.AcquireLoadResponse(
             lease_id=ticket.lease_id,
-            slots=convert.slot_refs(ticket.chunks, info.chunk_bytes),
             expires_in_s=self.expires_in(ticket.expires_at) if ticket.lease_id else 0.0,
             cached=outcome.cached,
             estimated_load_s=plan.load_s if plan is not None else 0.0,
             estimated_recompute_s=plan.recompute_s if plan is not None else 0.0,
         )
+        convert.add_load_refs(response.slots, ticket.chunks, info.chunk_bytes)
+        return response
 
     def _release_orphan(self, fut: Future[LoadOutcome]) -> None:
         """Release the lease of a load whose caller went away (runs on an executor thread)."""

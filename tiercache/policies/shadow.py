@@ -124,10 +124,19 @@ class ShadowSample:
         load) is one access, and its read must not count as a hit of the shadow that kept it a moment
         longer.
         """
-        if cid[-1] >= self._bound or any(s.last_access(cid) == tick for s in self._shadows):
+        # Runs for every chunk a lease touches: plain loops, no generator or method call per shadow.
+        if cid[-1] >= self._bound:
             return None
-        hits = [shadow.access(cid, tick, depth, demand) for shadow in self._shadows]
-        if self._bound > 1 and self.held() > MAX_SHADOW_CHUNKS:
+        shadows = self._shadows
+        for shadow in shadows:
+            state = shadow._state.get(cid)
+            if state is not None and state[0] == tick:
+                return None
+        hits = [shadow.access(cid, tick, depth, demand) for shadow in shadows]
+        held = 0
+        for shadow in shadows:
+            held = max(held, len(shadow._live))
+        if self._bound > 1 and held > MAX_SHADOW_CHUNKS:
             self._bound //= 2
             bound = self._bound
             for shadow in self._shadows:

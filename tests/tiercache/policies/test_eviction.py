@@ -150,3 +150,18 @@ def test_queue_items_in_bulk_are_each_chunks_priority_and_id(
     assert p.queue_items(range(3, 3), [], []) == []
     with pytest.raises(ValueError, match="last_access has 2 items, depths 1, cids 2"):
         p.queue_items([1, 2], [0], cids[:2])
+
+
+def test_lru_and_segmented_rank_by_their_documented_fields() -> None:
+    # the adaptive policy's shadows rank with the same functions, without building a Candidate
+    assert LruPolicy().priority(Candidate(5, 2, 7)) == (5, -2)
+    assert SegmentedPolicy().priority(Candidate(5, 2, 0)) == (0, -5, -2)  # never read: newest first
+    assert SegmentedPolicy().priority(Candidate(5, 2, 1)) == (1, 5, -2)
+    assert SegmentedPolicy().priority(Candidate(9, 0, 0)) < SegmentedPolicy().priority(Candidate(1, 0, 1))
+
+
+def test_a_candidate_cannot_be_changed() -> None:
+    c = Candidate(1, 2, 3, above=True)
+    assert (c.last_access, c.depth, c.hits, c.above, c.below) == (1, 2, 3, True, False)
+    with pytest.raises(AttributeError):
+        c.hits = 4  # type: ignore[misc]
