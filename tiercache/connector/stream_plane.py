@@ -4,13 +4,12 @@ Whole chunks travel over gRPC streams, framed by :mod:`.stream` into messages wi
 (per-piece zstd when the codec asks for it). A store first looks up the cached prefix and sends only what
 follows it, each chunk written to the wire straight from the engine's tensors when they are contiguous CPU
 memory (its per-layer K and V joined into the message in one copy), else gathered on a worker thread while
-the one before is sent; a load receives the contiguous cached prefix and, into contiguous CPU tensors,
-writes each checked piece straight to its place in them on a worker thread while the next piece arrives
-(:class:`~.copier.PieceCopier`: one copy per byte; a chunk counts once its last piece is written); into
-other tensors it copies each chunk as soon as it is complete (:class:`~.copier.ChunkCopier`: two assembly
-buffers in rotation; a chunk that came whole in one raw message is copied straight out of that message,
-never assembled). The
-daemon commits a stream store when the stream ends, so a failed stream leaves nothing visible.
+the one before is sent; a load receives the contiguous cached prefix and, for chunks that arrive in several
+pieces into contiguous CPU tensors, writes each checked piece straight to its place in them on a worker
+thread while the next piece arrives (:class:`~.copier.PieceCopier`: one copy per byte; a chunk counts once
+its last piece is written); otherwise it copies each chunk as soon as it is complete
+(:class:`~.copier.ChunkCopier`: two assembly buffers in rotation; a chunk that came whole in one raw message
+is copied straight out of that message, never assembled). The daemon commits a stream store when the stream ends, so a failed stream leaves nothing visible.
 
 Primitives:
     ByteStreamPlane: the :class:`~.dataplane.DataPlane` over StreamStore / StreamLoad.
@@ -61,7 +60,9 @@ class ByteStreamPlane(DataPlane):
     def load(self, keys: Sequence[bytes], kv: EngineKV, policy: WirePolicy, prompt_tokens: int) -> LoadResult:
         layout = self.namespace.layout
         parts = chunk_parts(layout, kv)
-        if parts is not None:  # contiguous CPU tensors: each piece straight into them
+        if parts is not None and layout.chunk_bytes > self._message_limit():
+            # chunks in several pieces, into contiguous CPU tensors: each piece straight into them (a chunk
+            # in one message is lent whole to the ChunkCopier: one copy too, and fewer, larger copies)
             with PieceCopier(parts, layout.chunk_bytes) as pieces:
                 loaded = self.receive_pieces(keys, pieces.submit)
         else:
@@ -216,11 +217,14 @@ class ByteStreamPlane(DataPlane):
         self, keys: Sequence[bytes], read: Callable[[Iterator[Framed[pb.StreamLoadMessage]]], int]
     ) -> int:
         """Run a StreamLoad of ``keys`` within both ends' message limit, its messages consumed by ``read``."""
-        reg = self.client.registration(self.namespace)
-        limit = message_limit(reg.max_stream_message_bytes, self.client.config.channel.max_message_bytes)
         return self.client.stream_load(
-            self.namespace, keys, read, codec=self.config.codec, max_message_bytes=limit
+            self.namespace, keys, read, codec=self.config.codec, max_message_bytes=self._message_limit()
         )
+
+    def _message_limit(self) -> int:
+        """The largest load message both ends accept (the daemon sends pieces of at most that many bytes)."""
+        reg = self.client.registration(self.namespace)
+        return message_limit(reg.max_stream_message_bytes, self.client.config.channel.max_message_bytes)
 
 
 def _payloads(layout: KVLayout, kv: EngineKV, positions: Sequence[int]) -> Iterable[Payload | Parts]:
