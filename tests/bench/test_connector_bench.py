@@ -52,12 +52,13 @@ def test_tiny_run_json_is_complete_and_consistent(work: Path, tmp_path: Path) ->
         assert f["target"] == targets[f["path"]]
         if f["op"] == "load":
             assert f["verified_bytes"] == f["total_bytes"]
-        if f["path"] in ("shm", "h2d"):  # each round against a ceiling pass taken right before it
-            spread = f["spread"]
-            assert spread["rounds"] == doc["config"]["rounds"]
-            assert spread["low"] <= spread["median"] <= spread["high"]
-        else:
-            assert f["spread"] is None
+        # each round against a ceiling pass taken right before it: memcpy, the bare stream, the pinned copy
+        spread = f["spread"]
+        assert spread["rounds"] == doc["config"]["rounds"]
+        assert spread["low"] <= spread["median"] <= spread["high"]
+        if f["path"] in ("shm", "stream"):
+            assert baseline["note"].startswith(f"{doc['config']['rounds']} passes, one right before each")
+            assert baseline["total_bytes"] == f["total_bytes"]  # the same bytes, pass for round
 
 
 def test_a_flipped_byte_in_a_load_fails_the_run(

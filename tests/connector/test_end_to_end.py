@@ -285,3 +285,20 @@ def test_unawaited_calls_to_a_dead_daemon_neither_raise_nor_hang(
     with pytest.raises(UnavailableError):
         client.stats()  # the next waited call sees the dead daemon itself
     client.close()
+
+
+@pytest.mark.parametrize("codec", [Codec.RAW, Codec.ZSTD], ids=["raw", "zstd"])
+def test_chunks_in_several_pieces_land_straight_in_contiguous_and_paged_kv(
+    daemon_factory: Callable[..., Daemon], engine_mod: ModuleType, codec: Codec
+) -> None:
+    # 4 KiB chunks in pieces of 1500 bytes: pieces straddle the chunk's per-layer K and V parts
+    daemon = daemon_factory("--stream-chunk-bytes", "1500", "--max-message-bytes", "8192")
+    daemon.start()
+    conn = _connector(daemon.address, engine_mod, force_remote=True, codec=codec)
+    tokens = engine_mod.prompt(21, TOKENS)
+    assert conn.store(tokens, engine_mod.source_kv(21, TOKENS, False)).tokens_stored == FULL
+    for paged in (False, True):  # written piece by piece / assembled, then scattered
+        kv = engine_mod.empty_kv(21, TOKENS, paged)
+        assert conn.load(tokens, kv).tokens_loaded == FULL
+        assert engine_mod.exact(kv, 21, TOKENS, FULL)
+    conn.client.close()

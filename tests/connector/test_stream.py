@@ -9,7 +9,13 @@ import pytest
 import zstandard
 
 from tiercache.codec import Codec
-from tiercache.connector.stream import StreamAssembler, piece_bytes, store_frames, store_messages
+from tiercache.connector.stream import (
+    PieceReader,
+    StreamAssembler,
+    piece_bytes,
+    store_frames,
+    store_messages,
+)
 from tiercache.errors import InvalidArgumentError, TierCacheError
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.wire.framing import Framed, split
@@ -78,33 +84,66 @@ def _msg(
     )  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(
-    ("msgs", "match"),
-    [
-        ([_msg(index=1)], "chunk 1 arrived, expected 0"),
-        ([_msg(offset=4)], "starts at offset 4"),
-        ([_msg(data=b"a" * 4, last=False), _msg(offset=5, data=b"a" * 6)], "offset 5, expected 4"),
-        ([_msg(data=b"a" * 4, last=False), _msg(index=1, offset=4, data=b"a" * 6)], "interleaved"),
-        ([_msg(data=b"a" * 11)], "overflows"),
-        ([_msg(data=b"a" * 9)], "ended after 9"),
-        (
-            [pb.StreamLoadMessage(index=0, key=KEYS[1], data=b"a" * 10, last=True, chunk_bytes=10)],
-            "another key",
-        ),
-        ([pb.StreamLoadMessage(index=0, key=KEYS[0], data=b"a" * 10, last=True, chunk_bytes=12)], "12 bytes"),
-        ([_msg(data=b"not zstd at all", codec=pb.CODEC_ZSTD)], "bad zstd"),
-        (
-            [_msg(data=zstandard.ZstdCompressor().compress(b"a" * 20), codec=pb.CODEC_ZSTD)],
-            "bad zstd|overflows",
-        ),
-    ],
-)
+MALFORMED = [
+    ([_msg(index=1)], "chunk 1 arrived, expected 0"),
+    ([_msg(offset=4)], "starts at offset 4"),
+    ([_msg(data=b"a" * 4, last=False), _msg(offset=5, data=b"a" * 6)], "offset 5, expected 4"),
+    ([_msg(data=b"a" * 4, last=False), _msg(index=1, offset=4, data=b"a" * 6)], "interleaved"),
+    ([_msg(data=b"a" * 11)], "overflows"),
+    ([_msg(data=b"a" * 9)], "ended after 9"),
+    (
+        [pb.StreamLoadMessage(index=0, key=KEYS[1], data=b"a" * 10, last=True, chunk_bytes=10)],
+        "another key",
+    ),
+    ([pb.StreamLoadMessage(index=0, key=KEYS[0], data=b"a" * 10, last=True, chunk_bytes=12)], "12 bytes"),
+    ([_msg(data=b"not zstd at all", codec=pb.CODEC_ZSTD)], "bad zstd"),
+    (
+        [_msg(data=zstandard.ZstdCompressor().compress(b"a" * 20), codec=pb.CODEC_ZSTD)],
+        "bad zstd|overflows",
+    ),
+]
+
+
+@pytest.mark.parametrize(("msgs", "match"), MALFORMED)
 @pytest.mark.parametrize("lend", [False, True])
 def test_malformed_streams_are_rejected(msgs: list[pb.StreamLoadMessage], match: str, lend: bool) -> None:
     asm = StreamAssembler(KEYS, 10, lend=lend)
     with pytest.raises(TierCacheError, match=match):
         for m in msgs:
             asm.feed(m)
+
+
+@pytest.mark.parametrize(("msgs", "match"), MALFORMED)
+def test_a_piece_reader_hands_out_no_piece_of_a_malformed_stream(
+    msgs: list[pb.StreamLoadMessage], match: str
+) -> None:
+    reader = PieceReader(KEYS, 10)
+    handed = [reader.feed(m) for m in msgs[:-1]]  # the pieces before the bad one are fine
+    with pytest.raises(TierCacheError, match=match):
+        reader.feed(msgs[-1])
+    assert all(not p.last for p in handed)  # no chunk of a malformed stream was ever complete
+
+
+@pytest.mark.parametrize("codec", [Codec.RAW, Codec.ZSTD])
+def test_a_piece_reader_hands_out_each_piece_in_place_with_its_raw_offset(codec: Codec) -> None:
+    payloads = _payloads(True)
+    stored = store_messages(b"h" * 16, KEYS, map(memoryview, payloads), CHUNK, 3000, codec)
+    raw = [_as_load(m).SerializeToString() for m in stored]  # as the connector receives them
+    reader = PieceReader(KEYS, CHUNK)
+    pieces = [reader.feed(split(r, pb.StreamLoadMessage)) for r in raw]
+    assert reader.finish() == 3
+    rebuilt = [bytearray(CHUNK) for _ in KEYS]
+    for p, message in zip(pieces, raw):
+        rebuilt[p.index][p.offset : p.offset + len(memoryview(p.data))] = p.data
+        if p.in_message:  # a raw piece: a view into its message, never copied
+            assert memoryview(p.data).obj is message
+    assert [bytes(b) for b in rebuilt] == payloads
+    assert [p.index for p in pieces if p.last] == [0, 1, 2] and [p.key for p in pieces if p.last] == KEYS
+    assert codec is Codec.ZSTD or all(p.in_message for p in pieces)
+    inside = PieceReader(KEYS, CHUNK)
+    inside.feed(split(raw[0], pb.StreamLoadMessage))
+    with pytest.raises(TierCacheError, match="inside chunk 0"):
+        inside.finish()
 
 
 def test_stream_that_stops_inside_a_chunk() -> None:

@@ -47,8 +47,9 @@ class ConnectorFigure:
         latency: latency phases: the call's latency; ``baseline_latency`` the baseline's.
         baseline_latency: the echo latency of a lookup figure.
         verified_bytes: bytes compared equal to the stored KV (loads; stores are verified by their load).
-        spread: shared-memory figures: the per-round ratios, each round to the memcpy pass taken right
-            before it (``baseline_value`` is then the memcpy of all those passes together); None otherwise.
+        spread: throughput figures: the per-round ratios, each round to the ceiling pass (memcpy, or the
+            bare stream) taken right before it (``baseline_value`` is then the ceiling of all those passes
+            together); None otherwise.
     """
 
     case: str

@@ -10,12 +10,18 @@ only: the engine's own threads keep their setting), one chunk behind the receive
 assembly buffers in rotation. A chunk that arrived whole in one message is scattered straight from that
 message (lent, read-only: no assembly copy); at most ``depth`` copies are pending either way.
 
+When the engine's KV is contiguous CPU memory (:func:`~.kv.chunk_parts`), nothing is assembled at all:
+:class:`PieceCopier` writes every checked piece straight to its place in the KV (a piece of a large chunk
+spans several layers' K and V), one copy per byte, also on one worker thread, a few pieces behind the
+receiver. A chunk counts as loaded only once its last piece is checked and every piece's copy is done.
+
 A byte-stream store works the other way round, with the same thread setting: :func:`staged_chunks`
 gathers each chunk out of the KV on its own worker, one chunk ahead of the sender.
 
 Primitives:
     ChunkCopier: ``buffer`` (a free assembly buffer), ``submit`` (scatter a whole chunk), ``finish``;
         a context manager that always waits for its copies and stops its thread.
+    PieceCopier: ``submit`` (write one checked piece into the KV), ``finish``; the same context manager.
     staged_chunks: the chunks at some positions of the KV, gathered one ahead on a worker thread.
 """
 
@@ -23,16 +29,18 @@ from __future__ import annotations
 
 import warnings
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 
+import numpy as np
 import torch
 
 from tiercache.layout import KVLayout
 
 from .kv import EngineKV, chunk_to_kv, kv_to_chunk
 from .results import StreamChunk
+from .stream import StreamPiece, cut_parts
 
 
 def _single_intraop_thread() -> None:
@@ -56,6 +64,7 @@ class ChunkCopier:
         self._made = 0
         self._pending: deque[tuple[Future[None], bytearray | None]] = deque()  # None: a lent chunk
         self._free: list[bytearray] = []
+        self._quiet = True  # the next lent chunk's view is made with torch's warning silenced
         self._pool = ThreadPoolExecutor(
             1, thread_name_prefix="tiercache-copy", initializer=_single_intraop_thread
         )
@@ -96,10 +105,14 @@ class ChunkCopier:
         """
         data = chunk.data
         if isinstance(data, memoryview) and data.readonly:
-            with warnings.catch_warnings():  # only read: torch warns that it could write
-                warnings.simplefilter("ignore", UserWarning)
-                view = torch.frombuffer(data, dtype=torch.uint8)
             buf = None
+            if self._quiet:  # only read: torch warns that it could write, once per process (it warns once)
+                self._quiet = False
+                with warnings.catch_warnings():  # so once per copier is enough: not a filter swap per chunk
+                    warnings.simplefilter("ignore", UserWarning)
+                    view = torch.frombuffer(data, dtype=torch.uint8)
+            else:
+                view = torch.frombuffer(data, dtype=torch.uint8)
         else:
             view = torch.frombuffer(data, dtype=torch.uint8)
             buf = data if isinstance(data, bytearray) else None
@@ -130,6 +143,80 @@ class ChunkCopier:
             buf = self._retire_oldest()
             if buf is not None:
                 self._free.append(buf)
+
+
+def _write_piece(targets: list[memoryview], data: memoryview) -> None:
+    """Copy ``data`` into the consecutive ``targets`` (numpy: one thread, without holding the GIL)."""
+    pos = 0
+    for target in targets:
+        end = pos + target.nbytes
+        np.copyto(np.frombuffer(target, dtype=np.uint8), np.frombuffer(data[pos:end], dtype=np.uint8))
+        pos = end
+
+
+class PieceCopier:
+    """Writes checked pieces straight into an engine's KV on a worker thread, while the next ones arrive.
+
+    Each piece's bytes go to their place in the chunk's parts (the engine's per-layer K and V, see
+    :func:`~.kv.chunk_parts`): no assembly buffer, one copy per byte. At most ``depth`` pieces are pending
+    (each keeps its received message alive); beyond, :meth:`submit` waits for the oldest. A load that fails
+    inside a chunk (a bad piece, a lost stream) may leave part of that chunk written in the KV: it is never
+    counted loaded, so the engine computes those tokens as for any miss.
+    """
+
+    def __init__(
+        self, parts: Callable[[int], Sequence[memoryview]], chunk_bytes: int, depth: int = 3
+    ) -> None:
+        """Args:
+        parts: chunk position -> its writable parts in the engine's memory, in chunk-buffer order.
+        chunk_bytes: raw bytes per chunk (the parts of a chunk must cover exactly that many).
+        depth: pieces pending at most.
+        """
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1, got {depth}")
+        self._parts = parts
+        self._chunk_bytes = chunk_bytes
+        self._depth = depth
+        self._pending: deque[Future[None]] = deque()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tiercache-copy")
+
+    def __enter__(self) -> PieceCopier:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            if kind is None:
+                self.finish()
+        finally:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def submit(self, piece: StreamPiece) -> None:
+        """Write ``piece`` into its chunk's parts, on the worker.
+
+        Raises:
+            ValueError: the chunk's parts do not hold the piece (a KV too short for the chunk).
+            Exception: an earlier copy failed (its exception).
+        """
+        data = memoryview(piece.data).cast("B")
+        parts = self._parts(piece.index)
+        held = sum(p.nbytes for p in parts)
+        if held != self._chunk_bytes:
+            raise ValueError(f"chunk {piece.index}: the KV holds {held} of its {self._chunk_bytes} bytes")
+        targets = cut_parts(parts, piece.offset, piece.offset + data.nbytes)
+        while len(self._pending) >= self._depth:
+            self._pending.popleft().result()
+        self._pending.append(self._pool.submit(_write_piece, targets, data))
+
+    def finish(self) -> None:
+        """Wait for every submitted copy.
+
+        Raises:
+            Exception: the first copy that failed (its exception).
+        """
+        while self._pending:
+            self._pending.popleft().result()
 
 
 def staged_chunks(

@@ -14,13 +14,18 @@ Primitives:
     store_frames: the pieces of a store as :class:`~tiercache.wire.framing.Framed` messages, their data
         views of the payloads (written to the wire in one copy).
     store_messages: the same pieces as whole ``StreamStoreMessage`` objects.
+    cut_parts: the bytes ``[start, stop)`` of a chunk given as parts, as views of the parts.
+    StreamPiece: one checked, decoded piece of a StreamLoad.
+    PieceReader: checks the pieces of a StreamLoad in order and decodes them, without assembling them
+        (the receiver writes each piece where it belongs, e.g. straight into the engine's KV).
     StreamAssembler: rebuilds whole chunks from ``StreamLoadMessage`` pieces (framed or whole), checking
-        every field.
+        every field (with a :class:`PieceReader`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -39,7 +44,6 @@ DEFAULT_MESSAGE_BYTES = 4 * 1024 * 1024
 _OVERHEAD_BYTES = 512
 """Room left in a message for everything but the data (key, offsets, flags, framing)."""
 ZSTD_LEVEL = 1
-_RAW = CODECS.to_proto(Codec.RAW)
 
 
 Payload = torch.Tensor | bytes | bytearray | memoryview
@@ -86,8 +90,9 @@ def _flat(view: memoryview) -> memoryview:
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
-def _cut(parts: Sequence[memoryview], start: int, stop: int) -> list[memoryview]:
-    """The bytes ``[start, stop)`` of the concatenation of ``parts``, as views of them."""
+def cut_parts(parts: Sequence[memoryview], start: int, stop: int) -> list[memoryview]:
+    """The bytes ``[start, stop)`` of the concatenation of ``parts``, as views of them (no copy; fewer
+    bytes than asked for where the parts end first)."""
     out: list[memoryview] = []
     pos = 0
     for part in parts:
@@ -155,7 +160,7 @@ def store_frames(
             raise InvalidArgumentError(f"payloads[{index}]", f"has {nbytes} bytes, need {chunk_bytes}")
         for offset in range(0, chunk_bytes, max_piece_bytes):
             stop = min(offset + max_piece_bytes, chunk_bytes)
-            data, more, used = encoder.encode(_cut(parts, offset, stop))
+            data, more, used = encoder.encode(cut_parts(parts, offset, stop))
             header = pb.StreamStoreMessage(
                 key=key,
                 index=index,
@@ -188,11 +193,122 @@ def store_messages(
         yield frame.message()
 
 
-class StreamAssembler:
-    """Rebuilds whole chunks from the pieces of a StreamLoad, in order, validating each message.
+@dataclass(frozen=True, slots=True)
+class StreamPiece:
+    """One piece of a StreamLoad that passed every check.
 
-    The daemon sends the contiguous cached prefix: chunk 0, 1, 2, ... each as consecutive pieces.
+    Attributes:
+        index: the chunk's position in the request's keys.
+        key: the chunk key.
+        offset: raw offset of ``data`` in the chunk.
+        data: the raw (decoded) bytes: a view into the received message for a raw piece (it keeps the
+            message alive), else the decompressed bytes.
+        in_message: ``data`` is a view into the received message (a raw piece), not decoded bytes.
+        last: the chunk's last piece: with it, the chunk's pieces covered exactly ``chunk_bytes``.
     """
+
+    index: int
+    key: bytes
+    offset: int
+    data: BytesLike
+    in_message: bool
+    last: bool
+
+
+class PieceReader:
+    """Checks the pieces of a StreamLoad, in order, and decodes them; assembles nothing.
+
+    The daemon sends the contiguous cached prefix: chunk 0, 1, 2, ... each as consecutive pieces. A piece
+    is returned only once it is known to be in order, to name the request's key and chunk size, and to fit
+    within its chunk (a piece that would overflow it is refused before any byte of it is used); a chunk is
+    whole only when its last piece is returned, and :meth:`finish` refuses a stream that stopped inside a
+    chunk. A receiver that writes pieces where they belong must count a chunk only once its last piece
+    has been written.
+    """
+
+    def __init__(self, keys: Sequence[bytes], chunk_bytes: int) -> None:
+        """Args:
+        keys: the request's keys.
+        chunk_bytes: raw bytes per chunk.
+        """
+        self._keys = keys
+        self._chunk_bytes = chunk_bytes
+        self._zstd = zstandard.ZstdDecompressor()
+        self._next_index = 0
+        self._open = False
+        self._filled = 0
+
+    def _fail(self, message: str) -> TierCacheError:
+        return TierCacheError(f"stream load: {message}")
+
+    def feed(self, piece: pb.StreamLoadMessage | Framed[pb.StreamLoadMessage]) -> StreamPiece:
+        """Check and decode one message (whole, or framed with its data apart).
+
+        Raises:
+            TierCacheError: a message is out of order, names the wrong key or size, overflows its chunk,
+                ends its chunk short, or fails to decode.
+        """
+        msg, data = (piece.header, piece.data) if isinstance(piece, Framed) else (piece, piece.data)
+        if not self._open:
+            if msg.index != self._next_index or msg.index >= len(self._keys):
+                raise self._fail(f"chunk {msg.index} arrived, expected {self._next_index}")
+            if msg.offset != 0:
+                raise self._fail(f"chunk {msg.index} starts at offset {msg.offset}")
+            self._open = True
+            self._filled = 0
+        elif msg.index != self._next_index:
+            raise self._fail(f"chunk {msg.index} interleaved with unfinished chunk {self._next_index}")
+        self._check_chunk(msg)
+        if msg.offset != self._filled:
+            raise self._fail(f"chunk {msg.index}: piece at offset {msg.offset}, expected {self._filled}")
+        raw, in_message = self._decode(msg, data)
+        start = self._filled
+        stop = start + memoryview(raw).nbytes
+        if stop > self._chunk_bytes:
+            raise self._fail(f"chunk {msg.index} overflows {self._chunk_bytes} bytes")
+        if msg.last and stop != self._chunk_bytes:
+            raise self._fail(f"chunk {msg.index} ended after {stop} of {self._chunk_bytes} bytes")
+        self._filled = stop
+        if msg.last:
+            self._open = False
+            self._next_index += 1
+        return StreamPiece(msg.index, self._keys[msg.index], start, raw, in_message, msg.last)
+
+    def _check_chunk(self, msg: pb.StreamLoadMessage) -> None:
+        """The message's chunk size and key (when it names them) are the request's."""
+        if msg.chunk_bytes and msg.chunk_bytes != self._chunk_bytes:
+            raise self._fail(
+                f"chunk {msg.index} has {msg.chunk_bytes} bytes, the layout needs {self._chunk_bytes}"
+            )
+        if msg.key and msg.key != self._keys[msg.index]:
+            raise self._fail(f"chunk {msg.index} carries another key")
+
+    def _decode(self, msg: pb.StreamLoadMessage, data: BytesLike) -> tuple[BytesLike, bool]:
+        codec = CODECS.lookup(msg.codec)
+        if codec is Codec.RAW:
+            return memoryview(data), True
+        if codec is Codec.ZSTD:
+            try:
+                room = self._chunk_bytes - self._filled
+                return self._zstd.decompress(data, max_output_size=room), False
+            except zstandard.ZstdError as exc:
+                raise self._fail(f"chunk {msg.index}: bad zstd data ({exc})") from None
+        raise self._fail(f"chunk {msg.index}: unknown codec {msg.codec}")
+
+    def finish(self) -> int:
+        """Check that the stream did not stop inside a chunk; returns the number of whole chunks.
+
+        Raises:
+            TierCacheError: the last chunk is incomplete.
+        """
+        if self._open:
+            raise self._fail(f"stream ended inside chunk {self._next_index}")
+        return self._next_index
+
+
+class StreamAssembler:
+    """Rebuilds whole chunks from the pieces of a StreamLoad, in order, validating each message (with a
+    :class:`PieceReader`)."""
 
     def __init__(
         self,
@@ -213,16 +329,13 @@ class StreamAssembler:
         lend: a chunk that arrives whole in one raw piece is not assembled: its ``data`` is a read-only
             view of the received message (which it keeps alive), and no buffer is taken for it.
         """
+        self._reader = PieceReader(keys, chunk_bytes)
         self._lend = lend
         self._buffers = buffers
-        self._keys = keys
         self._chunk_bytes = chunk_bytes
-        self._zstd = zstandard.ZstdDecompressor()
-        self._next_index = 0
         self._buffer: bytearray | None = None
         self._spare: bytearray | None = None
         self._reuse = reuse_buffer
-        self._filled = 0
 
     def _new_buffer(self) -> bytearray:
         if self._buffers is not None:
@@ -232,70 +345,29 @@ class StreamAssembler:
             return buf
         return self._spare if self._spare is not None else bytearray(self._chunk_bytes)
 
-    def _fail(self, message: str) -> TierCacheError:
-        return TierCacheError(f"stream load: {message}")
-
     def feed(self, piece: pb.StreamLoadMessage | Framed[pb.StreamLoadMessage]) -> StreamChunk | None:
         """Take one message (whole, or framed with its data apart); returns the chunk it completes, else None.
 
         Raises:
             TierCacheError: a message is out of order, names the wrong key or size, or fails to decode.
         """
-        msg, data = (piece.header, piece.data) if isinstance(piece, Framed) else (piece, piece.data)
+        got = self._reader.feed(piece)
         if self._buffer is None:
-            if msg.index != self._next_index or msg.index >= len(self._keys):
-                raise self._fail(f"chunk {msg.index} arrived, expected {self._next_index}")
-            if msg.offset != 0:
-                raise self._fail(f"chunk {msg.index} starts at offset {msg.offset}")
-            whole = memoryview(data)
-            if self._lend and msg.last and msg.codec == _RAW and whole.nbytes == self._chunk_bytes:
-                self._check_chunk(msg)
-                self._next_index += 1
-                return StreamChunk(msg.index, self._keys[msg.index], whole.toreadonly())
+            if self._lend and got.in_message and got.last and got.offset == 0:
+                return StreamChunk(got.index, got.key, memoryview(got.data).toreadonly())
             self._buffer = self._new_buffer()
-            self._filled = 0
-        elif msg.index != self._next_index:
-            raise self._fail(f"chunk {msg.index} interleaved with unfinished chunk {self._next_index}")
-        self._check_chunk(msg)
-        if msg.offset != self._filled:
-            raise self._fail(f"chunk {msg.index}: piece at offset {msg.offset}, expected {self._filled}")
-        raw = self._decode(msg, data)
-        stop = self._filled + len(raw)
-        if stop > self._chunk_bytes:
-            raise self._fail(f"chunk {msg.index} overflows {self._chunk_bytes} bytes")
+        stop = got.offset + memoryview(got.data).nbytes
         # numpy copies without holding the GIL (gRPC's receiving thread runs meanwhile)
-        np.frombuffer(self._buffer, dtype=np.uint8)[self._filled : stop] = np.frombuffer(raw, dtype=np.uint8)
-        self._filled = stop
-        if not msg.last:
+        np.frombuffer(self._buffer, dtype=np.uint8)[got.offset : stop] = np.frombuffer(
+            got.data, dtype=np.uint8
+        )
+        if not got.last:
             return None
-        if self._filled != self._chunk_bytes:
-            raise self._fail(f"chunk {msg.index} ended after {self._filled} of {self._chunk_bytes} bytes")
-        chunk = StreamChunk(msg.index, self._keys[msg.index], self._buffer)
+        chunk = StreamChunk(got.index, got.key, self._buffer)
         if self._reuse:
             self._spare = self._buffer
         self._buffer = None
-        self._next_index += 1
         return chunk
-
-    def _check_chunk(self, msg: pb.StreamLoadMessage) -> None:
-        """The message's chunk size and key (when it names them) are the request's."""
-        if msg.chunk_bytes and msg.chunk_bytes != self._chunk_bytes:
-            raise self._fail(
-                f"chunk {msg.index} has {msg.chunk_bytes} bytes, the layout needs {self._chunk_bytes}"
-            )
-        if msg.key and msg.key != self._keys[msg.index]:
-            raise self._fail(f"chunk {msg.index} carries another key")
-
-    def _decode(self, msg: pb.StreamLoadMessage, data: BytesLike) -> BytesLike:
-        codec = CODECS.lookup(msg.codec)
-        if codec is Codec.RAW:
-            return memoryview(data)
-        if codec is Codec.ZSTD:
-            try:
-                return self._zstd.decompress(data, max_output_size=self._chunk_bytes - self._filled)
-            except zstandard.ZstdError as exc:
-                raise self._fail(f"chunk {msg.index}: bad zstd data ({exc})") from None
-        raise self._fail(f"chunk {msg.index}: unknown codec {msg.codec}")
 
     def finish(self) -> int:
         """Check that the stream did not stop inside a chunk; returns the number of whole chunks.
@@ -303,6 +375,4 @@ class StreamAssembler:
         Raises:
             TierCacheError: the last chunk is incomplete.
         """
-        if self._buffer is not None:
-            raise self._fail(f"stream ended inside chunk {self._next_index}")
-        return self._next_index
+        return self._reader.finish()

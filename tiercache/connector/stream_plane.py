@@ -4,11 +4,12 @@ Whole chunks travel over gRPC streams, framed by :mod:`.stream` into messages wi
 (per-piece zstd when the codec asks for it). A store first looks up the cached prefix and sends only what
 follows it, each chunk written to the wire straight from the engine's tensors when they are contiguous CPU
 memory (its per-layer K and V joined into the message in one copy), else gathered on a worker thread while
-the one before is sent; a load receives the contiguous cached prefix and copies each chunk
-into the engine's tensors as soon as it is complete, on a worker thread while the next chunk arrives
-(:class:`~.copier.ChunkCopier`: two assembly buffers in rotation; a chunk that came whole in one raw
-message is copied straight out of that message, never assembled). The
-daemon commits a stream store when the stream ends, so a failed stream leaves nothing visible.
+the one before is sent; a load receives the contiguous cached prefix and, for chunks that arrive in several
+pieces into contiguous CPU tensors, writes each checked piece straight to its place in them on a worker
+thread while the next piece arrives (:class:`~.copier.PieceCopier`: one copy per byte; a chunk counts once
+its last piece is written); otherwise it copies each chunk as soon as it is complete
+(:class:`~.copier.ChunkCopier`: two assembly buffers in rotation; a chunk that came whole in one raw message
+is copied straight out of that message, never assembled). The daemon commits a stream store when the stream ends, so a failed stream leaves nothing visible.
 
 Primitives:
     ByteStreamPlane: the :class:`~.dataplane.DataPlane` over StreamStore / StreamLoad.
@@ -27,14 +28,24 @@ from tiercache.layout import KVLayout
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.wire.framing import Framed
 
-from .copier import ChunkCopier, staged_chunks
+from .copier import ChunkCopier, PieceCopier, staged_chunks
 from .dataplane import DataPlane, DataPlaneKind, PrefillPublisher
 from .kv import EngineKV, chunk_parts
 from .layerwise import LayerwiseLoad, LayerwiseSave
 from .outcomes import LoadResult, StoreResult
 from .policy import WirePolicy
 from .results import StreamChunk, StreamStoreResult
-from .stream import Parts, Payload, StreamAssembler, message_limit, payload_view, piece_bytes, store_frames
+from .stream import (
+    Parts,
+    Payload,
+    PieceReader,
+    StreamAssembler,
+    StreamPiece,
+    message_limit,
+    payload_view,
+    piece_bytes,
+    store_frames,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +59,15 @@ class ByteStreamPlane(DataPlane):
 
     def load(self, keys: Sequence[bytes], kv: EngineKV, policy: WirePolicy, prompt_tokens: int) -> LoadResult:
         layout = self.namespace.layout
-        with ChunkCopier(layout, kv) as copier:
-            loaded = self.receive(keys, copier.submit, buffers=copier.buffer, lend=True)
+        parts = chunk_parts(layout, kv)
+        if parts is not None and layout.chunk_bytes > self._message_limit():
+            # chunks in several pieces, into contiguous CPU tensors: each piece straight into them (a chunk
+            # in one message is lent whole to the ChunkCopier: one copy too, and fewer, larger copies)
+            with PieceCopier(parts, layout.chunk_bytes) as pieces:
+                loaded = self.receive_pieces(keys, pieces.submit)
+        else:
+            with ChunkCopier(layout, kv) as copier:
+                loaded = self.receive(keys, copier.submit, buffers=copier.buffer, lend=True)
         hit = loaded * layout.chunk_tokens
         return LoadResult(len(keys) * layout.chunk_tokens, hit, hit, remote=True, tokens_cached=hit)
 
@@ -158,11 +176,10 @@ class ByteStreamPlane(DataPlane):
         """
         if not keys:
             return 0
-        reg = self.client.registration(self.namespace)
-        limit = message_limit(reg.max_stream_message_bytes, self.client.config.channel.max_message_bytes)
+        chunk_bytes = self.client.registration(self.namespace).chunk_bytes
 
         def read(messages: Iterator[Framed[pb.StreamLoadMessage]]) -> int:
-            assembler = StreamAssembler(keys, reg.chunk_bytes, reuse_buffer, buffers, lend)
+            assembler = StreamAssembler(keys, chunk_bytes, reuse_buffer, buffers, lend)
             count = 0
             for msg in messages:
                 chunk = assembler.feed(msg)
@@ -172,9 +189,42 @@ class ByteStreamPlane(DataPlane):
             assembler.finish()
             return count
 
+        return self._load_stream(keys, read)
+
+    def receive_pieces(self, keys: Sequence[bytes], consume: Callable[[StreamPiece], None]) -> int:
+        """Receive the contiguous cached prefix of ``keys``, handing each checked, decoded piece to
+        ``consume`` in order (nothing assembled: a raw piece's data is a view into its message).
+        Returns the number of whole chunks, once the stream ended on a chunk boundary; ``consume`` must
+        have put a chunk's pieces where they belong by the time it is counted.
+
+        Raises:
+            TierCacheError: the stream was malformed (out-of-order pieces, bad sizes or zstd data).
+            UnavailableError, DeadlineExceededError, ...: daemon failures.
+        """
+        if not keys:
+            return 0
+        chunk_bytes = self.client.registration(self.namespace).chunk_bytes
+
+        def read(messages: Iterator[Framed[pb.StreamLoadMessage]]) -> int:
+            reader = PieceReader(keys, chunk_bytes)
+            for msg in messages:
+                consume(reader.feed(msg))
+            return reader.finish()
+
+        return self._load_stream(keys, read)
+
+    def _load_stream(
+        self, keys: Sequence[bytes], read: Callable[[Iterator[Framed[pb.StreamLoadMessage]]], int]
+    ) -> int:
+        """Run a StreamLoad of ``keys`` within both ends' message limit, its messages consumed by ``read``."""
         return self.client.stream_load(
-            self.namespace, keys, read, codec=self.config.codec, max_message_bytes=limit
+            self.namespace, keys, read, codec=self.config.codec, max_message_bytes=self._message_limit()
         )
+
+    def _message_limit(self) -> int:
+        """The largest load message both ends accept (the daemon sends pieces of at most that many bytes)."""
+        reg = self.client.registration(self.namespace)
+        return message_limit(reg.max_stream_message_bytes, self.client.config.channel.max_message_bytes)
 
 
 def _payloads(layout: KVLayout, kv: EngineKV, positions: Sequence[int]) -> Iterable[Payload | Parts]:
