@@ -28,10 +28,12 @@ Primitives:
 from __future__ import annotations
 
 import warnings
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -47,7 +49,34 @@ def _single_intraop_thread() -> None:
     torch.set_num_threads(1)
 
 
-class ChunkCopier:
+_W = TypeVar("_W", bound="_Worker")
+
+
+class _Worker(ABC):
+    """A copier's one worker thread, as a context manager: a clean exit waits for every copy
+    (:meth:`finish`, raising the first failure); any exit stops the thread, dropping copies not started."""
+
+    def __init__(self, initializer: Callable[[], None] | None = None) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tiercache-copy", initializer=initializer)
+
+    def __enter__(self: _W) -> _W:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            if kind is None:
+                self.finish()
+        finally:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    @abstractmethod
+    def finish(self) -> None:
+        """Wait for every submitted copy, raising the first that failed."""
+
+
+class ChunkCopier(_Worker):
     """Scatters whole chunks into an engine's KV on a worker thread, overlapping the next chunk's receipt."""
 
     def __init__(self, layout: KVLayout, kv: EngineKV, depth: int = 2) -> None:
@@ -65,21 +94,7 @@ class ChunkCopier:
         self._pending: deque[tuple[Future[None], bytearray | None]] = deque()  # None: a lent chunk
         self._free: list[bytearray] = []
         self._quiet = True  # the next lent chunk's view is made with torch's warning silenced
-        self._pool = ThreadPoolExecutor(
-            1, thread_name_prefix="tiercache-copy", initializer=_single_intraop_thread
-        )
-
-    def __enter__(self) -> ChunkCopier:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        try:
-            if kind is None:
-                self.finish()
-        finally:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+        super().__init__(_single_intraop_thread)
 
     def buffer(self) -> bytearray:
         """A buffer to assemble the next chunk in: a new one while fewer than ``depth`` exist, else the
@@ -154,7 +169,7 @@ def _write_piece(targets: list[memoryview], data: memoryview) -> None:
         pos = end
 
 
-class PieceCopier:
+class PieceCopier(_Worker):
     """Writes checked pieces straight into an engine's KV on a worker thread, while the next ones arrive.
 
     Each piece's bytes go to their place in the chunk's parts (the engine's per-layer K and V, see
@@ -178,19 +193,7 @@ class PieceCopier:
         self._chunk_bytes = chunk_bytes
         self._depth = depth
         self._pending: deque[Future[None]] = deque()
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tiercache-copy")
-
-    def __enter__(self) -> PieceCopier:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        try:
-            if kind is None:
-                self.finish()
-        finally:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+        super().__init__()
 
     def submit(self, piece: StreamPiece) -> None:
         """Write ``piece`` into its chunk's parts, on the worker.
