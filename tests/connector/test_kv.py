@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
 import pytest
 import torch
 
+import tiercache.connector.kv as kv_module
 from tiercache.connector.kv import (
     ContiguousKV,
     PagedKV,
@@ -294,6 +299,46 @@ def test_runs_move_the_same_bytes_as_chunk_by_chunk_copies(name: str) -> None:
     run_to_kv(layout, runs[0][1], one_layer, 0, layers=[1])
     assert torch.equal(one_layer.layers[0], before[0])
     assert not torch.equal(one_layer.layers[1], before[1])
+
+
+class _CountingHelper(ThreadPoolExecutor):
+    """A real one-thread executor that counts what it was given."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.jobs = 0
+
+    def submit(self, fn: Callable[..., object], /, *args: object, **kwargs: object) -> Future[Any]:
+        self.jobs += 1
+        return super().submit(fn, *args, **kwargs)
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_runs_split_over_a_helper_thread_move_the_same_bytes(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    layout = LAYOUTS[name]
+    tokens = 4 * layout.chunk_tokens
+    src = _contiguous(layout, tokens, seed=21)
+    ((first, run),) = chunk_runs(_slots(layout, layout.chunk_bytes + 32, [3, 4, 5, 6]))
+    with _CountingHelper() as helper:
+        kv_to_run(layout, src, first, run, helper=helper)  # below SPLIT_MIN_BYTES: all on this thread
+        assert helper.jobs == 0
+        monkeypatch.setattr(kv_module, "SPLIT_MIN_BYTES", run.nbytes)
+        run.zero_()
+        kv_to_run(layout, src, first, run, helper=helper)
+        for i in range(4):
+            assert run[i].numpy().tobytes() == _reference_chunk(layout, src, i)
+        dst = _contiguous(layout, tokens, seed=22)
+        run_to_kv(layout, run, dst, first, helper=helper)
+        for i in range(4):
+            assert _reference_chunk(layout, dst, i) == run[i].numpy().tobytes()
+        assert helper.jobs == 2  # one half of the layers each way
+        one_layer = _contiguous(layout, tokens, seed=23)
+        before = [t.clone() for t in one_layer.layers]
+        run_to_kv(layout, run, one_layer, 0, layers=[1], helper=helper)  # one layer: nothing to split
+        assert helper.jobs == 2
+        assert torch.equal(one_layer.layers[0], before[0]) and torch.equal(one_layer.layers[1], dst.layers[1])
 
 
 def test_runs_into_a_paged_kv_and_bad_runs() -> None:

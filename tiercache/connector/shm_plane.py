@@ -20,8 +20,10 @@ Primitives:
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from types import MappingProxyType
@@ -92,6 +94,13 @@ class SharedMemoryPlane(DataPlane):
         super().__init__(client, namespace, config)
         self._layout = namespace.layout
         self._clock = clock
+        # Copies half of each large run's layers (kv.SPLIT_MIN_BYTES) while the caller copies the rest. Its
+        # idle thread ends with the plane (the executor's finalizer) or at interpreter exit.
+        self._helper = (
+            ThreadPoolExecutor(1, thread_name_prefix="tiercache-hostcopy")
+            if (os.cpu_count() or 1) > 1
+            else None
+        )
 
     # ------------------------------------------------------------------ load
 
@@ -128,7 +137,7 @@ class SharedMemoryPlane(DataPlane):
         try:
             with self.mapping().use() as slots:
                 for first, run in chunk_runs([(ref.index, slots.view(ref)) for ref in refs]):
-                    run_to_kv(self._layout, run, kv, offset + first)
+                    run_to_kv(self._layout, run, kv, offset + first, helper=self._helper)
                     copied += run.shape[0]
             # The lease's TTL started at the daemon after ``started``: by the local clock it held throughout.
             in_time = self._clock() < started + lease.expires_in_s
@@ -193,7 +202,7 @@ class SharedMemoryPlane(DataPlane):
                         )
                 bufs = [(ref.index, slots.view(ref)) for ref in sorted(grant.slots, key=lambda r: r.index)]
                 for first, run in chunk_runs(bufs):
-                    kv_to_run(self._layout, kv, first, run)
+                    kv_to_run(self._layout, kv, first, run, helper=self._helper)
             stored = self.client.commit_store(self.namespace, grant.ticket_id)
             committed = True
         finally:
