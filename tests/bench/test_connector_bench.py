@@ -66,8 +66,10 @@ def test_a_flipped_byte_in_a_load_fails_the_run(
 ) -> None:
     real = engine.run_to_kv
 
-    def corrupting(layout: KVLayout, run: torch.Tensor, kv: Any, first: int, *rest: Any) -> None:
-        real(layout, run, kv, first, *rest)
+    def corrupting(
+        layout: KVLayout, run: torch.Tensor, kv: Any, first: int, *rest: Any, **named: Any
+    ) -> None:
+        real(layout, run, kv, first, *rest, **named)
         if first == 0:  # once per load: one flipped byte in what arrived in the engine's tensors
             kv.layers[-1].view(torch.uint8).view(-1)[5] ^= 0x10
 
