@@ -209,18 +209,31 @@ class Tenants:
             return
         quota = self.quota(tenant)
         for lv in [lv for lv in self._levels if lv >= level and quota.tier_bytes(lv)]:
-            self._trim_tier(tenant, namespace_id, lv, quota.tier_bytes(lv), pending(lv), settle_s)
+            self._trim_tier(tenant, namespace_id, lv, quota.tier_bytes(lv), pending, settle_s)
 
     def _trim_tier(
-        self, tenant: str, namespace_id: bytes, level: TierLevel, cap: int, pending: int, settle_s: float
+        self,
+        tenant: str,
+        namespace_id: bytes,
+        level: TierLevel,
+        cap: int,
+        pending: Callable[[TierLevel], int],
+        settle_s: float,
     ) -> None:
+        """Evict the tenant's own chunks from ``level`` until they and ``pending(level)`` more fit ``cap``.
+
+        What is held and what is still to come are read together under the lock, each time round: a
+        write-down that lands in between moves a chunk from one count to the other, and read apart the
+        chunk would count twice, so that the trim would evict copies just written (the tenant's own, but
+        for nothing)."""
         limit = f"{level.name.lower()}_bytes"
         slower = [lv for lv in self._levels if lv > level]
-        need = self._charge[namespace_id][level] * pending
+        charge = self._charge[namespace_id][level]
         settled = settle_s <= 0
         while True:
             with self._lock:
                 used = self.used_bytes(tenant, level)
+                need = charge * pending(level)
                 if used + need <= cap:
                     return
                 if need > cap:

@@ -158,6 +158,35 @@ def test_the_l3_quota_trims_the_tenants_own_l3_chunks(shared: type[Shared], name
     assert s.cache.lookup(s.ids["b"], b_keys).by_tier[L3] == 4
 
 
+def test_a_commit_does_not_trim_the_copies_its_own_write_downs_just_made(
+    shared: type[Shared], namespace: Namespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trim after a commit counts what the tenant holds in L3 and what the commit's write-downs will
+    still bring there; a write-down that lands in between must not count twice (it once evicted all of
+    b's new L3 copies when the write-back worker ran right after the count: a flaky CI failure)."""
+    cap = 4 * (HEADER_BYTES + namespace.layout.chunk_bytes)
+    s = shared(QuotaTable(default=TenantQuota(l3_bytes=cap)))
+    tenants = s.cache._tenants
+    gate = threading.Event()
+    s.cache._writeback._executor.submit(gate.wait)  # the worker is busy: b's write-downs queue behind
+    trim_tier = tenants._trim_tier
+    calls = []
+
+    def trim_tier_after_the_write_downs(*args: object) -> None:
+        calls.append(args)
+        if len(calls) == 2:  # the commit's trim (the first is the store's own, before it)
+            gate.set()
+            assert s.cache._writeback.settle(30.0)  # the worker writes b's chunks down now
+        trim_tier(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tenants, "_trim_tier", trim_tier_after_the_write_downs)
+    keys = s.keys(4, seed=50)
+    assert s.put("b", keys) == 4
+    assert len(calls) == 2
+    assert s.cache.lookup(s.ids["b"], keys).by_tier[L3] == 4
+    assert s.cache.stats("b").tier(L3).evictions == 0
+
+
 def test_leases_quota(shared: type[Shared]) -> None:
     s = shared(QuotaTable(default=TenantQuota(leases=1)))
     keys = s.keys(2, seed=1)
