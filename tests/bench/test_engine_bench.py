@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,12 @@ def test_engine_bench_prints_the_ttft_table_and_json(
         assert all(len(r["samples"][k]) == 2 for k in ("recompute", "ideal", "tiercache", "load"))
         assert r["tiercache_s"] > 0 and r["vs_ideal"] == pytest.approx(r["tiercache_s"] / r["ideal_s"])
         assert r["target"].endswith("recompute" if r["hit_percent"] == 0 else "ideal")
+        base = r["samples"]["recompute" if r["hit_percent"] == 0 else "ideal"]
+        ratios = sorted(t / b for t, b in zip(r["samples"]["tiercache"], base, strict=True))
+        assert r["paired"] == pytest.approx(
+            {"median": statistics.median(ratios), "low": ratios[0], "high": ratios[-1], "rounds": 2}
+        )
+        assert r["met"] == (r["paired"]["median"] <= (1.05 if r["hit_percent"] == 0 else 1.10))
     assert len([line for line in text.splitlines() if line.lstrip()[:2] in ("32", "64")]) == 8
 
 
