@@ -19,7 +19,7 @@ For each layout case (a model-like KV layout at a chunk size) the bench, in one 
    more than the figures it divides).
 
 Targets (issue 3): same-host load/store >= 0.8x memcpy; lookup p50 <= 2x bare echo p50; byte stream
->= 0.8x the bare stream. With CUDA (issue 13): loads from L2 into device tensors >= 0.8x the device's
+>= 0.8x the bare stream, each throughput target judged by its median per-round ratio. With CUDA (issue 13): loads from L2 into device tensors >= 0.8x the device's
 pinned host-to-device copy of the same bytes (:mod:`.h2d`).
 
 The KV layouts measured are :class:`~tiercache.bench.layout_cases.LayoutCase` values.
