@@ -36,6 +36,7 @@ from tiercache.cache.entries import tier_bit
 from tiercache.cache.results import LookupResult
 from tiercache.cache.space import Space
 from tiercache.gcpause import collector_paused, settle, thaw
+from tiercache.heaptrim import release_free_heap
 from tiercache.keys import CHUNK_ID_BYTES, NAMESPACE_ID_BYTES
 from tiercache.rates import TierRate
 from tiercache.stats import ChunkEvent, EventKind, TierStats
@@ -114,10 +115,13 @@ class Index:
         tier's victims are ranked at once (``EvictionPolicy.queue_items``) and queued in one heapify, with
         the garbage collector paused and, after a large build, every object it tracks frozen before it
         resumes (:mod:`tiercache.gcpause`; resumed first, it would walk the whole new index again and again),
-        until :meth:`thaw`.
+        until :meth:`thaw`; then the free pages its temporaries (and the tiers' scans) left in the C heap are
+        given back (:mod:`tiercache.heaptrim`).
         """
         with collector_paused():
             self._frozen = settle(self._rebuild(tiers, found))
+        if self._frozen:
+            release_free_heap()
 
     def thaw(self) -> None:
         """Give the objects a large :meth:`rebuild` froze back to the collector (the owner closes: cycles of
