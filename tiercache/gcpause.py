@@ -8,14 +8,20 @@ duration and restored afterwards.
 
 Objects made while the collector is paused are all in its youngest generation when it resumes: its next
 passes would walk the whole new index three times over (young, middle, old generation), each a stall of
-seconds at a million chunks, in the first requests after a warm start. A large bulk build therefore ends
-with one full collection, which moves the survivors to the oldest generation at once (walked again only
-when the old generation has grown by a quarter).
+seconds at a million chunks, in the first requests after a warm start. One full collection at the end of
+the build would walk it once (2.4 s of a 7 s warm start over a million L3 chunks), and every later full
+collection would walk it again. A large bulk build therefore ends by moving every object the collector
+tracks into its permanent generation (:func:`gc.freeze`: a splice of its lists, no walk), where no later
+collection looks: the index's entries hold no reference cycles, reference counting frees them when they go.
+What a cycle among the frozen objects holds (a closed cache's object graph) is freed only once they are
+thawed (:func:`thaw`, which the cache calls when it closes: they go back to the oldest generation, walked by
+the next full collection as any other object).
 
 Primitives:
-    SETTLE_MIN_OBJECTS: the bulk size from which the build ends with a full collection.
+    SETTLE_MIN_OBJECTS: the bulk size from which the build ends frozen.
     collector_paused: a context in which the cyclic garbage collector does not run.
-    settle: one full collection after a bulk build of at least :data:`SETTLE_MIN_OBJECTS`.
+    settle: freeze what the collector tracks after a bulk build of at least :data:`SETTLE_MIN_OBJECTS`.
+    thaw: give the frozen objects back to the collector.
 """
 
 from __future__ import annotations
@@ -25,8 +31,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 SETTLE_MIN_OBJECTS = 100_000
-"""Objects (chunks, say) built in bulk from which :func:`settle` runs a full collection (below it the
-collector's own passes cost little, and a full collection per cache built would slow small processes)."""
+"""Objects (chunks, say) built in bulk from which :func:`settle` freezes them (below it the collector's own
+passes cost little, and small processes keep the collector's ordinary behaviour)."""
 
 
 @contextmanager
@@ -44,8 +50,17 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def settle(built: int) -> None:
-    """Run one full collection when ``built`` (objects, or chunks, of a bulk build) reaches
-    :data:`SETTLE_MIN_OBJECTS`; do nothing below it."""
-    if built >= SETTLE_MIN_OBJECTS:
-        gc.collect()
+def settle(built: int) -> bool:
+    """After a bulk build of ``built`` objects (or chunks): from :data:`SETTLE_MIN_OBJECTS` on, move every
+    object the collector tracks into its permanent generation (no walk; see the module docstring) and
+    return True; below it do nothing and return False."""
+    if built < SETTLE_MIN_OBJECTS:
+        return False
+    gc.freeze()
+    return True
+
+
+def thaw() -> None:
+    """Give every frozen object back to the collector (its oldest generation): cycles among them, such as
+    those of a closed cache, can be collected again."""
+    gc.unfreeze()

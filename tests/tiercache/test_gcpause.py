@@ -1,14 +1,15 @@
-"""The collector pause of bulk builds: off inside, restored after (also on error); one full collection after a
-large build only."""
+"""The collector pause of bulk builds: off inside, restored after (also on error); after a large build only,
+every tracked object frozen (no collection), until thawed."""
 
 from __future__ import annotations
 
 import gc
+import weakref
 from collections.abc import Iterator
 
 import pytest
 
-from tiercache.gcpause import SETTLE_MIN_OBJECTS, collector_paused, settle
+from tiercache.gcpause import SETTLE_MIN_OBJECTS, collector_paused, settle, thaw
 
 
 @pytest.fixture
@@ -36,11 +37,41 @@ def test_paused_inside_and_restored_after_even_on_error() -> None:
     assert not gc.isenabled()  # it was off before: it stays off
 
 
-@pytest.mark.usefixtures("collector_state")
-def test_settle_collects_fully_only_after_a_large_build() -> None:
+@pytest.fixture
+def thawed() -> Iterator[None]:
+    gc.unfreeze()
+    yield
+    gc.unfreeze()
+
+
+@pytest.mark.usefixtures("collector_state", "thawed")
+def test_settle_freezes_without_a_collection_only_after_a_large_build() -> None:
     gc.disable()  # no automatic pass can count as one of settle's
-    full = gc.get_stats()[2]["collections"]
-    settle(SETTLE_MIN_OBJECTS - 1)
-    assert gc.get_stats()[2]["collections"] == full
-    settle(SETTLE_MIN_OBJECTS)
-    assert gc.get_stats()[2]["collections"] == full + 1
+    passes = [s["collections"] for s in gc.get_stats()]
+    assert not settle(SETTLE_MIN_OBJECTS - 1)
+    assert gc.get_freeze_count() == 0
+    young = [object()]  # tracked by the collector: in its youngest generation now
+    assert gc.get_count()[0] > 0
+    assert settle(SETTLE_MIN_OBJECTS)
+    assert gc.get_freeze_count() > 0 and gc.get_count()[0] == 0  # moved, young ones included
+    assert gc.is_tracked(young)
+    assert [s["collections"] for s in gc.get_stats()] == passes  # nothing walked
+    thaw()
+    assert gc.get_freeze_count() == 0
+
+
+@pytest.mark.usefixtures("collector_state", "thawed")
+def test_a_frozen_cycle_is_collected_once_thawed() -> None:
+    class Node:
+        other: object = None
+
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    gone = weakref.ref(a)
+    assert settle(SETTLE_MIN_OBJECTS)
+    del a, b
+    gc.collect()
+    assert gone() is not None  # frozen: no collection looks at it
+    thaw()
+    gc.collect()
+    assert gone() is None

@@ -14,7 +14,7 @@ Primitives:
         for a million chunks; import them from either).
     TierCounters, TokenCounters: per-tier counters.
     FoundCounts: how a warm start announces the chunks it found.
-    Index: rebuild, tier_stats, lookups (get, visible, cached_prefix, lookup, of_namespace), changes
+    Index: rebuild (and thaw), tier_stats, lookups (get, visible, cached_prefix, lookup, of_namespace), changes
         (add_residency, touch, record_hit, hold, unhold, remove_residency, purge), pins (is_pinned, pin,
         pin_namespace), token counts (lookup, report_usage), tick.
 """
@@ -35,7 +35,8 @@ from tiercache.cache.entries import Residency as Residency
 from tiercache.cache.entries import tier_bit
 from tiercache.cache.results import LookupResult
 from tiercache.cache.space import Space
-from tiercache.gcpause import collector_paused, settle
+from tiercache.gcpause import collector_paused, settle, thaw
+from tiercache.heaptrim import release_free_heap
 from tiercache.keys import CHUNK_ID_BYTES, NAMESPACE_ID_BYTES
 from tiercache.rates import TierRate
 from tiercache.stats import ChunkEvent, EventKind, TierStats
@@ -97,6 +98,7 @@ class Index:
         self.tokens = {level: TokenCounters() for level in levels}
         self.recomputed_tokens = 0
         self.tick = 0
+        self._frozen = False  # a large rebuild froze the collector's objects (see thaw)
 
     def rebuild(self, tiers: Mapping[TierLevel, StorageTier], found: FoundCounts) -> None:
         """Index the chunks the tiers already hold (a warm L3), oldest access first (``entries()`` order).
@@ -111,11 +113,22 @@ class Index:
         Built in bulk, without Python work per chunk where a C-speed map does it: each chunk gets its own
         tick in the tier's order, its namespace id is shared with the other chunks of its namespace, each
         tier's victims are ranked at once (``EvictionPolicy.queue_items``) and queued in one heapify, with
-        the garbage collector paused and, after a large build, one full collection before it resumes
-        (:mod:`tiercache.gcpause`; resumed first, it would walk the whole new index once more).
+        the garbage collector paused and, after a large build, every object it tracks frozen before it
+        resumes (:mod:`tiercache.gcpause`; resumed first, it would walk the whole new index again and again),
+        until :meth:`thaw`; then the free pages its temporaries (and the tiers' scans) left in the C heap are
+        given back (:mod:`tiercache.heaptrim`).
         """
         with collector_paused():
-            settle(self._rebuild(tiers, found))
+            self._frozen = settle(self._rebuild(tiers, found))
+        if self._frozen:
+            release_free_heap()
+
+    def thaw(self) -> None:
+        """Give the objects a large :meth:`rebuild` froze back to the collector (the owner closes: cycles of
+        its object graph can be collected again); nothing when it froze none."""
+        if self._frozen:
+            self._frozen = False
+            thaw()
 
     def _rebuild(self, tiers: Mapping[TierLevel, StorageTier], announce: FoundCounts) -> int:
         """:meth:`rebuild`; returns the residencies filed."""
@@ -136,7 +149,10 @@ class Index:
 
     def _index_found(self, level: TierLevel, held: HeldChunks) -> list[ChunkEntry]:
         """File and rank ``level``'s residency of each held chunk (one tick each, in order); returns them."""
-        ids, nbytes, depths = held.ids, held.nbytes, [0 if d is None else d for d in held.depths]
+        depths: list[int] = cast("list[int]", held.depths)
+        if None in depths:  # a C-speed test: depths are usually all known, the list is used as it is
+            depths = [0 if d is None else d for d in held.depths]
+        ids, nbytes = held.ids, held.nbytes
         if set(map(len, ids)) - {CHUNK_ID_BYTES}:
             for cid in ids:
                 if len(cid) != CHUNK_ID_BYTES:

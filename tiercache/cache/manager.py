@@ -472,6 +472,7 @@ class CacheManager:
             self._stores.discard_all()
             for tier in self._tiers.values():
                 tier.close()
+        self._index.thaw()  # what a large warm start froze (its objects are garbage soon)
 
     # ------------------------------------------------------------------ internals: checks and wiring
 

@@ -9,13 +9,15 @@ cache restarted on its L3 shows each tenant the chunks and bytes it held before.
 
 from __future__ import annotations
 
+import gc
 import random
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 import torch
 
+from tiercache import gcpause
 from tiercache.cache import CacheManager
 from tiercache.cache.index import Index
 from tiercache.cache.space import Space, VictimQueue
@@ -133,5 +135,39 @@ def test_a_restart_shows_each_tenant_the_chunks_it_held(tmp_path: Path, namespac
         assert again == ids
         assert {t: _tenant_books(cache, t)[L3] for t in ids} == before
         assert {t: _tenant_books(cache, t)[TierLevel.L2][0] for t in ids} == {"a": 0, "b": 0}
+    finally:
+        cache.close()
+
+
+@pytest.fixture
+def thawed() -> Iterator[None]:
+    gc.unfreeze()
+    yield
+    gc.unfreeze()
+
+
+@pytest.mark.usefixtures("thawed")
+def test_a_large_warm_start_freezes_the_collector_until_the_cache_closes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = LmdbTierConfig(path=str(tmp_path / "l3"), capacity_bytes=1 << 20)
+    tier = LmdbTier(config)
+    for cid in [_cid(1, i) for i in range(4)]:
+        slots = tier.reserve([cid], [64])
+        slots[0].buffer.fill_(1)
+        tier.commit(slots)
+    tier.close()
+    monkeypatch.setattr(gcpause, "SETTLE_MIN_OBJECTS", 4)  # these 4 chunks count as a large build
+    cache = CacheManager([LmdbTier(config)])
+    try:
+        assert cache.stats().tier(L3).chunks == 4
+        assert gc.get_freeze_count() > 0  # the index (and all else) is out of the collector's walks
+    finally:
+        cache.close()
+    assert gc.get_freeze_count() == 0  # given back: a closed cache's cycles can be collected
+    monkeypatch.setattr(gcpause, "SETTLE_MIN_OBJECTS", 5)
+    cache = CacheManager([LmdbTier(config)])
+    try:
+        assert gc.get_freeze_count() == 0  # a small build leaves the collector alone
     finally:
         cache.close()
