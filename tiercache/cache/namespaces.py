@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 
 from tiercache.errors import InvalidArgumentError, NotFoundError
+from tiercache.keychain import PackedKeys
 from tiercache.keys import KEY_BYTES, Namespace, check_key, chunk_id
 from tiercache.tiers.base import StorageTier, TierLevel
 
@@ -84,6 +85,8 @@ class Namespaces:
             InvalidArgumentError: ``keys`` is a single value, or a key is malformed (``keys[i]``).
         """
         self.get(namespace_id)
+        if isinstance(keys, PackedKeys):  # checked when packed: the ids in one pass
+            return keys.prefixed(bytes(namespace_id))
         if isinstance(keys, (bytes, bytearray, str)):
             raise InvalidArgumentError("keys", "must be a sequence of keys, not a single value")
         prefix = bytes(namespace_id)
