@@ -483,8 +483,7 @@ class CacheManager:
             raise ConflictError("the cache manager is closed")
 
     def _chain(self, namespace_id: bytes, keys: Sequence[bytes]) -> tuple[Namespace, list[bytes]]:
-        """The namespace and storage ids of a chain (the id resolved once), after indexing what only the
-        shared tier holds of it (if any)."""
+        """A chain's namespace (resolved once) and ids, after indexing what only the shared tier holds."""
         ns, cids = self._namespaces.chain(namespace_id, keys)
         self._discovery.extend(namespace_id, cids, ns.layout.chunk_bytes)
         return ns, cids
