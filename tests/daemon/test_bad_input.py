@@ -184,6 +184,29 @@ def test_malformed_key(
     assert_intact(stub, reg, baseline)
 
 
+def test_malformed_packed_keys(
+    stub: Stub, reg: pb.RegisterResponse, baseline: tuple[list[bytes], list[bytes]]
+) -> None:
+    keys = baseline[0]
+    packed = b"".join(keys)
+    for request, fragment in (
+        (
+            pb.LookupRequest(handle=reg.handle, packed_keys=packed[:-5]),
+            "packed_keys: 91 bytes is not a whole",
+        ),
+        (
+            pb.LookupRequest(handle=reg.handle, packed_keys=packed, keys=keys),
+            "packed_keys: a request sets keys or packed_keys, not both",
+        ),
+    ):
+        fails(
+            lambda r=request: stub.Lookup(r, timeout=RPC_TIMEOUT_S),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            fragment,
+        )
+    assert_intact(stub, reg, baseline)
+
+
 def test_bad_namespaces(
     stub: Stub, reg: pb.RegisterResponse, baseline: tuple[list[bytes], list[bytes]]
 ) -> None:

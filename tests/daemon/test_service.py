@@ -149,6 +149,44 @@ def test_stream_store_skips_cached_chunks(stub: pb_grpc.KVCacheServiceStub, reg:
     assert stream_load(stub, reg.handle, keys, zstd=False)[0] == chunks
 
 
+def test_packed_keys_look_up_and_count_as_repeated_keys(
+    stub: pb_grpc.KVCacheServiceStub, reg: pb.RegisterResponse
+) -> None:
+    """A Lookup with its keys packed into one field answers and counts exactly as one with repeated keys
+    (short chains and chains long enough for the numpy path, a gap, prefetch)."""
+    assert reg.packed_keys  # the daemon says it reads them
+    keys = make_keys(40, seed=45)
+    shm_store(stub, reg, keys[:36], [payload(i, seed=45) for i in range(36)])
+    chains = [keys[:3], keys, keys[:36] + make_keys(1, seed=46) + keys[37:], keys[5:], [], keys[:1]]
+
+    def hit_tokens() -> int:  # counted by the fastest tier holding each chunk: L2 here, all along
+        return sum(t.lookup_hit_tokens for t in stub.Stats(pb.StatsRequest(), timeout=RPC_TIMEOUT_S).tiers)
+
+    counted_of: dict[int, int] = {}
+    for chain in chains:
+        for prefetch in (False, True):
+            before = hit_tokens()
+            plain = stub.Lookup(
+                pb.LookupRequest(handle=reg.handle, keys=chain, prefetch=prefetch), timeout=RPC_TIMEOUT_S
+            )
+            counted = hit_tokens() - before
+            packed = stub.Lookup(
+                pb.LookupRequest(handle=reg.handle, packed_keys=b"".join(chain), prefetch=prefetch),
+                timeout=RPC_TIMEOUT_S,
+            )
+            assert hit_tokens() - before == 2 * counted
+            after = lookup(stub, reg.handle, chain)  # L3's count grows while the write-down goes on
+            assert packed.chunks == plain.chunks == after.chunks, len(chain)
+            for tier, n in by_tier(packed).items():
+                assert (
+                    (by_tier(plain)[tier] <= n <= by_tier(after)[tier])
+                    if tier == pb.TIER_L3
+                    else (by_tier(plain)[tier] == n)
+                ), (len(chain), tier)
+            counted_of[len(chain)] = counted
+    assert counted_of[40] == 36 * LAYOUT.chunk_tokens and counted_of[35] == 31 * LAYOUT.chunk_tokens
+
+
 def test_prefetch_lookup_pin_stats(stub: pb_grpc.KVCacheServiceStub, reg: pb.RegisterResponse) -> None:
     keys = make_keys(2, seed=40)
     shm_store(stub, reg, keys, [payload(i, seed=40) for i in range(2)])

@@ -167,8 +167,8 @@ class CacheManager:
         """Per tier, and over all tiers, the length of the contiguous cached prefix of ``keys``. ``count``:
         count the hit in the token-weighted lookup statistics (an engine's request; internal and diagnostic
         lookups leave the counters alone)."""
-        cids = self._chain(namespace_id, keys)
-        chunk_tokens = self.namespace(namespace_id).layout.chunk_tokens if count else 0
+        ns, cids = self._chain(namespace_id, keys)
+        chunk_tokens = ns.layout.chunk_tokens if count else 0
         with self._lock:
             result, fastest = self._index.lookup(cids, chunk_tokens)
             self._tenants.count_lookup(namespace_id, fastest, chunk_tokens)
@@ -276,7 +276,7 @@ class CacheManager:
         InvalidArgumentError for a bad TTL (above ``max_ttl_s``: refused, not clamped) or wait, or a
         ``level`` that is not a slot tier.
         """
-        cids = self._chain(namespace_id, keys)
+        ns, cids = self._chain(namespace_id, keys)
         target = checks.slot_level(self._tiers, level)
         ttl = self._ttl(self._tenants.ttl(namespace_id, ttl_s))
         deadline = None
@@ -284,7 +284,7 @@ class CacheManager:
             wait_s = checks.seconds(wait_s, "wait_s", message="must be None or a non-negative number")
             deadline = time.monotonic() + wait_s if wait_s else 0.0
         background = self.prefetch(namespace_id, keys, target) if wait_s else None
-        chunk_tokens = self.namespace(namespace_id).layout.chunk_tokens
+        chunk_tokens = ns.layout.chunk_tokens
         with self._tenants.leasing(namespace_id):
             ticket = self._loads.acquire(
                 namespace_id, keys, cids, target, ttl, chunk_tokens, deadline, background, self._check_open
@@ -300,7 +300,7 @@ class CacheManager:
         Promotions of one chunk coalesce with any other in flight (one read), and the bytes in flight are
         bounded by ``prefetch_inflight_bytes``. Raises InvalidArgumentError if ``level`` is not a slot tier.
         """
-        cids = self._chain(namespace_id, keys)
+        _, cids = self._chain(namespace_id, keys)
         target = checks.slot_level(self._tiers, level)
         with self._lock:
             self._check_open()
@@ -320,9 +320,9 @@ class CacheManager:
         out of ``level`` into the engine, from the tiers' measured rates. Raises InvalidArgumentError if
         ``level`` is not a slot tier.
         """
-        cids = self._chain(namespace_id, keys)
+        ns, cids = self._chain(namespace_id, keys)
         target = checks.slot_level(self._tiers, level)
-        return self._loads.plan(cids, target, self.namespace(namespace_id).layout, prefill)
+        return self._loads.plan(cids, target, ns.layout, prefill)
 
     def rates(self) -> dict[TierLevel, TierRate]:
         """The measured (or prior) latency and bandwidth of each tier."""
@@ -351,7 +351,7 @@ class CacheManager:
         Reads come from the fastest tier holding each chunk; a chunk only in a slower tier is read once for
         all concurrent callers.
         """
-        cids = self._chain(namespace_id, keys)
+        _, cids = self._chain(namespace_id, keys)
         return [self._loads.read(cid, self._check_open) for cid in cids]
 
     # ------------------------------------------------------------------ explicit movement and pinning
@@ -483,11 +483,11 @@ class CacheManager:
         if self._closed:
             raise ConflictError("the cache manager is closed")
 
-    def _chain(self, namespace_id: bytes, keys: Sequence[bytes]) -> list[bytes]:
-        """The storage ids of a chain, after indexing what only the shared tier holds of it (if any)."""
-        cids = self._namespaces.chunk_ids(namespace_id, keys)
-        self._discovery.extend(namespace_id, cids, self.namespace(namespace_id).layout.chunk_bytes)
-        return cids
+    def _chain(self, namespace_id: bytes, keys: Sequence[bytes]) -> tuple[Namespace, list[bytes]]:
+        """A chain's namespace (resolved once) and ids, after indexing what only the shared tier holds."""
+        ns, cids = self._namespaces.chain(namespace_id, keys)
+        self._discovery.extend(namespace_id, cids, ns.layout.chunk_bytes)
+        return ns, cids
 
     def _ttl(self, ttl_s: float | None) -> float:
         """The lifetime of a lease, ticket or claim: every requested TTL is resolved and capped here."""

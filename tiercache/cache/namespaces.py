@@ -6,7 +6,7 @@ that can never be stored fails at once, naming ``layout``, rather than at its fi
 guarded by the cache's index lock (given to it), like every other part.
 
 Primitives:
-    Namespaces: register, get, chunk_ids, len.
+    Namespaces: register, get, chunk_ids / chain, len.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 
 from tiercache.errors import InvalidArgumentError, NotFoundError
+from tiercache.keychain import PackedKeys
 from tiercache.keys import KEY_BYTES, Namespace, check_key, chunk_id
 from tiercache.tiers.base import StorageTier, TierLevel
 
@@ -83,15 +84,29 @@ class Namespaces:
             NotFoundError: unknown namespace.
             InvalidArgumentError: ``keys`` is a single value, or a key is malformed (``keys[i]``).
         """
-        self.get(namespace_id)
-        if isinstance(keys, (bytes, bytearray, str)):
-            raise InvalidArgumentError("keys", "must be a sequence of keys, not a single value")
-        prefix = bytes(namespace_id)
-        try:  # the usual case, in two C-speed passes: bytes-like keys of the right length
-            cids = list(map(prefix.__add__, keys))
-        except TypeError:
-            pass  # not bytes-like: checked one by one below, naming the key
-        else:
-            if set(map(len, cids)) <= {len(prefix) + KEY_BYTES}:
-                return cids
-        return [chunk_id(prefix, check_key(k, f"keys[{i}]")) for i, k in enumerate(keys)]
+        return self.chain(namespace_id, keys)[1]
+
+    def chain(self, namespace_id: bytes, keys: Sequence[bytes]) -> tuple[Namespace, list[bytes]]:
+        """A registered namespace and the storage ids of its keys, the id resolved once (a lookup needs both).
+
+        Raises:
+            NotFoundError: unknown namespace.
+            InvalidArgumentError: ``keys`` is a single value, or a key is malformed (``keys[i]``).
+        """
+        return self.get(namespace_id), _ids(bytes(namespace_id), keys)
+
+
+def _ids(prefix: bytes, keys: Sequence[bytes]) -> list[bytes]:
+    """``prefix`` + each key, every key checked."""
+    if isinstance(keys, PackedKeys):  # checked when packed: the ids in one pass
+        return keys.prefixed(prefix)
+    if isinstance(keys, (bytes, bytearray, str)):
+        raise InvalidArgumentError("keys", "must be a sequence of keys, not a single value")
+    try:  # the usual case, in two C-speed passes: bytes-like keys of the right length
+        cids = list(map(prefix.__add__, keys))
+    except TypeError:
+        pass  # not bytes-like: checked one by one below, naming the key
+    else:
+        if set(map(len, cids)) <= {len(prefix) + KEY_BYTES}:
+            return cids
+    return [chunk_id(prefix, check_key(k, f"keys[{i}]")) for i, k in enumerate(keys)]

@@ -44,6 +44,7 @@ from tiercache.wire.framing import Framed
 from . import rpcs
 from .channel import Endpoint, parse_address
 from .connection import ClientConfig, Connection, EngineModels
+from .requests import lookup_request
 from .results import (
     LoadLease,
     LookupInfo,
@@ -176,13 +177,10 @@ class TierCacheClient:
         timeout_s: float | None = None,
     ) -> LookupInfo:
         """Per-tier contiguous cached prefix of ``keys``; ``prefetch`` starts promoting it into L2."""
-        resp = self._conn.unary(
-            rpcs.LOOKUP,
-            namespace,
-            lambda h: pb.LookupRequest(handle=h, keys=keys, prefetch=prefetch),
-            timeout_s,
-        )
-        return LookupInfo.from_proto(resp)
+        build = partial(
+            lookup_request, keys=keys, prefetch=prefetch
+        )  # packed for a daemon that reads them so
+        return LookupInfo.from_proto(self._conn.unary_registered(rpcs.LOOKUP, namespace, build, timeout_s))
 
     def prefetch(self, namespace: Namespace, keys: Sequence[bytes], wait_s: float = 0.0) -> int:
         """Promote the cached prefix of ``keys`` into L2, waiting up to ``wait_s``; returns the ready prefix."""

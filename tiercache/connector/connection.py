@@ -20,8 +20,9 @@ with every (re-)registration.
 Primitives:
     ClientConfig: deadlines, backoff and channel options.
     EngineModels: the cost models declared for a namespace.
-    Connection: unary / unary_nowait / client_stream / server_stream (one RPC, mapped errors, one retry
-        after a lost handle), register / registration, declare_models / models, wait_ready, close.
+    Connection: unary / unary_registered / unary_nowait / client_stream / server_stream (one RPC, mapped
+        errors, one retry after a lost handle), register / registration, declare_models / models,
+        wait_ready, close.
 """
 
 from __future__ import annotations
@@ -201,9 +202,7 @@ class Connection:
     def registration(self, namespace: Namespace) -> Registration:
         """The current registration of ``namespace``, registering it first when needed."""
         stub, generation = self._stub_or_fail(REGISTER.name)
-        self._handle(namespace, stub, generation)
-        with self._lock:
-            return self._registrations[namespace]
+        return self._current(namespace, stub, generation)
 
     # ------------------------------------------------------------------ calls
 
@@ -224,16 +223,31 @@ class Connection:
             timeout_s: the call's deadline (None: ``config.timeout_s``).
             retry: retry once after a lost handle (only for calls that are safe to repeat).
         """
+        return self.unary_registered(
+            rpc, namespace, lambda reg: build(reg.handle if reg is not None else b""), timeout_s, retry
+        )
+
+    def unary_registered(
+        self,
+        rpc: UnaryRpc[Req, Resp],
+        namespace: Namespace | None,
+        build: Callable[[Registration | None], Req],
+        timeout_s: float | None = None,
+        retry: bool = True,
+    ) -> Resp:
+        """Like :meth:`unary`, with the request built from the namespace's current registration (None without
+        a namespace): for a request whose form depends on what the daemon said it reads. A retry after
+        re-registration builds it again from the new registration (the daemon may have changed)."""
         deadline = timeout_s if timeout_s is not None else self.config.timeout_s
 
-        def run(stub: KVCacheServiceStub, handle: bytes) -> Resp:
+        def run(stub: KVCacheServiceStub, reg: Registration | None) -> Resp:
             control = self._control
             if control is not None:
                 try:
-                    return control.call(rpc, build(handle), deadline)
+                    return control.call(rpc, build(reg), deadline)
                 except ControlUnreachable as exc:
                     self._drop_control(control, exc)
-            return rpc.invoke(stub, build(handle), deadline, self._metadata)
+            return rpc.invoke(stub, build(reg), deadline, self._metadata)
 
         return self._call(rpc.name, namespace, run, retry)
 
@@ -247,7 +261,7 @@ class Connection:
         """
         try:
             stub, generation = self._stub_or_fail(rpc.name)
-            handle = self._handle(namespace, stub, generation)
+            handle = self._current(namespace, stub, generation).handle
         except TierCacheError as exc:
             logger.info("%s not sent (%s)", rpc.name, exc)
             return
@@ -282,7 +296,8 @@ class Connection:
                 failures.append(exc)
                 raise
 
-        def run(stub: KVCacheServiceStub, handle: bytes) -> Resp:
+        def run(stub: KVCacheServiceStub, reg: Registration | None) -> Resp:
+            handle = reg.handle if reg is not None else b""
             try:
                 return rpc.invoke(stub, watched(handle), self.config.stream_timeout_s, self._metadata)
             except grpc.RpcError:
@@ -306,8 +321,13 @@ class Connection:
         over the new stream.
         """
 
-        def run(stub: KVCacheServiceStub, handle: bytes) -> T:
-            call = rpc.invoke(stub, build(handle), self.config.stream_timeout_s, self._metadata)
+        def run(stub: KVCacheServiceStub, reg: Registration | None) -> T:
+            call = rpc.invoke(
+                stub,
+                build(reg.handle if reg is not None else b""),
+                self.config.stream_timeout_s,
+                self._metadata,
+            )
             try:
                 return read(iter(call))
             except BaseException:
@@ -322,16 +342,16 @@ class Connection:
         self,
         method: str,
         namespace: Namespace | None,
-        run: Callable[[KVCacheServiceStub, bytes], T],
+        run: Callable[[KVCacheServiceStub, Registration | None], T],
         retry: bool = True,
     ) -> T:
-        """Run one RPC with the current stub and handle; map failures; retry once after a lost handle."""
+        """Run one RPC with the current stub and registration; map failures; retry once after a lost handle."""
         attempts = 2 if retry and namespace is not None else 1
         for attempt in range(attempts):
             stub, generation = self._stub_or_fail(method)
-            handle = self._handle(namespace, stub, generation) if namespace is not None else b""
+            reg = self._current(namespace, stub, generation) if namespace is not None else None
             try:
-                result = run(stub, handle)
+                result = run(stub, reg)
             except grpc.RpcError as exc:
                 error = self._failed(exc, method, generation, namespace)
                 if attempt + 1 < attempts and is_lost_handle(error):
@@ -358,12 +378,13 @@ class Connection:
                 self._stale.update(self._registrations)
             return self._stub, self._generation
 
-    def _handle(self, namespace: Namespace, stub: KVCacheServiceStub, generation: int) -> bytes:
+    def _current(self, namespace: Namespace, stub: KVCacheServiceStub, generation: int) -> Registration:
+        """The namespace's registration, registering it (again) first when it has none or a stale one."""
         with self._lock:
             reg = self._registrations.get(namespace)
             if reg is not None and namespace not in self._stale:
-                return reg.handle
-        return self._register(namespace, stub, generation).handle
+                return reg
+        return self._register(namespace, stub, generation)
 
     def _register(self, namespace: Namespace, stub: KVCacheServiceStub, generation: int) -> Registration:
         with self._lock:

@@ -61,6 +61,8 @@ class Registration:
         lease_ttl_s: default lifetime of a load lease or store ticket.
         max_stream_message_bytes: largest byte-stream message the daemon accepts or sends.
         control_socket: where the daemon also serves the unary calls without gRPC ("": nowhere).
+        packed_keys: the daemon reads a Lookup's keys packed into one field (False: an older daemon, which
+            reads only the repeated keys).
     """
 
     handle: bytes
@@ -70,6 +72,7 @@ class Registration:
     lease_ttl_s: float
     max_stream_message_bytes: int
     control_socket: str = ""
+    packed_keys: bool = False
 
     @classmethod
     def from_proto(cls, msg: pb.RegisterResponse) -> Registration:
@@ -98,6 +101,7 @@ class Registration:
             lease_ttl_s=msg.lease_ttl_s,
             max_stream_message_bytes=msg.max_stream_message_bytes,
             control_socket=msg.control_socket,
+            packed_keys=msg.packed_keys,
         )
 
 

@@ -7,7 +7,7 @@ Every conversion from the wire validates what it converts and raises
 
 Primitives:
     RegisterArgs, register_from_proto: a RegisterRequest's namespace (required) and cost models (optional).
-    keys_from_proto, check_key_field: 32-byte chunk keys.
+    keys_from_proto, check_key_field: 32-byte chunk keys; lookup_keys: a Lookup's (repeated or packed).
     ttl_from_proto, timeout_from_proto: optional durations (0 means the default / no wait).
     usage_from_proto: ReportUsage's per-tier chunks -> tokens per tier.
     lookup_to_proto, slot_refs, add_load_refs, claim_to_proto, event_to_proto: responses (stats travel
@@ -24,6 +24,7 @@ from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 from tiercache.cache import LoadChunk, LookupResult, StoreSlot
 from tiercache.errors import InvalidArgumentError
+from tiercache.keychain import PackedKeys
 from tiercache.keys import KEY_BYTES, Namespace
 from tiercache.policies.load import DeadlineModel, PrefillModel
 from tiercache.prefill import PrefillClaim
@@ -94,6 +95,21 @@ def keys_from_proto(keys: Sequence[bytes], field: str = "keys") -> list[bytes]:
     return [check_key_field(k, f"{field}[{i}]") for i, k in enumerate(out)]
 
 
+def lookup_keys(request: pb.LookupRequest) -> Sequence[bytes]:
+    """The key chain of a LookupRequest: its ``packed_keys`` (kept packed: :mod:`tiercache.keychain`), else
+    its repeated ``keys``.
+
+    Raises:
+        InvalidArgumentError: both are set (``packed_keys``), ``packed_keys`` is not a whole number of keys,
+            or ``keys[i]`` is not a key.
+    """
+    if not request.packed_keys:
+        return keys_from_proto(request.keys)
+    if request.keys:
+        raise InvalidArgumentError("packed_keys", "a request sets keys or packed_keys, not both")
+    return PackedKeys(request.packed_keys)
+
+
 def ttl_from_proto(ttl_s: float, field: str = "ttl_s") -> float | None:
     """A lease or ticket lifetime: None (the daemon's default) for 0.
 
@@ -132,12 +148,15 @@ def usage_from_proto(
 
 
 def lookup_to_proto(result: LookupResult, prefetch_id: int = 0) -> pb.LookupResponse:
-    """A LookupResponse: the contiguous prefix in any tier and per tier (and the prefetch started)."""
-    return pb.LookupResponse(
-        chunks=result.chunks,
-        by_tier=[pb.TierCount(tier=TIERS.to_proto(lv), chunks=n) for lv, n in sorted(result.by_tier.items())],
-        prefetch_id=prefetch_id,
-    )
+    """A LookupResponse: the contiguous prefix in any tier and per tier (and the prefetch started).
+
+    Filled in place, like :func:`add_load_refs` (~2.5 us against ~3.6 us with TierCounts built apart).
+    """
+    response = pb.LookupResponse(chunks=result.chunks, prefetch_id=prefetch_id)
+    add = response.by_tier.add
+    for level, chunks in sorted(result.by_tier.items()):
+        add(tier=TIERS.to_proto(level), chunks=chunks)
+    return response
 
 
 def slot_refs(slots: Sequence[StoreSlot], nbytes: int) -> list[pb.SlotRef]:

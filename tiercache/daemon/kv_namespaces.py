@@ -94,12 +94,13 @@ class NamespaceRpcs(ServicerBase):
             max_ttl_s=self._deps.max_ttl_s,
             max_stream_message_bytes=self._deps.stream.stream_chunk_bytes,
             control_socket=self._deps.control_socket,
+            packed_keys=True,
         )
 
     @unary
     async def Lookup(self, request: pb.LookupRequest, caller: Caller, context: Any) -> pb.LookupResponse:
         """Per-tier contiguous hits; with ``prefetch``, promotion of the cached prefix into L2 starts."""
-        keys = convert.keys_from_proto(request.keys)
+        keys = convert.lookup_keys(request)
         handle = caller.namespace_id
         result = self._rules.lookup_now(handle, keys) if len(keys) <= INLINE_LOOKUP_KEYS else None
         if result is None:

@@ -171,12 +171,21 @@ class DaemonMetrics:
             ["path", "direction"],
             registry=self.registry,
         )
+        self._rpc_children: dict[tuple[str, str], Histogram] = {}
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
 
     def observe_rpc(self, method: str, code: str, seconds: float) -> None:
-        """Record one finished RPC."""
-        self._rpc_seconds.labels(method, code).observe(seconds)
+        """Record one finished RPC.
+
+        The histogram of each (method, code) is looked up once: ``labels`` checks and locks on every call
+        (~1.5 us against ~0.7 us for the observation alone, on every RPC). The series are never removed, so
+        the child stays the one ``labels`` gives.
+        """
+        child = self._rpc_children.get((method, code))
+        if child is None:
+            child = self._rpc_children.setdefault((method, code), self._rpc_seconds.labels(method, code))
+        child.observe(seconds)
 
     def add_bytes(self, path: str, direction: str, nbytes: int) -> None:
         """Count chunk bytes moved (``path``: shm or stream; ``direction``: store or load)."""

@@ -146,7 +146,7 @@ class RegisterRequest(_message.Message):
     def __init__(self, namespace: _Optional[_Union[NamespaceSpec, _Mapping]] = ..., engine_id: _Optional[str] = ..., prefill: _Optional[_Union[PrefillModel, _Mapping]] = ..., deadline: _Optional[_Union[DeadlineModel, _Mapping]] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("handle", "layout", "chunk_bytes", "data_plane", "lease_ttl_s", "max_stream_message_bytes", "max_ttl_s", "control_socket")
+    __slots__ = ("handle", "layout", "chunk_bytes", "data_plane", "lease_ttl_s", "max_stream_message_bytes", "max_ttl_s", "control_socket", "packed_keys")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +155,7 @@ class RegisterResponse(_message.Message):
     MAX_STREAM_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_TTL_S_FIELD_NUMBER: _ClassVar[int]
     CONTROL_SOCKET_FIELD_NUMBER: _ClassVar[int]
+    PACKED_KEYS_FIELD_NUMBER: _ClassVar[int]
     handle: bytes
     layout: Layout
     chunk_bytes: int
@@ -163,7 +164,8 @@ class RegisterResponse(_message.Message):
     max_stream_message_bytes: int
     max_ttl_s: float
     control_socket: str
-    def __init__(self, handle: _Optional[bytes] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., chunk_bytes: _Optional[int] = ..., data_plane: _Optional[_Union[DataPlane, _Mapping]] = ..., lease_ttl_s: _Optional[float] = ..., max_stream_message_bytes: _Optional[int] = ..., max_ttl_s: _Optional[float] = ..., control_socket: _Optional[str] = ...) -> None: ...
+    packed_keys: bool
+    def __init__(self, handle: _Optional[bytes] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., chunk_bytes: _Optional[int] = ..., data_plane: _Optional[_Union[DataPlane, _Mapping]] = ..., lease_ttl_s: _Optional[float] = ..., max_stream_message_bytes: _Optional[int] = ..., max_ttl_s: _Optional[float] = ..., control_socket: _Optional[str] = ..., packed_keys: _Optional[bool] = ...) -> None: ...
 
 class TierCount(_message.Message):
     __slots__ = ("tier", "chunks")
@@ -174,14 +176,16 @@ class TierCount(_message.Message):
     def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., chunks: _Optional[int] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
-    __slots__ = ("handle", "keys", "prefetch")
+    __slots__ = ("handle", "keys", "prefetch", "packed_keys")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     PREFETCH_FIELD_NUMBER: _ClassVar[int]
+    PACKED_KEYS_FIELD_NUMBER: _ClassVar[int]
     handle: bytes
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     prefetch: bool
-    def __init__(self, handle: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., prefetch: _Optional[bool] = ...) -> None: ...
+    packed_keys: bytes
+    def __init__(self, handle: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., prefetch: _Optional[bool] = ..., packed_keys: _Optional[bytes] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
     __slots__ = ("chunks", "by_tier", "prefetch_id")

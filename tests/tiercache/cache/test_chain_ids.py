@@ -8,7 +8,8 @@ import threading
 import pytest
 
 from tiercache.cache.namespaces import Namespaces
-from tiercache.errors import InvalidArgumentError
+from tiercache.errors import InvalidArgumentError, NotFoundError
+from tiercache.keychain import PackedKeys
 from tiercache.keys import KEY_BYTES, Namespace, chunk_id, chunk_keys
 from tiercache.layout import KVDtype, KVLayout
 
@@ -42,3 +43,12 @@ def test_a_bad_key_is_named(registered: tuple[Namespaces, bytes], bad: object, m
     keys: list[object] = [b"\x00" * KEY_BYTES, b"\x02" * KEY_BYTES, bad]
     with pytest.raises(InvalidArgumentError, match=rf"keys\[2\]: must be {KEY_BYTES} bytes, {message}"):
         namespaces.chunk_ids(handle, keys)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("n", [0, 3, 40])  # 40: the numpy path
+def test_packed_keys_give_the_ids_of_their_keys(registered: tuple[Namespaces, bytes], n: int) -> None:
+    namespaces, handle = registered
+    keys = chunk_keys(NS, list(range(n * LAYOUT.chunk_tokens)))
+    assert namespaces.chunk_ids(handle, PackedKeys.pack(keys)) == [chunk_id(handle, k) for k in keys]
+    with pytest.raises(NotFoundError):
+        namespaces.chunk_ids(b"\x07" * len(handle), PackedKeys.pack(keys))
