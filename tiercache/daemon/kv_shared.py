@@ -5,7 +5,8 @@ Engines store into and load from L2, the shared-memory tier named in ``RegisterR
 (:class:`~tiercache.cache.rules.EngineRules` holds that rule and the warming of L1 after a load). Each store
 ticket and load lease is remembered under the handle it was taken with (:class:`~.handles.Claims`), so that
 one engine cannot commit or release another namespace's work. A commit after the ticket's TTL is refused
-with FAILED_PRECONDITION naming the ticket (:class:`~tiercache.errors.ExpiredError`).
+with FAILED_PRECONDITION naming the ticket (:class:`~tiercache.errors.ExpiredError`). A small commit that
+nothing can make wait runs on the event loop (:mod:`.commits`), others in the executor.
 
 AcquireLoad and BeginStore first settle what the request carries (:mod:`.settle`: leases the engine is done
 with, its usage report), in the same executor job as their own work. AcquireLoad's policies are resolved in
@@ -33,6 +34,7 @@ from tiercache.proto import tiercache_pb2 as pb
 from tiercache.wire import LOAD_POLICIES
 
 from . import convert
+from .commits import TicketSizes, commit_now
 from .handles import Claims
 from .loads import LoadOutcome, resolve_policy, run_load, run_load_now
 from .rpc import Caller, ServiceDeps, ServicerBase, unary
@@ -48,6 +50,7 @@ class SharedMemoryRpcs(ServicerBase):
         """Args: deps: what the servicer works with."""
         super().__init__(deps)
         self._tickets = Claims(deps.clock)
+        self._sizes = TicketSizes()
         self._leases = Claims(deps.clock)
 
     @unary
@@ -62,6 +65,7 @@ class SharedMemoryRpcs(ServicerBase):
             self._begin_store, settled, caller.namespace_id, keys, ttl, request.start_depth
         )
         self._tickets.add(ticket.ticket_id, caller.namespace_id, ticket.expires_at)
+        self._sizes.add(ticket.ticket_id, len(ticket.slots))
         return pb.BeginStoreResponse(
             ticket_id=ticket.ticket_id,
             slots=convert.slot_refs(ticket.slots, caller.info.chunk_bytes),
@@ -104,7 +108,23 @@ class SharedMemoryRpcs(ServicerBase):
                 "ticket_id",
                 f"{request.ticket_id} is not an open store ticket of this handle (finished or expired?)",
             )
-        stored = await self.run(self._manager.commit_store, request.ticket_id, indices or None)
+        chunks = self._sizes.taking(request.ticket_id, indices)
+        try:
+            stored = commit_now(
+                self._manager,
+                request.ticket_id,
+                indices or None,
+                chunks,
+                caller.info.chunk_bytes,
+                self._deps.quotas_active,
+            )
+            if stored is None:  # it may wait, or is large: in the executor
+                stored = await self.run(self._manager.commit_store, request.ticket_id, indices or None)
+        except BaseException:
+            self._sizes.forget(
+                request.ticket_id
+            )  # its count may be off now: later commits go to the executor
+            raise
         self._deps.metrics.add_bytes("shm", "store", stored * caller.info.chunk_bytes)
         return pb.CommitStoreResponse(stored=stored)
 
@@ -113,6 +133,7 @@ class SharedMemoryRpcs(ServicerBase):
         self, request: pb.AbortStoreRequest, caller: Caller, context: Any
     ) -> pb.AbortStoreResponse:
         """Discard a ticket's reservations (False when it is not an open ticket of this handle)."""
+        self._sizes.forget(request.ticket_id)
         aborted = self._tickets.take(request.ticket_id, caller.namespace_id) and await self.run(
             self._manager.abort_store, request.ticket_id
         )

@@ -96,6 +96,7 @@ class ServiceDeps:
             ``executor``.
         max_ttl_s: the longest lease and ticket lifetime a request may ask for (0: not known).
         control_socket: where the unary calls are also served without gRPC (:mod:`.control`); "": nowhere.
+        quotas_active: whether any tenant has quotas (a commit may then trim, and so demote: never on the loop).
     """
 
     manager: CacheManager
@@ -111,6 +112,7 @@ class ServiceDeps:
     wait_executor: Executor | None = None
     max_ttl_s: float = 0.0
     control_socket: str = ""
+    quotas_active: bool = False
 
 
 @dataclass(frozen=True, slots=True)

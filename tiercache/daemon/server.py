@@ -175,6 +175,7 @@ class Daemon:
             wait_executor=waits,
             max_ttl_s=cfg.cache.max_ttl_s,
             control_socket=self._control_path(),
+            quotas_active=self._quotas.active,
         )
         limit = cfg.stream.max_message_bytes
         server = grpc.aio.server(
