@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tiercache.cache import CacheManager
-from tiercache.daemon.commits import INLINE_COMMIT_BYTES, INLINE_COMMIT_CHUNKS, TicketSizes, commit_now
+from tiercache.daemon.commits import INLINE_COMMIT_BYTES, INLINE_COMMIT_CHUNKS, commit_now
 from tiercache.keys import Namespace, chunk_keys
 from tiercache.layout import KVDtype, KVLayout
 from tiercache.tiers.base import TierLevel
@@ -52,7 +52,7 @@ def _filled(manager: CacheManager, handle: bytes, n: int, seed: int) -> tuple[in
 def test_a_small_commit_is_made_at_once(cache: tuple[CacheManager, bytes]) -> None:
     manager, handle = cache
     ticket, keys = _filled(manager, handle, 3, seed=1)
-    assert commit_now(manager, ticket, None, 3, CB, quotas=False) == 3
+    assert commit_now(manager, ticket, None, CB, quotas=False) == 3
     assert manager.lookup(handle, keys).by_tier[L2] == 3
     got = manager.get(handle, keys)  # copied out of L2: checked against the checksums taken at commit
     assert all(g is not None and int(g[0]) == i for i, g in enumerate(got))
@@ -61,7 +61,7 @@ def test_a_small_commit_is_made_at_once(cache: tuple[CacheManager, bytes]) -> No
 def test_a_commit_of_some_positions_leaves_the_rest_open(cache: tuple[CacheManager, bytes]) -> None:
     manager, handle = cache
     ticket, keys = _filled(manager, handle, 3, seed=2)
-    assert commit_now(manager, ticket, [1], 1, CB, quotas=False) == 1
+    assert commit_now(manager, ticket, [1, 1], CB, quotas=False) == 1  # a position given twice counts once
     assert [manager.lookup(handle, [k]).chunks for k in keys] == [0, 1, 0]
     assert manager.commit_store(ticket) == 2
 
@@ -69,20 +69,31 @@ def test_a_commit_of_some_positions_leaves_the_rest_open(cache: tuple[CacheManag
 @pytest.mark.parametrize(
     ("chunks", "chunk_bytes", "quotas"),
     [
-        (None, CB, False),  # the daemon does not know the ticket's size
         (INLINE_COMMIT_CHUNKS + 1, CB, False),  # too many chunks to file on the loop
         (2, INLINE_COMMIT_BYTES // 2 + 1, False),  # too many bytes to hash on the loop
         (2, CB, True),  # a commit may trim a tenant with quotas, which may demote
     ],
 )
 def test_a_commit_that_is_large_or_may_wait_is_left_to_the_executor(
-    cache: tuple[CacheManager, bytes], chunks: int | None, chunk_bytes: int, quotas: bool
+    cache: tuple[CacheManager, bytes], chunks: int, chunk_bytes: int, quotas: bool
 ) -> None:
     manager, handle = cache
-    ticket, keys = _filled(manager, handle, 2, seed=3)
-    assert commit_now(manager, ticket, None, chunks, chunk_bytes, quotas) is None
+    ticket, keys = _filled(manager, handle, chunks, seed=3)
+    assert manager.open_store_chunks(ticket) == chunks
+    assert commit_now(manager, ticket, None, chunk_bytes, quotas) is None
     assert manager.lookup(handle, keys).chunks == 0  # nothing done: the ticket is still open
-    assert manager.commit_store(ticket) == 2
+    assert manager.commit_store(ticket) == chunks
+
+
+def test_a_commit_of_a_ticket_that_is_not_open_is_left_to_the_executor(
+    cache: tuple[CacheManager, bytes],
+) -> None:
+    manager, handle = cache
+    ticket, _ = _filled(manager, handle, 1, seed=5)
+    assert manager.commit_store(ticket) == 1
+    assert manager.open_store_chunks(ticket) is None  # closed: the executor's commit reports it
+    assert commit_now(manager, ticket, None, CB, quotas=False) is None
+    assert commit_now(manager, 987_654_321, None, CB, quotas=False) is None  # never opened
 
 
 def test_a_commit_is_left_to_the_executor_while_another_thread_holds_the_index(
@@ -102,23 +113,9 @@ def test_a_commit_is_left_to_the_executor_while_another_thread_holds_the_index(
     thread.start()
     try:
         assert held.wait(WAIT_S)
-        assert commit_now(manager, ticket, None, 2, CB, quotas=False) is None
+        assert commit_now(manager, ticket, None, CB, quotas=False) is None
     finally:
         done.set()
         thread.join(WAIT_S)
     assert manager.lookup(handle, keys).chunks == 0
-    assert commit_now(manager, ticket, None, 2, CB, quotas=False) == 2
-
-
-def test_ticket_sizes_count_what_each_commit_takes() -> None:
-    sizes = TicketSizes(capacity=2)
-    sizes.add(1, 5)
-    assert sizes.taking(1, [0, 2, 2]) == 2  # a position given twice is committed once
-    assert sizes.taking(1, []) == 3  # the rest, closing the ticket
-    assert sizes.taking(1, []) is None and len(sizes) == 0
-    sizes.add(2, 1)
-    sizes.add(3, 1)
-    sizes.add(4, 1)  # over capacity: the oldest is forgotten, its commits go to the executor
-    assert sizes.taking(2, []) is None and sizes.taking(3, []) == 1
-    sizes.forget(4)
-    assert sizes.taking(4, []) is None and len(sizes) == 0
+    assert commit_now(manager, ticket, None, CB, quotas=False) == 2

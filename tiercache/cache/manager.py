@@ -30,9 +30,9 @@ Locks, and what runs outside them:
         so flights never wait in a cycle.
 
 Primitives:
-    CacheManager: register_namespace, lookup, begin_store / commit_store / abort_store, put, acquire /
-        release, prefetch, plan_load, rates, report_usage, get, promote, demote, pin / unpin, purge,
-        claim_prefill / wait_prefill / release_prefill, subscribe, stats, set_quotas / tenants (per-tenant
+    CacheManager: register_namespace, lookup, begin_store / commit_store / abort_store / open_store_chunks,
+        put, acquire / release, prefetch, plan_load, rates, report_usage, get, promote, demote, pin / unpin,
+        purge, claim_prefill / wait_prefill / release_prefill, subscribe, stats, set_quotas / tenants (per-tenant
         books and quotas: :mod:`tiercache.cache.tenants`), flush, close.
 """
 
@@ -235,6 +235,12 @@ class CacheManager:
         """Discard a ticket's reservations. Returns False when the ticket was unknown or already finished."""
         return self._stores.abort(ticket_id)
 
+    def open_store_chunks(self, ticket_id: int) -> int | None:
+        """How many chunks an open store ticket still holds; None when it is not open."""
+        with self._lock:
+            store = self._leases.store(ticket_id)
+            return None if store is None else len(store.indices)
+
     def put(
         self,
         namespace_id: bytes,
@@ -332,9 +338,7 @@ class CacheManager:
         self, namespace_id: bytes, effective_by_tier: Mapping[TierLevel, int], recomputed_tokens: int
     ) -> None:
         """Record what the engine did with a load: prefill tokens it skipped (per source tier) and recomputed.
-
-        Raises InvalidArgumentError for negative counts or an unknown tier.
-        """
+        Raises InvalidArgumentError for negative counts or an unknown tier."""
         self.namespace(namespace_id)
         checks.usage(effective_by_tier, recomputed_tokens, self._index.tokens)
         with self._lock:
@@ -346,11 +350,8 @@ class CacheManager:
         return self._loads.release(lease_id)
 
     def get(self, namespace_id: bytes, keys: Sequence[bytes]) -> list[torch.Tensor | None]:
-        """Copies of cached chunks (CPU tensors), None for each chunk that is not cached.
-
-        Reads come from the fastest tier holding each chunk; a chunk only in a slower tier is read once for
-        all concurrent callers.
-        """
+        """Copies of cached chunks (CPU tensors), None for each chunk that is not cached; each read from the
+        fastest tier holding it (a chunk only in a slower tier is read once for all concurrent callers)."""
         _, cids = self._chain(namespace_id, keys)
         return [self._loads.read(cid, self._check_open) for cid in cids]
 
@@ -428,10 +429,8 @@ class CacheManager:
     # ------------------------------------------------------------------ observation and lifecycle
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
-        """Call ``listener`` for every chunk stored in or removed from a tier; returns an unsubscribe function.
-
-        Listeners run under the manager's lock and must be quick and must not call the manager.
-        """
+        """Call ``listener`` for every chunk stored in or removed from a tier (under the manager's lock: it
+        must be quick and must not call the manager); returns an unsubscribe function."""
         return self._listeners.add(listener)
 
     def stats(self, tenant: str | None = None) -> CacheStats:

@@ -177,9 +177,8 @@ class TierCacheClient:
         timeout_s: float | None = None,
     ) -> LookupInfo:
         """Per-tier contiguous cached prefix of ``keys``; ``prefetch`` starts promoting it into L2."""
-        build = partial(
-            lookup_request, keys=keys, prefetch=prefetch
-        )  # packed for a daemon that reads them so
+        # the keys packed into one field for a daemon that reads them so
+        build = partial(lookup_request, keys=keys, prefetch=prefetch)
         return LookupInfo.from_proto(self._conn.unary_registered(rpcs.LOOKUP, namespace, build, timeout_s))
 
     def prefetch(self, namespace: Namespace, keys: Sequence[bytes], wait_s: float = 0.0) -> int:

@@ -34,7 +34,7 @@ from tiercache.proto import tiercache_pb2 as pb
 from tiercache.wire import LOAD_POLICIES
 
 from . import convert
-from .commits import TicketSizes, commit_now
+from .commits import commit_now
 from .handles import Claims
 from .loads import LoadOutcome, resolve_policy, run_load, run_load_now
 from .rpc import Caller, ServiceDeps, ServicerBase, unary
@@ -50,7 +50,6 @@ class SharedMemoryRpcs(ServicerBase):
         """Args: deps: what the servicer works with."""
         super().__init__(deps)
         self._tickets = Claims(deps.clock)
-        self._sizes = TicketSizes()
         self._leases = Claims(deps.clock)
 
     @unary
@@ -65,7 +64,6 @@ class SharedMemoryRpcs(ServicerBase):
             self._begin_store, settled, caller.namespace_id, keys, ttl, request.start_depth
         )
         self._tickets.add(ticket.ticket_id, caller.namespace_id, ticket.expires_at)
-        self._sizes.add(ticket.ticket_id, len(ticket.slots))
         return pb.BeginStoreResponse(
             ticket_id=ticket.ticket_id,
             slots=convert.slot_refs(ticket.slots, caller.info.chunk_bytes),
@@ -108,23 +106,15 @@ class SharedMemoryRpcs(ServicerBase):
                 "ticket_id",
                 f"{request.ticket_id} is not an open store ticket of this handle (finished or expired?)",
             )
-        chunks = self._sizes.taking(request.ticket_id, indices)
-        try:
-            stored = commit_now(
-                self._manager,
-                request.ticket_id,
-                indices or None,
-                chunks,
-                caller.info.chunk_bytes,
-                self._deps.quotas_active,
-            )
-            if stored is None:  # it may wait, or is large: in the executor
-                stored = await self.run(self._manager.commit_store, request.ticket_id, indices or None)
-        except BaseException:
-            self._sizes.forget(
-                request.ticket_id
-            )  # its count may be off now: later commits go to the executor
-            raise
+        stored = commit_now(
+            self._manager,
+            request.ticket_id,
+            indices or None,
+            caller.info.chunk_bytes,
+            self._deps.quotas_active,
+        )
+        if stored is None:  # it may wait, or is large: in the executor
+            stored = await self.run(self._manager.commit_store, request.ticket_id, indices or None)
         self._deps.metrics.add_bytes("shm", "store", stored * caller.info.chunk_bytes)
         return pb.CommitStoreResponse(stored=stored)
 
@@ -133,7 +123,6 @@ class SharedMemoryRpcs(ServicerBase):
         self, request: pb.AbortStoreRequest, caller: Caller, context: Any
     ) -> pb.AbortStoreResponse:
         """Discard a ticket's reservations (False when it is not an open ticket of this handle)."""
-        self._sizes.forget(request.ticket_id)
         aborted = self._tickets.take(request.ticket_id, caller.namespace_id) and await self.run(
             self._manager.abort_store, request.ticket_id
         )
