@@ -110,6 +110,10 @@ def test_a_corrupt_slot_fails_the_run(
     def corrupting(self: CacheManager, *args: Any, **kwargs: Any) -> LoadTicket:
         ticket = real(self, *args, **kwargs)
         if ticket.chunks:
+            # Queued write-downs first: one copying this chunk out of L2 after the flip would find it
+            # corrupt and drop it under the lease (a miss, as it should be), and the load would then fail
+            # on the missing chunk instead of the round trip this test is about (a flaky CI failure).
+            self.flush()
             ticket.chunks[-1].view[3] ^= 0x01  # the cached copy itself goes bad
         return ticket
 
