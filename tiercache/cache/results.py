@@ -101,11 +101,15 @@ class LoadChunk:
         and a view per chunk would cost it more than the rest of the lease.
 
         Raises:
-            RuntimeError: the chunk is gone from its tier (asked after the lease ended).
+            RuntimeError: the chunk is gone from its tier (asked after the lease ended, or a copy out of the
+                tier found it corrupt and dropped it).
         """
         view = self.read_view()
         if view is None:
-            raise RuntimeError(f"chunk {self.index} of the load is gone from its tier: its lease ended")
+            raise RuntimeError(
+                f"chunk {self.index} of the load is gone from its tier: its lease ended, or it was found corrupt"
+                " and dropped"
+            )
         return view
 
 
