@@ -7,8 +7,13 @@ daemon restarted; a sequence beyond the latest; one older than the replay window
 RESYNC event (sequence: the last event it will not receive) before the retained events it can still get.
 
 The cache manager calls its listeners under its lock, on whatever thread changed the cache; the hub's
-listener only hands the event to the event loop (``call_soon_threadsafe``, which keeps the order), where it
-gets the next sequence number, enters a bounded replay buffer and is queued for every subscriber. A
+listener only hands the event to the event loop, where it gets the next sequence number, enters a bounded
+replay buffer and is queued for every subscriber. Events are handed over in batches, in order: the listener
+appends to an inbox and wakes the loop (``call_soon_threadsafe``) only when the inbox was empty; the loop
+then publishes every event in it. A commit of 512 chunks used to wake the loop 512 times (a write to its
+self-pipe each and as many loop iterations, competing with the streams for the cores: ~2 ms of a ~24 ms
+stream-store commit of 512 chunks on the 2-core dev host); now once, or a few times. No event is published
+later than with one wake-up each. A
 subscriber first receives the retained events after the sequence number it asks for, then live ones. A
 subscriber whose bounded queue overflows is ended with :class:`~tiercache.errors.CapacityError` after the
 events it already has (it can resubscribe with the last sequence it saw); closing the hub ends every
@@ -31,6 +36,7 @@ import asyncio
 import enum
 import logging
 import secrets
+import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -190,6 +196,8 @@ class EventHub:
         self._subscribers: set[Subscription] = set()
         self._sequence = 0
         self._closed = False
+        self._inbox: list[ChunkEvent] = []  # handed over by the manager, not yet published
+        self._inbox_lock = threading.Lock()
         self.epoch = new_epoch()
 
     @property
@@ -207,10 +215,25 @@ class EventHub:
         return manager.subscribe(self._from_manager)
 
     def _from_manager(self, event: ChunkEvent) -> None:
-        """Manager listener: runs under the manager's lock on any thread; only hands over to the loop."""
+        """Manager listener: runs under the manager's lock on any thread; only hands over to the loop (woken
+        when the inbox was empty: a drain it is already woken for takes this event too)."""
+        with self._inbox_lock:
+            self._inbox.append(event)
+            if len(self._inbox) > 1:
+                return
         try:
-            self._loop.call_soon_threadsafe(
-                self.publish,
+            self._loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop is closed: the daemon is gone (and nothing will drain the inbox)
+            with self._inbox_lock:
+                self._inbox.clear()
+            logger.debug("event after the event loop closed: %s", event)
+
+    def _drain(self) -> None:
+        """Publish the events handed over so far, in order (on the loop)."""
+        with self._inbox_lock:
+            events, self._inbox = self._inbox, []
+        for event in events:
+            self.publish(
                 _FROM_CHUNK[event.kind],
                 event.level,
                 event.namespace_id,
@@ -218,8 +241,6 @@ class EventHub:
                 event.evicted,
                 event.source,
             )
-        except RuntimeError:  # the loop is closed: the daemon is gone
-            logger.debug("event after the event loop closed: %s", event)
 
     def publish(
         self,

@@ -162,6 +162,30 @@ def test_remove_and_purge_keep_queue_and_index_consistent() -> None:
     assert kinds[-2:] == [(EventKind.REMOVED, L1), (EventKind.REMOVED, L1)]
 
 
+def test_a_lookup_stops_at_a_purged_chunk_only_while_one_is_filed() -> None:
+    # The walk tests entries for being purged only while a purged one is filed (a held copy keeps it):
+    # a chain with a purged chunk in the middle is cut there, before and after the copy of another goes.
+    b = Books(LruPolicy())
+    e1, e2, e3 = b.add(1), b.add(2), b.add(3)
+    chain = [cid(1), cid(2), cid(3)]
+    assert b.index.cached_prefix(chain) == [e1, e2, e3]
+    b.index.hold(cid(2), e2, L1)
+    assert b.index.purge(e2, cid(2)) == []
+    assert b.index.cached_prefix(chain) == [e1]
+    assert b.index.lookup(chain)[0].chunks == 1
+    b.index.remove_residency(cid(3), e3, L1, evicted=True)  # another chunk leaving changes nothing
+    assert b.index.cached_prefix(chain) == [e1]
+    moved = ChunkEntry(e2.namespace_id, cid(2), 0, NBYTES)  # a copy joining the purged entry stays unseen
+    assert b.index.add_residency(cid(2), moved, L2, 0.0) is e2
+    assert b.index.cached_prefix(chain) == [e1]
+    b.index.remove_residency(cid(2), e2, L2, evicted=False)
+    assert b.index.unhold(cid(2), L1)
+    b.index.remove_residency(cid(2), e2, L1, evicted=False)
+    assert b.index.get(cid(2)) is None
+    e2 = b.add(2)  # stored again: visible, the chain walks on to the missing third chunk
+    assert b.index.cached_prefix(chain) == [e1, e2]
+
+
 def test_candidate_priority_feeds_the_queue() -> None:
     b = Books(LfuPolicy())
     e = b.add(7, depth=3)
