@@ -7,8 +7,11 @@ daemon restarted; a sequence beyond the latest; one older than the replay window
 RESYNC event (sequence: the last event it will not receive) before the retained events it can still get.
 
 The cache manager calls its listeners under its lock, on whatever thread changed the cache; the hub's
-listener only hands the event to the event loop (``call_soon_threadsafe``, which keeps the order), where it
-gets the next sequence number, enters a bounded replay buffer and is queued for every subscriber. A
+listener only hands the event to the event loop, where it gets the next sequence number, enters a bounded
+replay buffer and is queued for every subscriber. The hand-over is batched: the listener appends to an inbox
+and wakes the loop (``call_soon_threadsafe``) only when the inbox was empty, and the loop publishes the whole
+inbox in order. A wake-up per event cost a write to the loop's self-pipe each, under the cache's lock: 9 ms
+of a 512-chunk commit (~18 µs per chunk, measured on a 2-core host), and as many loop wake-ups. A
 subscriber first receives the retained events after the sequence number it asks for, then live ones. A
 subscriber whose bounded queue overflows is ended with :class:`~tiercache.errors.CapacityError` after the
 events it already has (it can resubscribe with the last sequence it saw); closing the hub ends every
@@ -31,6 +34,7 @@ import asyncio
 import enum
 import logging
 import secrets
+import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -191,6 +195,8 @@ class EventHub:
         self._sequence = 0
         self._closed = False
         self.epoch = new_epoch()
+        self._inbox: list[ChunkEvent] = []  # handed over by the manager listener, not yet published
+        self._inbox_lock = threading.Lock()
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -207,10 +213,25 @@ class EventHub:
         return manager.subscribe(self._from_manager)
 
     def _from_manager(self, event: ChunkEvent) -> None:
-        """Manager listener: runs under the manager's lock on any thread; only hands over to the loop."""
+        """Manager listener: runs under the manager's lock on any thread; only hands over to the loop (a
+        wake-up only when the inbox was empty: the wake-up already due publishes this event too, in order)."""
+        with self._inbox_lock:
+            self._inbox.append(event)
+            if len(self._inbox) > 1:
+                return
         try:
-            self._loop.call_soon_threadsafe(
-                self.publish,
+            self._loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop is closed: the daemon is gone
+            logger.debug("event after the event loop closed: %s", event)
+            with self._inbox_lock:
+                self._inbox.clear()
+
+    def _drain(self) -> None:
+        """Publish every event the listener handed over, in the order the cache changed (on the loop)."""
+        with self._inbox_lock:
+            events, self._inbox = self._inbox, []
+        for event in events:
+            self.publish(
                 _FROM_CHUNK[event.kind],
                 event.level,
                 event.namespace_id,
@@ -218,8 +239,6 @@ class EventHub:
                 event.evicted,
                 event.source,
             )
-        except RuntimeError:  # the loop is closed: the daemon is gone
-            logger.debug("event after the event loop closed: %s", event)
 
     def publish(
         self,
