@@ -1,4 +1,5 @@
-"""The same-host data plane: slots of a daemon-owned segment as tensors, unmapped only when unused."""
+"""The same-host data plane: slots of a daemon-owned segment as tensors (one by one, or a request's slots
+as strided runs), unmapped only when unused."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from tiercache.connector.results import SegmentInfo, SlotRef
-from tiercache.connector.segments import SegmentMaps, SlotMapping
+from tiercache.connector.segments import SegmentMaps, SlotAccess, SlotMapping
 from tiercache.errors import InvalidArgumentError, NotFoundError, TierCacheError, UnavailableError
 from tiercache.shm import SHM_DIR, SharedSegment
 
@@ -41,6 +42,41 @@ def test_slot_views_share_memory_with_the_owner(segment: SharedSegment) -> None:
         with pytest.raises(TierCacheError, match="outside the segment"):
             slots.view(SlotRef(0, 0, 4097))
     mapping.retire()
+
+
+def test_runs_group_evenly_spaced_consecutive_chunks_and_hold_each_slots_bytes() -> None:
+    slot, nbytes = 4096, 3000  # chunks shorter than their slot: a run strides over the gap
+    memory = torch.arange(16 * slot, dtype=torch.int64).to(
+        torch.uint8
+    )  # the segment, every byte distinct-ish
+    slots = SlotAccess(SegmentInfo("test", slot, 16, 16 * slot), memory)
+    refs = [SlotRef(i, p, nbytes) for i, p in enumerate([3, 4, 5, 9, 10, 2, 11])]
+    runs = slots.runs(refs)
+    assert [(first, tuple(run.shape)) for first, run in runs] == [
+        (0, (3, nbytes)),
+        (3, (2, nbytes)),
+        (5, (2, nbytes)),  # slots 2 and 11: evenly spaced too
+    ]
+    for first, run in runs:
+        for i in range(run.shape[0]):
+            view = slots.view(refs[first + i])
+            assert run[i].data_ptr() == view.data_ptr() and torch.equal(run[i], view)
+    # A gap in the chunk indices, another size, or a step back ends a run even where slots are consecutive.
+    assert [first for first, _ in slots.runs([SlotRef(0, 3, nbytes), SlotRef(5, 4, nbytes)])] == [0, 5]
+    assert len(slots.runs([SlotRef(0, 3, nbytes), SlotRef(1, 4, nbytes - 1)])) == 2
+    assert len(slots.runs([SlotRef(0, 4, nbytes), SlotRef(1, 3, nbytes)])) == 2
+    assert slots.runs([]) == []
+    ((_, one),) = slots.runs([SlotRef(7, 15, nbytes)])
+    assert one.shape == (1, nbytes) and torch.equal(one[0], slots.view(SlotRef(7, 15, nbytes)))
+
+
+def test_runs_refuse_a_slot_outside_the_segment_anywhere_in_a_run() -> None:
+    memory = torch.zeros(4 * 4096, dtype=torch.uint8)
+    slots = SlotAccess(SegmentInfo("test", 4096, 4, 4 * 4096), memory)
+    with pytest.raises(TierCacheError, match="outside the segment"):
+        slots.runs([SlotRef(0, 2, 100), SlotRef(1, 3, 100), SlotRef(2, 4, 100)])
+    with pytest.raises(TierCacheError, match="outside the segment"):
+        slots.runs([SlotRef(0, 0, 4097)])
 
 
 def test_retire_waits_for_active_users(segment: SharedSegment) -> None:

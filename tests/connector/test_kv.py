@@ -15,12 +15,13 @@ from tiercache.connector.kv import (
     PagedKV,
     check_kv,
     chunk_parts,
-    chunk_runs,
     chunk_to_kv,
     kv_to_chunk,
     kv_to_run,
     run_to_kv,
 )
+from tiercache.connector.results import SegmentInfo, SlotRef
+from tiercache.connector.segments import SlotAccess
 from tiercache.errors import InvalidArgumentError
 from tiercache.layout import KVDtype, KVLayout
 
@@ -251,30 +252,16 @@ def test_cuda_engine_tensors_round_trip_through_a_host_buffer(paged: bool) -> No
         assert _reference_chunk(layout, back, chunk) == buf.numpy().tobytes()
 
 
-def _slots(layout: KVLayout, slot_bytes: int, positions: list[int]) -> list[tuple[int, torch.Tensor]]:
-    """Chunk buffers ``(chunk index, 1-D view)`` at ``positions`` (slot numbers) of one segment-like tensor."""
-    memory = torch.zeros(slot_bytes * (max(positions) + 2), dtype=torch.uint8)
-    return [
-        (i, memory[p * slot_bytes : p * slot_bytes + layout.chunk_bytes]) for i, p in enumerate(positions)
-    ]
-
-
-def test_chunk_runs_group_evenly_spaced_consecutive_chunks_only() -> None:
-    layout = LAYOUTS["fp32-mha"]
-    slot = layout.chunk_bytes + 64  # slots larger than the chunk: a run strides over the gap
-    bufs = _slots(layout, slot, [3, 4, 5, 9, 10, 2, 11])
-    runs = chunk_runs(bufs)
-    assert [(first, tuple(run.shape)) for first, run in runs] == [
-        (0, (3, layout.chunk_bytes)),
-        (3, (2, layout.chunk_bytes)),
-        (5, (2, layout.chunk_bytes)),  # slots 2 and 11: evenly spaced too
-    ]
-    for first, run in runs:
-        for i in range(run.shape[0]):
-            assert run[i].data_ptr() == bufs[first + i][1].data_ptr()
-    # A gap in the chunk indices ends a run even where the slots are consecutive.
-    skipped = [bufs[0], (5, bufs[1][1])]
-    assert [first for first, _ in chunk_runs(skipped)] == [0, 5]
+def _slot_runs(
+    layout: KVLayout, slot_bytes: int, positions: list[int]
+) -> tuple[list[tuple[int, torch.Tensor]], list[tuple[int, torch.Tensor]]]:
+    """Chunk buffers ``(chunk index, 1-D view)`` at ``positions`` (slot numbers) of one segment-like tensor,
+    and the same slots as the data plane's runs (:meth:`~tiercache.connector.segments.SlotAccess.runs`)."""
+    slots = max(positions) + 2
+    memory = torch.zeros(slot_bytes * slots, dtype=torch.uint8)
+    access = SlotAccess(SegmentInfo("test", slot_bytes, slots, memory.numel()), memory)
+    refs = [SlotRef(i, p, layout.chunk_bytes) for i, p in enumerate(positions)]
+    return [(ref.index, access.view(ref)) for ref in refs], access.runs(refs)
 
 
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
@@ -282,8 +269,7 @@ def test_runs_move_the_same_bytes_as_chunk_by_chunk_copies(name: str) -> None:
     layout = LAYOUTS[name]
     tokens = 5 * layout.chunk_tokens
     src = _contiguous(layout, tokens, seed=11)
-    bufs = _slots(layout, layout.chunk_bytes + 32, [7, 8, 9, 1, 2])  # two runs: chunks 0-2 and 3-4
-    runs = chunk_runs(bufs)
+    bufs, runs = _slot_runs(layout, layout.chunk_bytes + 32, [7, 8, 9, 1, 2])  # chunks 0-2 and 3-4
     assert [first for first, _ in runs] == [0, 3]
     for first, run in runs:
         kv_to_run(layout, src, first, run)
@@ -320,7 +306,7 @@ def test_runs_split_over_a_helper_thread_move_the_same_bytes(
     layout = LAYOUTS[name]
     tokens = 4 * layout.chunk_tokens
     src = _contiguous(layout, tokens, seed=21)
-    ((first, run),) = chunk_runs(_slots(layout, layout.chunk_bytes + 32, [3, 4, 5, 6]))
+    ((first, run),) = _slot_runs(layout, layout.chunk_bytes + 32, [3, 4, 5, 6])[1]
     with _CountingHelper() as helper:
         kv_to_run(layout, src, first, run, helper=helper)  # below SPLIT_MIN_BYTES: all on this thread
         assert helper.jobs == 0
@@ -346,8 +332,7 @@ def test_runs_into_a_paged_kv_and_bad_runs() -> None:
     per = layout.chunk_tokens // layout.page_tokens
     ids = list(range(20, 20 + 2 * per))
     src = _paged(layout, 64, ids, seed=21)
-    bufs = _slots(layout, layout.chunk_bytes, [0, 1])
-    ((first, run),) = chunk_runs(bufs)
+    bufs, ((first, run),) = _slot_runs(layout, layout.chunk_bytes, [0, 1])
     kv_to_run(layout, src, first, run)
     dst = _paged(layout, 64, ids, seed=22)
     run_to_kv(layout, run, dst, first)
@@ -379,8 +364,7 @@ def test_runs_are_bit_exact_with_engine_tensors_numpy_cannot_view(odd: str) -> N
         layers = [t.transpose(-1, -2).contiguous().transpose(-1, -2) for t in plain.layers]
         assert layers[0].stride(-1) != 1
     src = ContiguousKV(layers)
-    bufs = _slots(layout, layout.chunk_bytes, [3, 4])
-    ((first, run),) = chunk_runs(bufs)
+    bufs, ((first, run),) = _slot_runs(layout, layout.chunk_bytes, [3, 4])
     kv_to_run(layout, src, first, run)
     for index, buf in bufs:
         assert buf.numpy().tobytes() == _reference_chunk(layout, src, index)

@@ -1,5 +1,6 @@
 """The collector pause of bulk builds: off inside, restored after (also on error); after a large build only,
-every tracked object frozen (no collection), until thawed."""
+every tracked object frozen (no collection), until thawed; once a process started, garbage collected first
+and the rest frozen."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tiercache.gcpause import SETTLE_MIN_OBJECTS, collector_paused, settle, thaw
+from tiercache.gcpause import SETTLE_MIN_OBJECTS, collector_paused, settle, settle_started, thaw
 
 
 @pytest.fixture
@@ -82,3 +83,19 @@ def test_a_frozen_cycle_is_collected_once_thawed() -> None:
     thaw()
     gc.collect()
     assert gone() is None
+
+
+@pytest.mark.usefixtures("collector_state", "thawed")
+def test_settle_started_collects_garbage_then_freezes_what_lives() -> None:
+    class Node:
+        other: object = None
+
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    gone = weakref.ref(a)
+    del a, b  # a cycle: garbage only the collector frees
+    kept = [object()]
+    frozen = settle_started()
+    assert gone() is None  # collected, not frozen for good
+    assert frozen == gc.get_freeze_count() > 0
+    assert not in_a_generation(kept) and gc.is_tracked(kept)  # no later pass walks it

@@ -14,8 +14,8 @@ the engine tensor: a slice ``copy_`` when the chunk's blocks are consecutive, on
 blocks. No intermediate buffers.
 
 A request's chunks usually sit in slots at a constant distance from each other (consecutive slots of one
-store): :func:`chunk_runs` groups such chunk buffers into runs, one strided ``[n, chunk_bytes]`` view each,
-and :func:`run_to_kv` / :func:`kv_to_run` move a whole run of a contiguous KV with one copy per layer (a
+store): the data plane views such slots as runs, one strided ``[n, chunk_bytes]`` view each
+(``SlotAccess.runs`` of :mod:`.segments`), and :func:`run_to_kv` / :func:`kv_to_run` move a whole run of a contiguous KV with one copy per layer (a
 paged KV still moves chunk by chunk). The per-request cost is then a few C-speed copies, not Python per
 chunk. Between host tensors those copies go through numpy (see :func:`_copy_host`): one thread per copy,
 and for a large run every other layer on a caller's helper thread, since one thread reaches only about half
@@ -26,7 +26,6 @@ Primitives:
     check_kv: validate an engine KV against a layout for a number of chunks.
     chunk_to_kv / kv_to_chunk: copy one chunk (all layers, or one layer) in or out.
     chunk_parts: the chunks of a contiguous CPU KV as views of the engine's memory (no copy).
-    chunk_runs: group (chunk index, chunk buffer) pairs into runs of evenly spaced buffers.
     run_to_kv / kv_to_run: copy a run of consecutive chunks in or out (one copy per layer).
     SPLIT_MIN_BYTES: the smallest run whose copy is split over a helper thread.
 """
@@ -293,43 +292,6 @@ def chunk_parts(layout: KVLayout, kv: EngineKV) -> Callable[[int], tuple[memoryv
     return parts
 
 
-def chunk_runs(buffers: Sequence[tuple[int, torch.Tensor]]) -> list[tuple[int, torch.Tensor]]:
-    """Group chunk buffers into runs: consecutive chunk indices whose buffers lie at one constant distance.
-
-    Args:
-        buffers: ``(chunk index, 1-D uint8 buffer)`` pairs, in order; buffers of one size, in one storage
-            (e.g. the slots of one shared-memory segment).
-
-    Returns:
-        ``(first chunk index, [n, chunk_bytes] view)`` per run: the view strides over the storage between
-        the run's buffers (no copy), so it covers exactly those buffers.
-    """
-    runs: list[tuple[int, torch.Tensor]] = []
-    start = 0
-    while start < len(buffers):
-        first_index, first = buffers[start]
-        end = start + 1
-        step = 0
-        while end < len(buffers):
-            index, buf = buffers[end]
-            gap = buf.data_ptr() - buffers[end - 1][1].data_ptr()
-            same_run = (
-                index == first_index + (end - start)
-                and buf.numel() == first.numel()
-                and buf.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
-                and gap > 0
-                and (step == 0 or gap == step)
-            )
-            if not same_run:
-                break
-            step = gap
-            end += 1
-        n = end - start
-        runs.append((first_index, first.as_strided((n, first.numel()), (step or first.numel(), 1))))
-        start = end
-    return runs
-
-
 def _run_layers(layout: KVLayout, run: torch.Tensor) -> torch.Tensor:
     """A run ``[n, chunk_bytes]`` typed as ``[n, layers, *layer_shape]`` (a view)."""
     if run.dtype != torch.uint8 or run.dim() != 2 or run.shape[1] != layout.chunk_bytes:
@@ -432,7 +394,7 @@ def run_to_kv(
     layers: Sequence[int] | None = None,
     helper: Executor | None = None,
 ) -> None:
-    """Copy a run of chunks (from :func:`chunk_runs`) into the engine's tensors: chunk ``first + i`` from
+    """Copy a run of chunks (``[n, chunk_bytes]``, e.g. from ``SlotAccess.runs``) into the engine's tensors: chunk ``first + i`` from
     ``run[i]``, one copy per layer for a contiguous KV on the host. Into a CUDA engine, every (chunk, layer)
     copy is queued without waiting on the current stream and the stream is synchronized once at the end (from
     a pinned segment the copies run at the link's pinned peak); ``run`` may be released when this returns.
@@ -453,9 +415,9 @@ def kv_to_run(
     layers: Sequence[int] | None = None,
     helper: Executor | None = None,
 ) -> None:
-    """Copy chunks ``first, first + 1, ...`` of the engine's tensors into a run of chunk buffers (from
-    :func:`chunk_runs`), one copy per layer for a contiguous KV (split with a ``helper`` as in
-    :func:`run_to_kv`).
+    """Copy chunks ``first, first + 1, ...`` of the engine's tensors into a run of chunk buffers
+    (``[n, chunk_bytes]``, e.g. from ``SlotAccess.runs``), one copy per layer for a contiguous KV (split with
+    a ``helper`` as in :func:`run_to_kv`).
 
     Raises:
         InvalidArgumentError: ``run`` is not ``[n, chunk_bytes]`` uint8, or a layer is out of range.

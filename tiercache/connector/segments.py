@@ -15,7 +15,8 @@ every page of it), as in the daemon.
 
 Primitives:
     SlotMapping.attach: map a daemon's segment as described by its SegmentInfo (by name or by descriptor).
-    SlotMapping.use: a context in which ``SlotAccess.view(ref)`` gives a slot's bytes as a tensor.
+    SlotMapping.use: a context in which ``SlotAccess.view(ref)`` gives a slot's bytes as a tensor, and
+        ``SlotAccess.runs(refs)`` a request's slots as strided runs (one view per run of evenly spaced slots).
     SlotMapping.retire / close: unmap when the last user is done (retire) or now (close).
     SegmentMaps: mapping (get), retain (retire the mappings of segments no longer named), close.
 """
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -61,6 +62,52 @@ class SlotAccess:
         Raises:
             TierCacheError: the daemon named bytes outside its segment.
         """
+        start = self._checked_start(ref)
+        return self._memory[start : start + ref.nbytes]
+
+    def runs(self, refs: Sequence[SlotRef]) -> list[tuple[int, torch.Tensor]]:
+        """The slots of ``refs`` (in chunk order) grouped into runs: consecutive chunk indices of one size
+        whose slots lie at one constant distance, each run one strided ``[n, nbytes]`` view (row ``i`` is
+        the slot of chunk ``first + i``, exactly :meth:`view`'s bytes).
+
+        A request's chunks usually sit in consecutive slots (one store's reservation): a 512-chunk request
+        is then one view, found from the slot numbers alone, instead of 512 views (and their grouping) at
+        a few microseconds each, ~2 ms of a 256 MiB request of 512 KiB chunks.
+
+        Returns:
+            ``(first chunk index, [n, nbytes] view)`` per run, in order.
+
+        Raises:
+            TierCacheError: the daemon named bytes outside its segment.
+        """
+        out: list[tuple[int, torch.Tensor]] = []
+        page = self._info.slot_bytes
+        i = 0
+        while i < len(refs):
+            first = refs[i]
+            start = self._checked_start(first)
+            end, step = i + 1, 0
+            while end < len(refs):
+                ref, prev = refs[end], refs[end - 1]
+                gap = ref.slot - prev.slot
+                if ref.index != prev.index + 1 or ref.nbytes != first.nbytes or gap <= 0:
+                    break
+                if step and gap != step:
+                    break
+                self._checked_start(ref)
+                step, end = gap, end + 1
+            n = end - i
+            view = self._memory[start:].as_strided((n, first.nbytes), ((step * page) or first.nbytes, 1))
+            out.append((first.index, view))
+            i = end
+        return out
+
+    def _checked_start(self, ref: SlotRef) -> int:
+        """Where a slot's bytes start in the segment.
+
+        Raises:
+            TierCacheError: the daemon named bytes outside its segment.
+        """
         info = self._info
         start = ref.slot * info.slot_bytes
         longest = min(info.max_chunk_bytes or info.slot_bytes, info.num_slots * info.slot_bytes - start)
@@ -69,7 +116,7 @@ class SlotAccess:
                 f"data plane: slot {ref.slot} ({ref.nbytes} bytes) outside the segment"
                 f" ({info.num_slots} pages of {info.slot_bytes} bytes)"
             )
-        return self._memory[start : start + ref.nbytes]
+        return start
 
 
 class SlotMapping:

@@ -38,7 +38,7 @@ from tiercache.tiers.base import TierLevel
 from .client import TierCacheClient
 from .config import ConnectorConfig
 from .dataplane import DataPlane, DataPlaneKind, PrefillPublisher
-from .kv import EngineKV, chunk_runs, kv_to_chunk, kv_to_run, run_to_kv
+from .kv import EngineKV, kv_to_chunk, kv_to_run, run_to_kv
 from .layerwise import LayerwiseLoad, LayerwiseSave
 from .outcomes import LoadResult, StoreResult
 from .policy import WirePolicy
@@ -136,7 +136,7 @@ class SharedMemoryPlane(DataPlane):
         in_time = False
         try:
             with self.mapping().use() as slots:
-                for first, run in chunk_runs([(ref.index, slots.view(ref)) for ref in refs]):
+                for first, run in slots.runs(refs):
                     run_to_kv(self._layout, run, kv, offset + first, helper=self._helper)
                     copied += run.shape[0]
             # The lease's TTL started at the daemon after ``started``: by the local clock it held throughout.
@@ -200,8 +200,7 @@ class SharedMemoryPlane(DataPlane):
                             f"store slot for chunk {ref.index} holds {ref.nbytes} bytes,"
                             f" expected {self._layout.chunk_bytes}"
                         )
-                bufs = [(ref.index, slots.view(ref)) for ref in sorted(grant.slots, key=lambda r: r.index)]
-                for first, run in chunk_runs(bufs):
+                for first, run in slots.runs(sorted(grant.slots, key=lambda r: r.index)):
                     kv_to_run(self._layout, kv, first, run, helper=self._helper)
             stored = self.client.commit_store(self.namespace, grant.ticket_id)
             committed = True

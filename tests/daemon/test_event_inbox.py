@@ -1,0 +1,110 @@
+"""The event hub's hand-over from the cache to the event loop, over a real cache (L2 in shared memory) and a
+real event loop: a commit of many chunks on another thread while the loop is busy reaches a subscriber as
+every event, numbered in the order the cache changed, after a single wake-up of the loop (one is pending at
+most: the events handed over meanwhile ride on it). While the loop is idle it may wake sooner and publish a
+commit's events in a few batches; the order is the same."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+import torch
+
+from tiercache.cache import CacheManager
+from tiercache.daemon.events import EventHub, HubEvent, HubEventKind
+from tiercache.keys import Namespace, chunk_keys
+from tiercache.layout import KVDtype, KVLayout
+from tiercache.tiers.base import TierLevel
+from tiercache.tiers.host import HostTier, HostTierConfig
+
+LAYOUT = KVLayout(
+    num_layers=2, num_kv_heads=2, head_dim=16, dtype=KVDtype.BFLOAT16, chunk_tokens=16, page_tokens=16
+)
+NS = Namespace("test/events", "r1", LAYOUT)
+CHUNKS = 200
+
+
+class _CountingLoop:
+    """The hub's view of a real event loop that counts the wake-ups asked of it from other threads."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.wakeups = 0
+
+    def call_soon_threadsafe(self, callback: Callable[..., object], *args: Any) -> asyncio.Handle:
+        self.wakeups += 1
+        return self.loop.call_soon_threadsafe(callback, *args)
+
+
+@pytest.fixture
+def cache() -> Iterator[tuple[CacheManager, bytes]]:
+    nbytes = LAYOUT.chunk_bytes
+    l2 = HostTier(
+        HostTierConfig(capacity_bytes=2 * CHUNKS * nbytes, slot_bytes=nbytes, segment_prefix="tc-events")
+    )
+    manager = CacheManager([l2])
+    try:
+        yield manager, manager.register_namespace(NS)
+    finally:
+        manager.close()
+
+
+def test_a_commit_on_another_thread_while_the_loop_is_busy_arrives_whole_in_order_in_one_wakeup(
+    cache: tuple[CacheManager, bytes],
+) -> None:
+    manager, handle = cache
+    keys = chunk_keys(NS, list(range(CHUNKS * LAYOUT.chunk_tokens)))
+    loop = asyncio.new_event_loop()
+    counting = _CountingLoop(loop)
+    hub = EventHub(counting, None)  # type: ignore[arg-type]  # a real loop behind a counter
+    detach = hub.attach(manager)
+
+    def store() -> int:
+        ticket = manager.begin_store(handle, keys, TierLevel.L2)
+        for slot in ticket.slots:
+            slot.buffer.fill_(slot.index % 251)
+        return manager.commit_store(ticket.ticket_id)
+
+    async def run() -> list[HubEvent]:
+        got: list[HubEvent] = []
+        async for event in sub:
+            got.append(event)
+            if len(got) == CHUNKS:
+                break
+        return got
+
+    try:
+        sub = hub.subscribe(0, lambda e: True)
+        with ThreadPoolExecutor(1) as pool:  # the loop is not running: busy, as far as the hub can tell
+            assert pool.submit(store).result() == CHUNKS
+        got = loop.run_until_complete(run())
+    finally:
+        detach()
+        hub.close()
+        loop.close()
+    assert [e.sequence for e in got] == list(range(1, CHUNKS + 1))
+    assert [e.key for e in got] == keys
+    assert all(e.kind is HubEventKind.STORED and e.level is TierLevel.L2 for e in got)
+    assert hub.sequence == CHUNKS
+    assert counting.wakeups == 1
+
+
+def test_events_after_the_loop_closed_are_dropped_without_error(cache: tuple[CacheManager, bytes]) -> None:
+    manager, handle = cache
+    loop = asyncio.new_event_loop()
+    hub = EventHub(loop)
+    detach = hub.attach(manager)
+    loop.close()
+    try:
+        keys = chunk_keys(NS, list(range(3 * LAYOUT.chunk_tokens)))
+        manager.put(handle, keys, [torch.zeros(LAYOUT.chunk_bytes, dtype=torch.uint8)] * 3)
+        later = chunk_keys(NS, list(range(1000, 1000 + LAYOUT.chunk_tokens)))
+        manager.put(handle, later, [torch.zeros(LAYOUT.chunk_bytes, dtype=torch.uint8)])
+        assert manager.lookup(handle, later).chunks == 1  # the cache went on; the hub kept nothing
+        assert hub._inbox == []
+    finally:
+        detach()
