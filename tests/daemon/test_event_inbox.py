@@ -108,3 +108,34 @@ def test_events_after_the_loop_closed_are_dropped_without_error(cache: tuple[Cac
         assert hub._inbox == []
     finally:
         detach()
+
+
+def test_events_after_a_drain_wake_the_loop_again(cache: tuple[CacheManager, bytes]) -> None:
+    manager, handle = cache
+    loop = asyncio.new_event_loop()
+    hub = EventHub(loop)
+    detach = hub.attach(manager)
+    first = chunk_keys(NS, list(range(5 * LAYOUT.chunk_tokens)))
+    second = chunk_keys(NS, list(range(10_000, 10_000 + 4 * LAYOUT.chunk_tokens)))
+    blank = torch.zeros(LAYOUT.chunk_bytes, dtype=torch.uint8)
+    try:
+        sub = hub.subscribe(0, lambda e: True)
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(manager.put, handle, first, [blank] * 5).result()
+            loop.run_until_complete(asyncio.sleep(0))  # the first batch's drain runs
+            assert hub.sequence == 5
+            pool.submit(
+                manager.put, handle, second, [blank] * 4
+            ).result()  # a new batch: not left in the inbox
+
+        async def collect() -> list[HubEvent]:
+            await asyncio.sleep(0)  # the second drain runs
+            hub.close()
+            return [event async for event in sub]
+
+        got = loop.run_until_complete(collect())
+    finally:
+        detach()
+        loop.close()
+    assert [e.key for e in got] == first + second
+    assert [e.sequence for e in got] == list(range(1, 10))
