@@ -9,6 +9,7 @@ Subcommands (each a module with ``configure_parser(parser)`` and ``run(args) -> 
     compare: the same store/load workload against recompute, Redis and plain files.
     concurrency: aggregate put+get GB/s of an in-process cache manager under several threads vs memcpy.
     scale: lookup latency, index memory, eviction cost and warm restart from 1K to 1M indexed chunks.
+    capacity: the share of an L2 tier's bytes that mixes of chunk sizes use (small pages vs one per slot).
     fleet: a trace spread over several hosts' caches, the shared tier off vs on.
     faults: kill -9 mid-stores, corrupted L3 values, killed engines, garbage RPCs, as figures.
     soak: many engine processes against one daemon; errors, wrong bytes, daemon RSS/fd/thread drift.
@@ -82,6 +83,11 @@ COMMANDS: tuple[Command, ...] = (
         "scale",
         ".cmd_scale",
         "lookup latency, index memory, eviction cost and warm restart from 1K to 1M indexed chunks",
+    ),
+    Command(
+        "capacity",
+        ".cmd_capacity",
+        "the share of an L2 tier's bytes that mixes of chunk sizes use, small pages vs one page per slot",
     ),
     Command(
         "layerwise",
