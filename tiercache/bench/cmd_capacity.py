@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from .args import add_output_flags, parse_size
+from .args import add_output_flags, non_negative_int, parse_size
 from .capacity import DEFAULT_MIXES, CapacityConfig, run_capacity
 from .capacity_report import capacity_charts, capacity_to_dict, format_capacity_report
 from .command import FAILURES, failure_status, finish, progress_to_stderr
@@ -29,7 +29,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--page-sizes", type=_pages, default=(64 << 10, 0),
                    help="page sizes to compare, 0 = one page per slot (64K,0)")  # fmt: skip
     p.add_argument(
-        "--churn", type=int, default=1000, help="chunks stored after the tier is first full (1000)"
+        "--churn",
+        type=non_negative_int,
+        default=1000,
+        help="chunks stored after the tier is first full (1000)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the chunk sizes (0)")
     add_output_flags(p, "plot utilisation per mix and page size (PNG)")

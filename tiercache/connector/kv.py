@@ -15,11 +15,11 @@ blocks. No intermediate buffers.
 
 A request's chunks usually sit in slots at a constant distance from each other (consecutive slots of one
 store): the data plane views such slots as runs, one strided ``[n, chunk_bytes]`` view each
-(``SlotAccess.runs`` of :mod:`.segments`), and :func:`run_to_kv` / :func:`kv_to_run` move a whole run of a contiguous KV with one copy per layer (a
-paged KV still moves chunk by chunk). The per-request cost is then a few C-speed copies, not Python per
-chunk. Between host tensors those copies go through numpy (see :func:`_copy_host`): one thread per copy,
-and for a large run every other layer on a caller's helper thread, since one thread reaches only about half
-of the machine's copy bandwidth.
+(``SlotAccess.runs`` of :mod:`.segments`), and :func:`run_to_kv` / :func:`kv_to_run` move a whole run of a
+contiguous KV with one copy per layer (a paged KV still moves chunk by chunk). The per-request cost is then
+a few C-speed copies, not Python per chunk. Between host tensors those copies go through numpy (see
+:func:`_copy_host`): one thread per copy, and for a large run every other layer on a caller's helper thread,
+since one thread reaches only about half of the machine's copy bandwidth.
 
 Primitives:
     ContiguousKV, PagedKV, EngineKV: the engine's tensors.
@@ -394,10 +394,11 @@ def run_to_kv(
     layers: Sequence[int] | None = None,
     helper: Executor | None = None,
 ) -> None:
-    """Copy a run of chunks (``[n, chunk_bytes]``, e.g. from ``SlotAccess.runs``) into the engine's tensors: chunk ``first + i`` from
-    ``run[i]``, one copy per layer for a contiguous KV on the host. Into a CUDA engine, every (chunk, layer)
-    copy is queued without waiting on the current stream and the stream is synchronized once at the end (from
-    a pinned segment the copies run at the link's pinned peak); ``run`` may be released when this returns.
+    """Copy a run of chunks (``[n, chunk_bytes]``, e.g. from ``SlotAccess.runs``) into the engine's tensors:
+    chunk ``first + i`` from ``run[i]``, one copy per layer for a contiguous KV on the host. Into a CUDA
+    engine, every (chunk, layer) copy is queued without waiting on the current stream and the stream is
+    synchronized once at the end (from a pinned segment the copies run at the link's pinned peak); ``run`` may
+    be released when this returns.
     With a ``helper`` (one worker thread), a host run of at least :data:`SPLIT_MIN_BYTES` has every other
     layer copied on the helper's thread meanwhile.
 
