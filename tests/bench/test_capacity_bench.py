@@ -49,10 +49,12 @@ def test_bad_config_is_refused(kwargs: dict[str, object], match: str) -> None:
         CapacityConfig(**kwargs)  # type: ignore[arg-type]
 
 
-def test_bad_page_size_flag_is_a_usage_error() -> None:
+@pytest.mark.parametrize("flag", [["--page-sizes", "64Q"], ["--churn", "-1"]])
+def test_bad_flag_is_a_usage_error_naming_it(flag: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
-        main(["capacity", "--page-sizes", "64Q", "-q"])
+        main(["capacity", *flag, "-q"])
     assert exc.value.code == 2
+    assert f"argument {flag[0]}" in capsys.readouterr().err
 
 
 def test_the_end_check_finds_a_chunk_whose_bytes_changed() -> None:
