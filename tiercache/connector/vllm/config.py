@@ -22,7 +22,7 @@ One-block chunks lose clearly (per-chunk keys, slots and copies: 32 chunks per 1
 are within the noise of each other, with 256 best or near-best in every cell, and a larger chunk wastes more
 of a prefix that ends inside it (only the whole blocks of the last cached chunk are loaded, but a prompt's
 last partial chunk is never stored). The command: ``tiercache-bench vllm --lengths 1024,2048 --fractions
-50,100 --repeats 2 --no-peers --no-throughput --chunk-tokens N`` (bench/results/2026-12-issue10/README.md).
+50,100 --repeats 2 --no-peers --no-throughput --chunk-tokens N`` (bench/results/vllm-chunk-sweep.txt).
     prefill_tokens_per_s: the engine's prefill rate, declared to the daemon; required by ``cost_aware``
         (which loads only the prefix whose load beats recomputing it).
 
