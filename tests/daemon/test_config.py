@@ -11,9 +11,10 @@ import pytest
 
 from tiercache.codec import Codec
 from tiercache.daemon.cli import main
-from tiercache.daemon.options import OPTIONS, default_l2_bytes, load_config, resolve_options
-from tiercache.daemon.parsers import format_size, parse_size
+from tiercache.daemon.options import OPTIONS, load_config, resolve_options
+from tiercache.parsers import format_size, parse_size
 from tiercache.policies import EvictionPolicyKind, WritePolicyKind
+from tiercache.tiers.host import default_l2_bytes
 
 
 def test_precedence_defaults_toml_env_cli(tmp_path: Path) -> None:
@@ -24,28 +25,28 @@ def test_precedence_defaults_toml_env_cli(tmp_path: Path) -> None:
     )
     env = {"TIERCACHE_L2_BYTES": "16M", "TIERCACHE_LEASE_TTL_S": "7", "HOME": str(tmp_path)}
     opts = resolve_options(["--config", str(cfg), "--lease-ttl-s", "9"], env)
-    assert opts.slot_bytes == 1 << 20  # TOML over the default
-    assert opts.l2_bytes == 16 << 20  # environment over TOML
-    assert opts.lease_ttl_s == 9.0  # flag over environment
-    assert opts.eviction_policy is EvictionPolicyKind.LFU  # TOML
-    assert opts.l3_durable is True and opts.socket_mode == 0o640  # TOML natives
-    assert opts.write_policy is WritePolicyKind.WRITE_THROUGH  # default
-    assert opts.l3_codec is Codec.RAW and opts.stream_chunk_bytes == 4 << 20  # defaults
+    assert opts["slot_bytes"] == 1 << 20  # TOML over the default
+    assert opts["l2_bytes"] == 16 << 20  # environment over TOML
+    assert opts["lease_ttl_s"] == 9.0  # flag over environment
+    assert opts["eviction_policy"] is EvictionPolicyKind.LFU  # TOML
+    assert opts["l3_durable"] is True and opts["socket_mode"] == 0o640  # TOML natives
+    assert opts["write_policy"] is WritePolicyKind.WRITE_THROUGH  # default
+    assert opts["l3_codec"] is Codec.RAW and opts["stream_chunk_bytes"] == 4 << 20  # defaults
     # The config file can also come from the environment; a --no- flag beats it.
     opts = resolve_options(["--no-l3-durable"], {"TIERCACHE_CONFIG": str(cfg), "HOME": str(tmp_path)})
-    assert opts.slot_bytes == 1 << 20 and opts.l3_durable is False
+    assert opts["slot_bytes"] == 1 << 20 and opts["l3_durable"] is False
 
 
 def test_computed_defaults(tmp_path: Path) -> None:
     opts = resolve_options([], {"XDG_RUNTIME_DIR": "/run/user/7", "XDG_CACHE_HOME": str(tmp_path / "c")})
-    assert opts.socket == "/run/user/7/tiercache/daemon.sock"
-    assert opts.l3_path == str(tmp_path / "c" / "tiercache" / "l3")
-    assert 0 < opts.l3_bytes <= 16 << 30
-    assert opts.l2_bytes % opts.slot_bytes == 0 and opts.l2_bytes >= opts.slot_bytes
-    assert opts.l1_device == "auto" and opts.l1_bytes == 2 << 30
+    assert opts["socket"] == "/run/user/7/tiercache/daemon.sock"
+    assert opts["l3_path"] == str(tmp_path / "c" / "tiercache" / "l3")
+    assert 0 < opts["l3_bytes"] <= 16 << 30
+    assert opts["l2_bytes"] % opts["slot_bytes"] == 0 and opts["l2_bytes"] >= opts["slot_bytes"]
+    assert opts["l1_device"] == "auto" and opts["l1_bytes"] == 2 << 30
     opts = resolve_options([], {"HOME": str(tmp_path)})
-    assert opts.socket == f"/tmp/tiercache-{os.getuid()}/daemon.sock"
-    assert opts.l3_path == str(tmp_path / ".cache" / "tiercache" / "l3")
+    assert opts["socket"] == f"/tmp/tiercache-{os.getuid()}/daemon.sock"
+    assert opts["l3_path"] == str(tmp_path / ".cache" / "tiercache" / "l3")
     assert default_l2_bytes(1 << 50) == 1 << 50  # at least one slot
 
 
@@ -56,7 +57,8 @@ def test_sizes() -> None:
     assert parse_size("1T") == 1 << 40
     assert parse_size("4096") == 4096
     assert parse_size(123) == 123
-    for bad in ("12Q", "-1", "1.5G", "", True, -3):
+    assert parse_size("1.5K") == 1536 and parse_size("0.5GiB") == 1 << 29  # fractions of whole bytes
+    for bad in ("12Q", "-1", "1.5", "0.3K", "", True, -3):
         with pytest.raises(ValueError):
             parse_size(bad)
     assert format_size(32 << 20) == "32M" and format_size(1000) == "1000"
