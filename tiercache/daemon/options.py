@@ -157,7 +157,10 @@ tests/daemon/test_deploy_files.py fails when this file differs from what that co
 
 
 def _comment(text: str) -> list[str]:
-    return [f"# {line}".rstrip() for line in textwrap.wrap(text, _WIDTH - 2)] or ["#"]
+    return [
+        f"# {line}".rstrip()
+        for line in textwrap.wrap(text, _WIDTH - 2, break_on_hyphens=False, break_long_words=False)
+    ] or ["#"]
 
 
 def _title(config: type) -> str:
