@@ -11,9 +11,12 @@ import pytest
 
 from tiercache.codec import Codec
 from tiercache.daemon.cli import main
-from tiercache.daemon.options import OPTIONS, default_l2_bytes, load_config, resolve_options
-from tiercache.daemon.parsers import format_size, parse_size
+from tiercache.daemon.config import ConfigError
+from tiercache.daemon.options import CONFIG_ENV, OPTIONS, load_config, resolve_options
+from tiercache.options import Option
+from tiercache.parsers import format_size, parse_size
 from tiercache.policies import EvictionPolicyKind, WritePolicyKind
+from tiercache.tiers.host import default_l2_bytes
 
 
 def test_precedence_defaults_toml_env_cli(tmp_path: Path) -> None:
@@ -24,28 +27,28 @@ def test_precedence_defaults_toml_env_cli(tmp_path: Path) -> None:
     )
     env = {"TIERCACHE_L2_BYTES": "16M", "TIERCACHE_LEASE_TTL_S": "7", "HOME": str(tmp_path)}
     opts = resolve_options(["--config", str(cfg), "--lease-ttl-s", "9"], env)
-    assert opts.slot_bytes == 1 << 20  # TOML over the default
-    assert opts.l2_bytes == 16 << 20  # environment over TOML
-    assert opts.lease_ttl_s == 9.0  # flag over environment
-    assert opts.eviction_policy is EvictionPolicyKind.LFU  # TOML
-    assert opts.l3_durable is True and opts.socket_mode == 0o640  # TOML natives
-    assert opts.write_policy is WritePolicyKind.WRITE_THROUGH  # default
-    assert opts.l3_codec is Codec.RAW and opts.stream_chunk_bytes == 4 << 20  # defaults
+    assert opts["slot_bytes"] == 1 << 20  # TOML over the default
+    assert opts["l2_bytes"] == 16 << 20  # environment over TOML
+    assert opts["lease_ttl_s"] == 9.0  # flag over environment
+    assert opts["eviction_policy"] is EvictionPolicyKind.LFU  # TOML
+    assert opts["l3_durable"] is True and opts["socket_mode"] == 0o640  # TOML natives
+    assert opts["write_policy"] is WritePolicyKind.WRITE_THROUGH  # default
+    assert opts["l3_codec"] is Codec.RAW and opts["stream_chunk_bytes"] == 4 << 20  # defaults
     # The config file can also come from the environment; a --no- flag beats it.
     opts = resolve_options(["--no-l3-durable"], {"TIERCACHE_CONFIG": str(cfg), "HOME": str(tmp_path)})
-    assert opts.slot_bytes == 1 << 20 and opts.l3_durable is False
+    assert opts["slot_bytes"] == 1 << 20 and opts["l3_durable"] is False
 
 
 def test_computed_defaults(tmp_path: Path) -> None:
     opts = resolve_options([], {"XDG_RUNTIME_DIR": "/run/user/7", "XDG_CACHE_HOME": str(tmp_path / "c")})
-    assert opts.socket == "/run/user/7/tiercache/daemon.sock"
-    assert opts.l3_path == str(tmp_path / "c" / "tiercache" / "l3")
-    assert 0 < opts.l3_bytes <= 16 << 30
-    assert opts.l2_bytes % opts.slot_bytes == 0 and opts.l2_bytes >= opts.slot_bytes
-    assert opts.l1_device == "auto" and opts.l1_bytes == 2 << 30
+    assert opts["socket"] == "/run/user/7/tiercache/daemon.sock"
+    assert opts["l3_path"] == str(tmp_path / "c" / "tiercache" / "l3")
+    assert 0 < opts["l3_bytes"] <= 16 << 30
+    assert opts["l2_bytes"] % opts["slot_bytes"] == 0 and opts["l2_bytes"] >= opts["slot_bytes"]
+    assert opts["l1_device"] == "auto" and opts["l1_bytes"] == 2 << 30
     opts = resolve_options([], {"HOME": str(tmp_path)})
-    assert opts.socket == f"/tmp/tiercache-{os.getuid()}/daemon.sock"
-    assert opts.l3_path == str(tmp_path / ".cache" / "tiercache" / "l3")
+    assert opts["socket"] == f"/tmp/tiercache-{os.getuid()}/daemon.sock"
+    assert opts["l3_path"] == str(tmp_path / ".cache" / "tiercache" / "l3")
     assert default_l2_bytes(1 << 50) == 1 << 50  # at least one slot
 
 
@@ -56,7 +59,8 @@ def test_sizes() -> None:
     assert parse_size("1T") == 1 << 40
     assert parse_size("4096") == 4096
     assert parse_size(123) == 123
-    for bad in ("12Q", "-1", "1.5G", "", True, -3):
+    assert parse_size("1.5K") == 1536 and parse_size("0.5GiB") == 1 << 29  # fractions of whole bytes
+    for bad in ("12Q", "-1", "1.5", "0.3K", "", True, -3):
         with pytest.raises(ValueError):
             parse_size(bad)
     assert format_size(32 << 20) == "32M" and format_size(1000) == "1000"
@@ -233,3 +237,64 @@ def test_l3_fault_injection_is_off_by_default_and_resolved_like_every_option(tmp
     assert l3 is not None
     assert l3.fault_read_delay_s == 1.5  # environment over TOML
     assert l3.fault_read_bytes_per_s == 2 << 20  # flag over TOML
+
+
+_CANDIDATES = {  # three valid spellings per option whose parser takes no plain number (bools and enums repeat)
+    "socket_mode": ("0640", "0641", "0642"),
+    "tcp": ("127.0.0.1:1", "127.0.0.1:2", "[::1]:3"),
+    "l1_device": ("cpu", "none", "cuda:1"),
+    "log_level": ("DEBUG", "WARNING", "ERROR"),
+}
+
+
+def _spellings(opt: Option) -> tuple[str, str, str]:
+    """Three strings ``opt`` accepts, of (where the type has them) three different values."""
+    if opt.name in _CANDIDATES:
+        a, b, c = _CANDIDATES[opt.name]
+        return a, b, c
+    for spellings in (("1M", "2M", "3M"), ("1", "2", "3"), ("1.5", "2.5", "3.5"), ("true", "false", "true")):
+        try:
+            [opt.parse(s) for s in spellings]
+        except ValueError:
+            continue
+        return spellings
+    members: list[str] = []
+    for text in ("raw", "zstd", "lru", "lfu", "write_through", "on_evict", "selective"):
+        try:
+            opt.parse(text)
+        except ValueError:
+            continue
+        members.append(text)
+    if len(members) >= 2:
+        return members[0], members[1], members[2 % len(members)]
+    raise AssertionError(f"no test values for {opt.name}: add them to _CANDIDATES")
+
+
+@pytest.mark.parametrize("opt", OPTIONS, ids=lambda opt: opt.name)
+def test_each_option_resolves_toml_then_environment_then_flag(opt: Option, tmp_path: Path) -> None:
+    in_file, in_env, in_flag = _spellings(opt)
+    cfg = tmp_path / "daemon.toml"
+    cfg.write_text(f"{opt.name} = {opt.toml(opt.parse(in_file))}\n")
+    env = {"HOME": str(tmp_path), "XDG_RUNTIME_DIR": str(tmp_path)}
+    flag = (
+        ([opt.flag] if opt.parse(in_flag) else [f"--no-{opt.flag[2:]}"])
+        if opt.boolean
+        else [opt.flag, in_flag]
+    )
+    assert resolve_options(["--config", str(cfg)], env)[opt.name] == opt.parse(in_file)
+    env[opt.env] = in_env
+    assert resolve_options(["--config", str(cfg)], env)[opt.name] == opt.parse(in_env)
+    assert resolve_options(["--config", str(cfg), *flag], env)[opt.name] == opt.parse(in_flag)
+    # and the same through the config file named by the environment
+    env[CONFIG_ENV] = str(cfg)
+    del env[opt.env]
+    assert resolve_options([], env)[opt.name] == opt.parse(in_file)
+
+
+@pytest.mark.parametrize("text", ['slot_byte = "1M"\n', '[l3]\npath = "/x"\n'])
+def test_an_unknown_toml_key_fails_naming_it(text: str, tmp_path: Path) -> None:
+    cfg = tmp_path / "daemon.toml"
+    cfg.write_text(text)
+    key = text.split()[0].strip("[]")
+    with pytest.raises(ConfigError, match=rf"unknown option '{key}'; valid: .*slot_bytes"):
+        resolve_options(["--config", str(cfg)], {"HOME": str(tmp_path)})

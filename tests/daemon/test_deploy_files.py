@@ -1,7 +1,8 @@
 """The operator's files in ``daemon/`` against the daemon's real loaders, so that they can never go stale.
 
-* ``tiercache.toml`` loads with the daemon's config loader, names every option the loader knows (options
-  whose default is computed on the host as commented-out lines), and sets each one to its built-in default.
+* ``tiercache.toml`` is what the loader generates from the options' declarations, loads with the daemon's
+  config loader, names every option the loader knows (options whose default is computed on the host as
+  commented-out lines), and sets each one to its built-in default.
 * ``tokens.example.toml`` parses with the real tokens parser.
 * ``tiercache-daemon.service`` only sets ``TIERCACHE_*`` variables the daemon reads.
 """
@@ -17,7 +18,8 @@ import pytest
 
 from tiercache.daemon.auth import load_tokens
 from tiercache.daemon.config import DaemonConfig
-from tiercache.daemon.options import CONFIG_ENV, OPTIONS, load_config, resolve_options
+from tiercache.daemon.options import CONFIG_ENV, OPTIONS, example_toml, load_config, resolve_options
+from tiercache.options import Values
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -59,13 +61,8 @@ def commented_values() -> dict[str, object]:
 
 def host_computed(env: Mapping[str, str]) -> set[str]:
     """Options whose default is computed on this host (their ``--help`` text shows the value "here")."""
-    resolved: dict[str, object] = {}
-    computed = set()
-    for opt in OPTIONS:
-        if "here:" in opt.doc(env, resolved):
-            computed.add(opt.name)
-        resolved[opt.name] = opt.default(env, resolved)
-    return computed
+    defaults = Values(OPTIONS, env)
+    return {opt.name for opt in OPTIONS if "here:" in opt.describe_default(defaults)}
 
 
 def pinned_computed(env: Mapping[str, str]) -> list[str]:
@@ -75,6 +72,13 @@ def pinned_computed(env: Mapping[str, str]) -> list[str]:
         if name in host_computed(env):
             args += [_BY_NAME[name].flag, str(value)]
     return args
+
+
+def test_the_example_is_what_the_loader_generates() -> None:
+    assert EXAMPLE.read_text(encoding="utf-8") == example_toml(), (
+        "daemon/tiercache.toml is stale: regenerate it with\n"
+        "    python -m tiercache.daemon.options --example-toml > daemon/tiercache.toml"
+    )
 
 
 def test_the_example_names_every_option_once(env: Mapping[str, str]) -> None:
@@ -90,13 +94,10 @@ def test_the_example_names_every_option_once(env: Mapping[str, str]) -> None:
 
 
 def test_every_value_is_the_built_in_default(env: Mapping[str, str]) -> None:
-    values = active_values()
-    resolved: dict[str, object] = {}
+    values, defaults = active_values(), Values(OPTIONS, env)
     for opt in OPTIONS:
-        default = opt.default(env, resolved)
-        resolved[opt.name] = default
         if opt.name in values:
-            assert opt.parse(values[opt.name]) == default, f"{opt.name} = {values[opt.name]!r}"
+            assert opt.parse(values[opt.name]) == defaults[opt.name], f"{opt.name} = {values[opt.name]!r}"
     for name, value in commented_values().items():
         _BY_NAME[name].parse(value)  # an uncommented line would load
 

@@ -29,11 +29,11 @@ from tests.daemon.conftest import (
     shm_store,
 )
 from tests.faults.smallfs import fill, mount_ext4, mount_tmpfs
-from tiercache.daemon.options import free_bytes_at
 from tiercache.errors import CapacityError, InvalidArgumentError
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.proto import tiercache_pb2_grpc as pb_grpc
 from tiercache.tiers.lmdb import LmdbTier, LmdbTierConfig
+from tiercache.tiers.lmdb_config import free_bytes_at
 from tiercache.tiers.lmdb_io import DiskFullError
 
 FS_BYTES = 16 << 20

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import enum
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 import torch
 
+from tiercache import parsers
 from tiercache.codec import Codec
 from tiercache.errors import InvalidArgumentError
 from tiercache.policies import EvictionPolicyKind, WritePolicyKind
@@ -32,23 +32,20 @@ from .daemon_proc import EmbeddedDaemonConfig
 
 E = TypeVar("E", bound=enum.Enum)
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
-_SHIFTS = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}
-
 
 def parse_size(text: str) -> int:
-    """Bytes in ``text``: a number with an optional binary unit (``K``, ``M``, ``G``, ``T``; ``KiB``/``KB`` too).
+    """Bytes in ``text``, positive (:func:`tiercache.parsers.parse_size`: ``256K``, ``1.5MiB``, ``4096``).
 
     Raises:
         argparse.ArgumentTypeError: not a size, or not a positive whole number of bytes.
     """
-    match = _SIZE.match(text)
-    if match is None:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 256K, 1M, 4MiB, 1048576)")
-    value = float(match.group(1)) * (1 << _SHIFTS[match.group(2).lower()])
-    if value <= 0 or value != int(value):
+    try:
+        value = parsers.parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number of bytes")
-    return int(value)
+    return value
 
 
 def parse_sizes(text: str) -> tuple[int, ...]:

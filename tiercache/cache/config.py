@@ -1,7 +1,8 @@
 """Configuration of the cache core.
 
 Primitives:
-    CacheConfig: policies, minimum residency, lease TTL and its cap, prefetch bounds.
+    CacheConfig: policies, minimum residency, lease TTL and its cap, prefetch bounds (its fields declare the
+        daemon's policy and lifetime options).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import math
 from dataclasses import dataclass
 
 from tiercache.errors import InvalidArgumentError
+from tiercache.options import internal, option
+from tiercache.parsers import parse_choice, parse_float, parse_int
 from tiercache.policies import EvictionPolicyKind, WritePolicyKind
 
 
@@ -30,14 +33,52 @@ class CacheConfig:
             cannot take every free slot from stores.
     """
 
-    write_policy: WritePolicyKind = WritePolicyKind.WRITE_THROUGH
-    eviction_policy: EvictionPolicyKind = EvictionPolicyKind.ADAPTIVE
-    selective_min_hits: int = 2
-    min_residency_s: float = 0.0
-    lease_ttl_s: float = 30.0
-    max_ttl_s: float = 300.0
-    prefetch_workers: int = 4
-    prefetch_inflight_bytes: int = 256 << 20
+    write_policy: WritePolicyKind = option(
+        "write_policy",
+        parse=parse_choice(WritePolicyKind),
+        help="when chunks are written down: write_through, on_evict or selective",
+        metavar="POLICY",
+        default=WritePolicyKind.WRITE_THROUGH,
+    )
+    eviction_policy: EvictionPolicyKind = option(
+        "eviction_policy",
+        parse=parse_choice(EvictionPolicyKind),
+        help="which chunk is evicted first: adaptive (recency or scan resistant, learnt per tier), lru, lfu or "
+        "segmented (scan resistant)",
+        metavar="POLICY",
+        default=EvictionPolicyKind.ADAPTIVE,
+    )
+    selective_min_hits: int = option(
+        "selective_min_hits",
+        parse=parse_int,
+        help="reads after which the selective policy writes a chunk down when it is evicted",
+        metavar="INT",
+        default=2,
+    )
+    min_residency_s: float = option(
+        "min_residency_s",
+        parse=parse_float,
+        help="a newly stored chunk is not evicted from a tier before this many seconds",
+        metavar="FLOAT",
+        default=0.0,
+    )
+    lease_ttl_s: float = option(
+        "lease_ttl_s",
+        parse=parse_float,
+        help="default lifetime of load leases and store tickets, seconds",
+        metavar="FLOAT",
+        default=30.0,
+    )
+    max_ttl_s: float = option(
+        "max_ttl_s",
+        parse=parse_float,
+        help="longest lifetime an engine may ask for a load lease, store ticket or prefill claim, seconds "
+        "(a longer one is refused with INVALID_ARGUMENT); at least --lease-ttl-s",
+        metavar="FLOAT",
+        default=300.0,
+    )
+    prefetch_workers: int = internal(4)
+    prefetch_inflight_bytes: int = internal(256 << 20)
 
     def __post_init__(self) -> None:
         for name in ("prefetch_workers", "prefetch_inflight_bytes"):

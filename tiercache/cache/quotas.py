@@ -31,6 +31,8 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 
 from tiercache.errors import CapacityError, InvalidArgumentError
+from tiercache.options import option
+from tiercache.parsers import parse_float, parse_int, parse_size
 from tiercache.tiers.base import TierLevel
 
 
@@ -51,29 +53,64 @@ class QuotaExceededError(CapacityError):
 
 @dataclass(frozen=True, slots=True)
 class TenantQuota:
-    """The limits of one tenant; 0 turns a limit off.
+    """The limits of one tenant; 0 turns a limit off. Each field is a key of a ``[quotas.<tenant>]`` table of
+    the daemon's tokens file, declared with its parser and help (:mod:`tiercache.options`)."""
 
-    Attributes:
-        l2_bytes: bytes the tenant's chunks may take in L2 (slot bytes); also its guaranteed L2 share.
-        l3_bytes: bytes the tenant's chunks may take in L3; also its guaranteed L3 share.
-        pinned_bytes: chunk bytes the tenant may pin (a pinned namespace's chunks count, and so do stores
-            into it).
-        leases: load leases the tenant may hold open at once.
-        tickets: store tickets the tenant may hold open at once.
-        max_ttl_s: the longest lease, ticket or prefill-claim lifetime the tenant may ask for (the default
-            lifetime is shortened to it).
-        rpc_rate: RPCs per second the tenant may make, on average (the daemon's token bucket).
-        rpc_burst: RPCs the tenant may make at once above the rate (0: ``max(1, rpc_rate)``).
-    """
-
-    l2_bytes: int = 0
-    l3_bytes: int = 0
-    pinned_bytes: int = 0
-    leases: int = 0
-    tickets: int = 0
-    max_ttl_s: float = 0.0
-    rpc_rate: float = 0.0
-    rpc_burst: int = 0
+    l2_bytes: int = option(
+        "l2_bytes",
+        parse=parse_size,
+        help="bytes the tenant's chunks may take in L2 (slot bytes); also its guaranteed L2 share",
+        metavar="SIZE",
+        default=0,
+        note="off",
+    )
+    l3_bytes: int = option(
+        "l3_bytes",
+        parse=parse_size,
+        help="bytes the tenant's chunks may take in L3; also its guaranteed L3 share",
+        metavar="SIZE",
+        default=0,
+        note="off",
+    )
+    pinned_bytes: int = option(
+        "pinned_bytes",
+        parse=parse_size,
+        help="chunk bytes the tenant may pin (a pinned namespace's chunks count, and so do stores into it)",
+        metavar="SIZE",
+        default=0,
+        note="off",
+    )
+    leases: int = option(
+        "leases", parse=parse_int, help="load leases the tenant may hold open at once", default=0, note="off"
+    )
+    tickets: int = option(
+        "tickets",
+        parse=parse_int,
+        help="store tickets the tenant may hold open at once",
+        default=0,
+        note="off",
+    )
+    max_ttl_s: float = option(
+        "max_ttl_s",
+        parse=parse_float,
+        help="the longest lease, ticket or prefill-claim lifetime the tenant may ask for (the default "
+        "lifetime is shortened to it)",
+        default=0.0,
+        note="off",
+    )
+    rpc_rate: float = option(
+        "rpc_rate",
+        parse=parse_float,
+        help="RPCs per second the tenant may make, on average (the daemon's token bucket)",
+        default=0.0,
+        note="off",
+    )
+    rpc_burst: int = option(
+        "rpc_burst",
+        parse=parse_int,
+        help="RPCs the tenant may make at once above the rate (0: max(1, rpc_rate))",
+        default=0,
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -2,8 +2,10 @@
 
 Modules, each with one responsibility:
     cli: the console entry point (exit codes 0 / 1 / 2).
-    options: the option table and its sources (defaults < TOML file < ``TIERCACHE_*`` < flags).
-    config: value parsers and the frozen per-component configs.
+    options: the loader: flags, ``TIERCACHE_*`` variables, the TOML file and its example, all generated from
+        the configs' option declarations (defaults < TOML file < ``TIERCACHE_*`` < flags).
+    config: the frozen per-component configs, their option declarations and their cross-checks.
+    parsers: value parsers of the daemon's own options (TCP address, log level, L1 device).
     auth: bearer tokens -> tenant.
     handles: handle -> tenant, ticket/lease -> handle.
     convert: request-specific conversions (keys, durations, responses) with field-named validation;

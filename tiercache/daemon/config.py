@@ -1,31 +1,37 @@
-"""The daemon's configuration: one frozen dataclass per component, and their validation.
+"""The daemon's configuration: one frozen dataclass per component, the options it declares, and validation.
 
-Values arrive as strings (CLI flags, ``TIERCACHE_*`` environment variables) or TOML scalars; each option has
-one parser (:mod:`.parsers`) that accepts both and raises :class:`ConfigError` naming the option. :mod:`.options` decides which
-source wins; this module turns the resolved flat :class:`Options` into the per-component configs.
+Every option is declared once, as a field of the config dataclass of the component it configures
+(:mod:`tiercache.options`): the daemon's own components here (listening, TLS, stream limits, metrics, the
+process), the core's in their modules (:class:`~tiercache.cache.CacheConfig`, the tier configs, the
+``slot_bytes`` and ``page_bytes`` of :mod:`tiercache.tiers.pages`). :class:`DaemonConfig` nests them all;
+:mod:`.options` resolves every option's value from its sources, and :meth:`DaemonConfig.from_values` checks
+the values across each other and builds the configs.
 
 Primitives:
     ConfigError: a bad option value; names the option (and where the value came from).
-    Options: every option, resolved and typed (flat; what the CLI documents).
     ListenConfig, StreamConfig, MetricsConfig, TierConfigs: daemon sub-configs.
     DaemonConfig: all sub-configs (core ``CacheConfig`` and tier configs included), validated.
+    default_socket: the socket path of this user.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 
 from tiercache.cache import CacheConfig
-from tiercache.codec import Codec
 from tiercache.errors import InvalidArgumentError
-from tiercache.policies import EvictionPolicyKind, WritePolicyKind
+from tiercache.options import Computed, Values, build, nested, option
+from tiercache.parsers import parse_bool, parse_int, parse_octal, parse_size, parse_str
 from tiercache.tiers.hbm import HbmTierConfig
 from tiercache.tiers.host import HostTierConfig
 from tiercache.tiers.lmdb import LmdbTierConfig
 from tiercache.tiers.shared import SharedTierConfig
 from tiercache.tiers.values import HEADER_BYTES
 
-from .parsers import L1Device
+from .parsers import L1Device, parse_device, parse_log_level, parse_tcp
 from .tls import TlsConfig
 
 MESSAGE_OVERHEAD_BYTES = 4096
@@ -52,94 +58,89 @@ class ConfigError(InvalidArgumentError):
         return str(self.args[0])
 
 
-def _core_message(exc: InvalidArgumentError) -> str:
-    """The message of a core error without its ``field: `` prefix."""
-    text = str(exc)
-    prefix = f"{exc.field}: "
-    return text[len(prefix) :] if text.startswith(prefix) else text
-
-
 def reraise_as_option(exc: InvalidArgumentError, option: str) -> ConfigError:
-    """A ConfigError for ``option`` carrying a core validation message."""
-    return ConfigError(option, _core_message(exc))
+    """A ConfigError for ``option`` carrying a core validation message (without its ``field: `` prefix)."""
+    return ConfigError(option, str(exc).removeprefix(f"{exc.field}: "))
 
 
-# ---------------------------------------------------------------------------------------------- parsers
+def default_socket(env: Mapping[str, str]) -> str:
+    """``$XDG_RUNTIME_DIR/tiercache/daemon.sock``, else ``/tmp/tiercache-<uid>/daemon.sock``."""
+    runtime = env.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return str(Path(runtime) / "tiercache" / "daemon.sock")
+    return f"/tmp/tiercache-{os.getuid()}/daemon.sock"
 
 
-# ---------------------------------------------------------------------------------------------- configs
-
-
-@dataclass(frozen=True, slots=True)
-class Options:
-    """Every option of ``tiercache-daemon``, resolved (defaults < TOML < environment < CLI) and typed.
-
-    Attributes mirror the CLI flags (``--slot-bytes`` is ``slot_bytes``); sizes are bytes, times seconds.
-    """
-
-    socket: str
-    socket_mode: int
-    tcp: str
-    tokens_file: str
-    tls_cert: str
-    tls_key: str
-    tls_client_ca: str
-    allow_plaintext_tcp: bool
-    slot_bytes: int
-    l1_device: str
-    l1_bytes: int
-    l2_bytes: int
-    l2_prefix: str
-    l2_verify_loads: bool
-    l3_path: str
-    l3_bytes: int
-    l3_codec: Codec
-    l3_zstd_level: int
-    l3_durable: bool
-    l3_fault_read_delay_s: float
-    l3_fault_read_bytes_per_s: int
-    write_policy: WritePolicyKind
-    eviction_policy: EvictionPolicyKind
-    selective_min_hits: int
-    lease_ttl_s: float
-    max_ttl_s: float
-    min_residency_s: float
-    metrics_port: int
-    metrics_host: str
-    max_message_bytes: int
-    stream_chunk_bytes: int
-    torch_threads: int
-    log_level: str
-    shared_url: str = ""
-    shared_codec: Codec = Codec.RAW
-    shared_timeout_s: float = 0.5
-    page_bytes: int = 0
-    control_socket: bool = True
-
-
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ListenConfig:
     """Where the gRPC server listens and who may call it.
 
     Attributes:
         socket: unix socket path, empty for none.
         socket_mode: permission bits of the socket file.
-        tcp: ``HOST:PORT``, empty for none.
-        tokens_file: TOML file of bearer tokens, empty for no authentication.
-        tls: TLS of the TCP listener (off: plaintext).
         control_socket: with ``socket``, also serve the unary calls on ``<socket>.ctl``
             (:mod:`tiercache.wire.control`).
+        tcp: ``HOST:PORT``, empty for none.
+        tokens_file: TOML file of bearer tokens, empty for no authentication.
+        allow_plaintext_tcp: a plaintext TCP listener is accepted with a tokens file.
+        tls: TLS of the TCP listener (off: plaintext).
     """
 
-    socket: str
-    socket_mode: int
-    tcp: str
-    tokens_file: str
-    tls: TlsConfig = field(default_factory=TlsConfig)
-    control_socket: bool = True
+    socket: str = option(
+        "socket",
+        parse=parse_str,
+        help='unix socket to listen on ("" disables); its directory is created with mode 0700',
+        metavar="PATH",
+        computed=Computed(
+            lambda values: default_socket(values.env),
+            "$XDG_RUNTIME_DIR/tiercache/daemon.sock, else /tmp/tiercache-<uid>/daemon.sock",
+            on_host=True,
+            example="/run/tiercache/daemon.sock",
+        ),
+    )
+    socket_mode: int = option(
+        "socket_mode",
+        parse=parse_octal,
+        help="permission bits of the socket file (0666 lets other users' engines connect: pair it with "
+        "--tokens-file)",
+        metavar="OCTAL",
+        default=0o600,
+    )
+    control_socket: bool = option(
+        "control_socket",
+        parse=parse_bool,
+        help="also serve the unary calls on <socket>.ctl, a plain unix socket that same-host engines use instead "
+        "of gRPC (a call ~0.4-0.8 ms instead of ~1.5-2 ms after idle)",
+        default=True,
+    )
+    tcp: str = option(
+        "tcp",
+        parse=parse_tcp,
+        help="TCP address to listen on as HOST:PORT",
+        metavar="HOST:PORT",
+        default="",
+        note="off",
+    )
+    tokens_file: str = option(
+        "tokens_file",
+        parse=parse_str,
+        help='TOML file with a [tokens] table of "token" = "tenant" (see daemon/tokens.example.toml); every '
+        'call then needs "authorization: Bearer <token>"',
+        metavar="PATH",
+        default="",
+        note="no authentication: one default tenant",
+    )
+    allow_plaintext_tcp: bool = option(
+        "allow_plaintext_tcp",
+        parse=parse_bool,
+        help="start a plaintext TCP listener although a tokens file is set (the tokens then cross the network "
+        "in clear text)",
+        default=False,
+    )
+    tls: TlsConfig = nested(TlsConfig)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StreamConfig:
     """Message limits of the gRPC server.
 
@@ -148,11 +149,23 @@ class StreamConfig:
         stream_chunk_bytes: most data bytes in one byte-stream message.
     """
 
-    max_message_bytes: int
-    stream_chunk_bytes: int
+    max_message_bytes: int = option(
+        "max_message_bytes",
+        parse=parse_size,
+        help="largest gRPC message received or sent",
+        metavar="SIZE",
+        default=8 << 20,
+    )
+    stream_chunk_bytes: int = option(
+        "stream_chunk_bytes",
+        parse=parse_size,
+        help=f"most data bytes in one StreamLoad message (at most --max-message-bytes - {MESSAGE_OVERHEAD_BYTES})",
+        metavar="SIZE",
+        default=4 << 20,
+    )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MetricsConfig:
     """The Prometheus endpoint.
 
@@ -161,22 +174,48 @@ class MetricsConfig:
         host: address it binds.
     """
 
-    port: int
-    host: str
+    port: int = option(
+        "metrics_port",
+        parse=parse_int,
+        help="port of the Prometheus /metrics endpoint",
+        metavar="INT",
+        default=0,
+        note="off",
+    )
+    host: str = option(
+        "metrics_host",
+        parse=parse_str,
+        help="address the /metrics endpoint binds",
+        metavar="HOST",
+        default="127.0.0.1",
+    )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TierConfigs:
     """The tiers to build: L1 when ``l1`` is set, L2 always, L3 when ``l3`` is set, the shared tier when
-    ``shared`` is set."""
+    ``shared`` is set.
 
-    l1: HbmTierConfig | None
-    l2: HostTierConfig
-    l3: LmdbTierConfig | None
-    shared: SharedTierConfig | None = None
+    Attributes:
+        l1_device: the ``--l1-device`` asked for (``auto``, ``none``, ``cpu``, ``cuda``, ``cuda:N``); ``l1``
+            holds the device it resolved to.
+    """
+
+    l1_device: str = option(
+        "l1_device",
+        parse=parse_device,
+        help="device of the L1 tier: auto, cpu, cuda, cuda:N or none",
+        metavar="DEVICE",
+        default=L1Device.AUTO.value,
+        note="cuda when CUDA is available, else none",
+    )
+    l1: HbmTierConfig | None = nested(HbmTierConfig)
+    l2: HostTierConfig = nested(HostTierConfig)
+    l3: LmdbTierConfig | None = nested(LmdbTierConfig)
+    shared: SharedTierConfig | None = nested(SharedTierConfig)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DaemonConfig:
     """The validated configuration of one daemon, one sub-config per component.
 
@@ -190,94 +229,95 @@ class DaemonConfig:
         log_level: logging level name.
     """
 
-    listen: ListenConfig
-    tiers: TierConfigs
-    cache: CacheConfig
-    stream: StreamConfig
-    metrics: MetricsConfig
-    torch_threads: int
-    log_level: str
+    listen: ListenConfig = nested(ListenConfig)
+    tiers: TierConfigs = nested(TierConfigs)
+    cache: CacheConfig = nested(CacheConfig)
+    stream: StreamConfig = nested(StreamConfig)
+    metrics: MetricsConfig = nested(MetricsConfig)
+    torch_threads: int = option(
+        "torch_threads",
+        parse=parse_int,
+        help="torch intra-op threads in the daemon: its copies are memory-bound, and more threads only contend "
+        "with the engines on the same host",
+        metavar="INT",
+        default=1,
+    )
+    log_level: str = option(
+        "log_level",
+        parse=parse_log_level,
+        help="DEBUG, INFO, WARNING, ERROR or CRITICAL",
+        metavar="LEVEL",
+        default="INFO",
+    )
 
     @classmethod
-    def from_options(cls, opts: Options, cuda_devices: int) -> DaemonConfig:
+    def from_values(cls, values: Values, cuda_devices: int) -> DaemonConfig:
         """Validate the options across each other and build the sub-configs.
 
         Args:
-            opts: resolved options.
+            values: every option's resolved value (:func:`tiercache.daemon.options.resolve_options`).
             cuda_devices: CUDA devices on this host (resolves ``--l1-device auto``, checks ``cuda:N``).
 
         Raises:
             ConfigError: naming the offending option.
         """
-        if not opts.socket and not opts.tcp:
-            raise ConfigError("socket", "both --socket and --tcp are empty: nothing to listen on")
-        if opts.socket and len(opts.socket.encode()) > 107:
-            raise ConfigError(
-                "socket", f"path is longer than a unix socket allows (107 bytes): {opts.socket}"
-            )
-        if opts.slot_bytes <= 0:
-            raise ConfigError("slot_bytes", "must be positive")
-        if not 0 <= opts.page_bytes <= opts.slot_bytes:
-            raise ConfigError(
-                "page_bytes", f"must be in [0, --slot-bytes = {opts.slot_bytes}], got {opts.page_bytes}"
-            )
-        for name, value in (("l2_bytes", opts.l2_bytes), ("l1_bytes", opts.l1_bytes)):
-            if value < opts.slot_bytes:
-                raise ConfigError(name, f"{value} bytes is smaller than one slot ({opts.slot_bytes} bytes)")
-        _check_prefix(opts.l2_prefix)
-        if opts.selective_min_hits <= 0:
-            raise ConfigError(
-                "selective_min_hits", f"must be a positive integer, got {opts.selective_min_hits}"
-            )
-        if opts.torch_threads <= 0:
-            raise ConfigError("torch_threads", f"must be a positive integer, got {opts.torch_threads}")
-        if not 0 <= opts.metrics_port <= 65535:
-            raise ConfigError("metrics_port", f"must be in [0, 65535], got {opts.metrics_port}")
-        if opts.max_message_bytes <= MESSAGE_OVERHEAD_BYTES:
-            raise ConfigError("max_message_bytes", f"must exceed {MESSAGE_OVERHEAD_BYTES}")
-        if not 0 < opts.stream_chunk_bytes <= opts.max_message_bytes - MESSAGE_OVERHEAD_BYTES:
-            raise ConfigError(
-                "stream_chunk_bytes",
-                f"must be in (0, max_message_bytes - {MESSAGE_OVERHEAD_BYTES}] = "
-                f"(0, {opts.max_message_bytes - MESSAGE_OVERHEAD_BYTES}], got {opts.stream_chunk_bytes}",
-            )
+        _check(values)
         try:
-            cache = CacheConfig(
-                write_policy=opts.write_policy,
-                eviction_policy=opts.eviction_policy,
-                selective_min_hits=opts.selective_min_hits,
-                min_residency_s=opts.min_residency_s,
-                lease_ttl_s=opts.lease_ttl_s,
-                max_ttl_s=opts.max_ttl_s,
+            cache = build(CacheConfig, values)
+            listen = build(ListenConfig, values, tls=_tls_config(values))
+            tiers = build(
+                TierConfigs,
+                values,
+                l1=_l1_config(values, cuda_devices),
+                l2=build(HostTierConfig, values),
+                l3=_l3_config(values),
+                shared=build(SharedTierConfig, values) if values.get_str("shared_url") else None,
             )
+            return build(
+                cls,
+                values,
+                listen=listen,
+                tiers=tiers,
+                cache=cache,
+                stream=build(StreamConfig, values),
+                metrics=build(MetricsConfig, values),
+            )
+        except ConfigError:
+            raise
         except InvalidArgumentError as exc:
             raise reraise_as_option(exc, exc.field) from None
-        return cls(
-            listen=ListenConfig(
-                opts.socket,
-                opts.socket_mode,
-                opts.tcp,
-                opts.tokens_file,
-                _tls_config(opts),
-                opts.control_socket,
-            ),
-            tiers=TierConfigs(
-                l1=_l1_config(opts, cuda_devices),
-                l2=HostTierConfig(
-                    capacity_bytes=opts.l2_bytes,
-                    slot_bytes=opts.slot_bytes,
-                    segment_prefix=opts.l2_prefix,
-                    verify_loads=opts.l2_verify_loads,
-                    page_bytes=opts.page_bytes,
-                ),
-                l3=_l3_config(opts),
-                shared=_shared_config(opts),
-            ),
-            cache=cache,
-            stream=StreamConfig(opts.max_message_bytes, opts.stream_chunk_bytes),
-            metrics=MetricsConfig(opts.metrics_port, opts.metrics_host),
-            torch_threads=opts.torch_threads,
-            log_level=opts.log_level,
+
+
+def _check(values: Values) -> None:
+    """The checks of each option against the others (the configs check each value on its own)."""
+    socket, tcp, slot = values.get_str("socket"), values.get_str("tcp"), values.get_int("slot_bytes")
+    if not socket and not tcp:
+        raise ConfigError("socket", "both --socket and --tcp are empty: nothing to listen on")
+    if socket and len(socket.encode()) > 107:
+        raise ConfigError("socket", f"path is longer than a unix socket allows (107 bytes): {socket}")
+    if slot <= 0:
+        raise ConfigError("slot_bytes", "must be positive")
+    page = values.get_int("page_bytes")
+    if not 0 <= page <= slot:
+        raise ConfigError("page_bytes", f"must be in [0, --slot-bytes = {slot}], got {page}")
+    for name in ("l2_bytes", "l1_bytes"):
+        if values.get_int(name) < slot:
+            raise ConfigError(name, f"{values.get_int(name)} bytes is smaller than one slot ({slot} bytes)")
+    _check_prefix(values.get_str("l2_prefix"))
+    for name in ("selective_min_hits", "torch_threads"):
+        if values.get_int(name) <= 0:
+            raise ConfigError(name, f"must be a positive integer, got {values.get_int(name)}")
+    port = values.get_int("metrics_port")
+    if not 0 <= port <= 65535:
+        raise ConfigError("metrics_port", f"must be in [0, 65535], got {port}")
+    max_message, chunk = values.get_int("max_message_bytes"), values.get_int("stream_chunk_bytes")
+    if max_message <= MESSAGE_OVERHEAD_BYTES:
+        raise ConfigError("max_message_bytes", f"must exceed {MESSAGE_OVERHEAD_BYTES}")
+    if not 0 < chunk <= max_message - MESSAGE_OVERHEAD_BYTES:
+        raise ConfigError(
+            "stream_chunk_bytes",
+            f"must be in (0, max_message_bytes - {MESSAGE_OVERHEAD_BYTES}] = "
+            f"(0, {max_message - MESSAGE_OVERHEAD_BYTES}], got {chunk}",
         )
 
 
@@ -286,8 +326,8 @@ def _check_prefix(prefix: str) -> None:
         raise ConfigError("l2_prefix", f"{prefix!r} is not a valid shared-memory name prefix")
 
 
-def _l1_config(opts: Options, cuda_devices: int) -> HbmTierConfig | None:
-    device = opts.l1_device
+def _l1_config(values: Values, cuda_devices: int) -> HbmTierConfig | None:
+    device = values.get_str("l1_device")
     if device == L1Device.AUTO.value:
         device = L1Device.CUDA.value if cuda_devices > 0 else L1Device.NONE.value
     if device == L1Device.NONE.value:
@@ -296,59 +336,33 @@ def _l1_config(opts: Options, cuda_devices: int) -> HbmTierConfig | None:
         index = int(device.partition(":")[2] or 0)
         if index >= cuda_devices:
             raise ConfigError("l1_device", f"{device!r}: this host has {cuda_devices} CUDA device(s)")
-    return HbmTierConfig(
-        capacity_bytes=opts.l1_bytes, slot_bytes=opts.slot_bytes, device=device, page_bytes=opts.page_bytes
-    )
+    return build(HbmTierConfig, values, device=device)
 
 
-def _l3_config(opts: Options) -> LmdbTierConfig | None:
-    if not opts.l3_path:
+def _l3_config(values: Values) -> LmdbTierConfig | None:
+    if not values.get_str("l3_path"):
         return None
-    if opts.l3_bytes < opts.slot_bytes + HEADER_BYTES:
-        raise ConfigError("l3_bytes", f"{opts.l3_bytes} bytes cannot hold one chunk of --slot-bytes")
-    fields = {"path": "l3_path", "capacity_bytes": "l3_bytes", "zstd_level": "l3_zstd_level"}
-    try:
-        return LmdbTierConfig(
-            path=opts.l3_path,
-            capacity_bytes=opts.l3_bytes,
-            codec=opts.l3_codec,
-            zstd_level=opts.l3_zstd_level,
-            durable=opts.l3_durable,
-            fault_read_delay_s=opts.l3_fault_read_delay_s,
-            fault_read_bytes_per_s=opts.l3_fault_read_bytes_per_s,
-        )
-    except InvalidArgumentError as exc:
-        raise reraise_as_option(exc, fields.get(exc.field, "l3_" + exc.field)) from None
+    l3_bytes = values.get_int("l3_bytes")
+    if l3_bytes < values.get_int("slot_bytes") + HEADER_BYTES:
+        raise ConfigError("l3_bytes", f"{l3_bytes} bytes cannot hold one chunk of --slot-bytes")
+    return build(LmdbTierConfig, values)
 
 
-def _shared_config(opts: Options) -> SharedTierConfig | None:
-    if not opts.shared_url:
-        return None
-    fields = {"url": "shared_url", "codec": "shared_codec", "op_timeout_s": "shared_timeout_s"}
-    try:
-        return SharedTierConfig(
-            url=opts.shared_url,
-            codec=opts.shared_codec,
-            op_timeout_s=opts.shared_timeout_s,
-            connect_timeout_s=opts.shared_timeout_s,
-        )
-    except InvalidArgumentError as exc:
-        raise reraise_as_option(exc, fields.get(exc.field, "shared_" + exc.field)) from None
-
-
-def _tls_config(opts: Options) -> TlsConfig:
+def _tls_config(values: Values) -> TlsConfig:
     """The TLS files, checked across each other and against the tokens (plaintext TCP + tokens refused)."""
-    if bool(opts.tls_cert) != bool(opts.tls_key):
-        missing = "tls_key" if opts.tls_cert else "tls_cert"
+    tls = build(TlsConfig, values)
+    tcp = values.get_str("tcp")
+    if bool(tls.cert) != bool(tls.key):
+        missing = "tls_key" if tls.cert else "tls_cert"
         raise ConfigError(missing, "--tls-cert and --tls-key go together: set both or neither")
-    if opts.tls_client_ca and not opts.tls_cert:
+    if tls.client_ca and not tls.cert:
         raise ConfigError("tls_client_ca", "mutual TLS needs --tls-cert and --tls-key as well")
-    if opts.tls_cert and not opts.tcp:
+    if tls.cert and not tcp:
         raise ConfigError("tls_cert", "set, but --tcp is empty: TLS applies to the TCP listener only")
-    if opts.tcp and opts.tokens_file and not opts.tls_cert and not opts.allow_plaintext_tcp:
+    if tcp and values.get_str("tokens_file") and not tls.cert and not values["allow_plaintext_tcp"]:
         raise ConfigError(
             "allow_plaintext_tcp",
-            f"refusing a plaintext TCP listener on {opts.tcp} with a tokens file: bearer tokens would cross "
+            f"refusing a plaintext TCP listener on {tcp} with a tokens file: bearer tokens would cross "
             "the network in clear text; set --tls-cert and --tls-key, or --allow-plaintext-tcp to accept that",
         )
-    return TlsConfig(opts.tls_cert, opts.tls_key, opts.tls_client_ca)
+    return tls

@@ -2,8 +2,8 @@
 
 Quotas sit next to the tokens, in the same TOML file: ``[quotas.default]`` applies to every tenant, and
 ``[quotas."team-a"]`` to one (a key it omits inherits the default's). Sizes take the daemon's size syntax
-(``"4G"``); every limit is off at 0 (see :class:`tiercache.cache.quotas.TenantQuota` for each one, and for
-how capacity is shared under pressure)::
+(``"4G"``); every limit is off at 0 (:class:`tiercache.cache.quotas.TenantQuota` declares each key with its
+parser and help, and says how capacity is shared under pressure)::
 
     [quotas.default]
     l2_bytes = "2G"
@@ -35,9 +35,9 @@ from types import MappingProxyType
 
 from tiercache.cache.quotas import QuotaExceededError, QuotaTable, TenantQuota
 from tiercache.errors import InvalidArgumentError
+from tiercache.options import option_fields
 
 from .config import ConfigError
-from .parsers import parse_float, parse_int, parse_size
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -47,29 +47,20 @@ else:  # pragma: no cover - Python 3.10
 DEFAULT = "default"
 """The name of the quota table every tenant starts from."""
 
-_PARSERS: dict[str, Callable[[object], object]] = {
-    "l2_bytes": parse_size,
-    "l3_bytes": parse_size,
-    "pinned_bytes": parse_size,
-    "leases": parse_int,
-    "tickets": parse_int,
-    "max_ttl_s": parse_float,
-    "rpc_rate": parse_float,
-    "rpc_burst": parse_int,
-}
-assert set(_PARSERS) == {f.name for f in dataclasses.fields(TenantQuota)}
+_LIMITS = dict(option_fields(TenantQuota))
+"""The keys of a quota table: TenantQuota's fields, each declared with its parser."""
 
 
 def _quota(raw: object, base: TenantQuota, where: str) -> TenantQuota:
     if not isinstance(raw, dict):
         raise ConfigError("tokens_file", f"{where} must be a table of limits")
-    unknown = sorted(set(raw) - set(_PARSERS))
+    unknown = sorted(set(raw) - set(_LIMITS))
     if unknown:
-        raise ConfigError("tokens_file", f"{where}: unknown limit(s) {unknown}; valid: {sorted(_PARSERS)}")
+        raise ConfigError("tokens_file", f"{where}: unknown limit(s) {unknown}; valid: {sorted(_LIMITS)}")
     values: dict[str, object] = {}
     for name, value in raw.items():
         try:
-            values[name] = _PARSERS[name](value)
+            values[name] = _LIMITS[name].parse(value)
         except ValueError as exc:
             raise ConfigError("tokens_file", f"{where}.{name}: {exc}") from None
     try:

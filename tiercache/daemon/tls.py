@@ -3,12 +3,12 @@
 Bearer tokens travel in call metadata, so on TCP they are only as safe as the transport: with a tokens file
 and a TCP listener the daemon wants TLS (``tls_cert`` + ``tls_key``), and starts a plaintext TCP listener
 only when the operator says so explicitly (``allow_plaintext_tcp``; checked in
-:meth:`~tiercache.daemon.config.DaemonConfig.from_options`). With ``tls_client_ca`` the listener demands a
+:meth:`~tiercache.daemon.config.DaemonConfig.from_values`). With ``tls_client_ca`` the listener demands a
 client certificate signed by that CA (mutual TLS) on top of the token. The unix socket stays plaintext: it is
 protected by its file mode and never leaves the host.
 
 Primitives:
-    TlsConfig: the three file paths; ``enabled``, ``mutual``.
+    TlsConfig: the three file paths (the ``tls_*`` options); ``enabled``, ``mutual``.
     server_credentials: the ``grpc.ServerCredentials`` of a config (files read once, at start).
 """
 
@@ -18,6 +18,9 @@ import logging
 from dataclasses import dataclass
 
 import grpc
+
+from tiercache.options import option
+from tiercache.parsers import parse_str
 
 from .listen import StartupError
 
@@ -34,9 +37,31 @@ class TlsConfig:
         client_ca: CA certificates that sign the clients' certificates; set: mutual TLS is required.
     """
 
-    cert: str = ""
-    key: str = ""
-    client_ca: str = ""
+    cert: str = option(
+        "tls_cert",
+        parse=parse_str,
+        help="PEM certificate chain of the TCP listener: with --tls-key, TCP speaks TLS",
+        metavar="PATH",
+        default="",
+        note="off",
+    )
+    key: str = option(
+        "tls_key",
+        parse=parse_str,
+        help="PEM private key of --tls-cert",
+        metavar="PATH",
+        default="",
+        note="off",
+    )
+    client_ca: str = option(
+        "tls_client_ca",
+        parse=parse_str,
+        help="PEM CA certificates of the clients: set, TCP clients must present a certificate it signed "
+        "(mutual TLS)",
+        metavar="PATH",
+        default="",
+        note="off",
+    )
 
     @property
     def enabled(self) -> bool:

@@ -5,7 +5,7 @@ of pages (:mod:`tiercache.tiers.slots`). On CUDA it is real HBM (same-host engin
 ``cpu`` the same code runs so that tests cover it.
 
 Primitives:
-    HbmTierConfig: capacity, slot size and device.
+    HbmTierConfig: capacity, slot size and device (its fields declare the daemon's ``l1_*`` options).
     HbmTier: the L1 :class:`~tiercache.tiers.slots.SlotPoolTier`.
 """
 
@@ -17,8 +17,10 @@ from dataclasses import dataclass
 import torch
 
 from tiercache.errors import InvalidArgumentError
+from tiercache.options import internal, option
+from tiercache.parsers import parse_size
 from tiercache.tiers.base import TierLevel
-from tiercache.tiers.pages import page_count
+from tiercache.tiers.pages import PAGE_BYTES, SLOT_BYTES, page_count
 from tiercache.tiers.slots import SlotPoolTier
 
 logger = logging.getLogger(__name__)
@@ -31,15 +33,17 @@ class HbmTierConfig:
     Attributes:
         capacity_bytes: bytes of device memory for slots (rounded down to whole slots).
         slot_bytes: the largest chunk it can hold.
-        device: torch device string, e.g. ``cuda:0`` or ``cpu``.
+        device: torch device string, e.g. ``cuda:0`` or ``cpu`` (the daemon's ``--l1-device`` picks it).
         page_bytes: the unit of allocation, at most ``slot_bytes`` (0: ``slot_bytes``, one page per chunk);
             a chunk takes as many whole pages as its bytes need.
     """
 
-    capacity_bytes: int
-    slot_bytes: int
-    device: str = "cuda"
-    page_bytes: int = 0
+    capacity_bytes: int = option(
+        "l1_bytes", parse=parse_size, help="L1 (device memory) capacity", metavar="SIZE", default=2 << 30
+    )
+    slot_bytes: int = SLOT_BYTES.field()
+    device: str = internal("cuda")
+    page_bytes: int = PAGE_BYTES.field()
 
     @property
     def page_size(self) -> int:

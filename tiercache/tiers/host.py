@@ -16,7 +16,9 @@ not pinned (pinning would fault in every page of each).
 Every chunk is checksummed at commit (xxh3-64), and every copy out of L2 is checked against it.
 
 Primitives:
-    HostTierConfig: capacity, slot (largest chunk) and page sizes, segment prefix, pinning and pre-faulting.
+    HostTierConfig: capacity, slot (largest chunk) and page sizes, segment prefix, pinning and pre-faulting
+        (its fields declare the daemon's ``l2_*`` options).
+    default_l2_bytes: the daemon's default capacity, from this host's RAM.
     HostTier: the L2 :class:`~tiercache.tiers.slots.SlotPoolTier`; ``segment_name`` is what default-tenant
         engines map, ``segment_of(tenant)`` the segment (name and file descriptor) of a tenant's pool.
 """
@@ -24,18 +26,37 @@ Primitives:
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
 
 from tiercache import pinning
+from tiercache.options import Computed, Values, internal, option
+from tiercache.parsers import parse_bool, parse_size, parse_str
 from tiercache.shm import SharedSegment, clean_stale_segments
 from tiercache.tiers.base import TierLevel
-from tiercache.tiers.pages import page_count
+from tiercache.tiers.pages import PAGE_BYTES, SLOT_BYTES, page_count
 from tiercache.tiers.slots import SlotPoolTier
 from tiercache.tiers.slotspace import DEFAULT_PARTITION, PartitionBacking
 
 logger = logging.getLogger(__name__)
+
+
+def physical_ram_bytes() -> int:
+    """Bytes of physical memory of this host."""
+    return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+
+
+def default_l2_bytes(slot_bytes: int) -> int:
+    """10% of physical RAM rounded down to whole slots, at least one slot."""
+    if slot_bytes <= 0:
+        return 0
+    return max(slot_bytes, physical_ram_bytes() // 10 // slot_bytes * slot_bytes)
+
+
+def _l2_bytes(values: Values) -> int:
+    return default_l2_bytes(values.get_int("slot_bytes"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,13 +76,33 @@ class HostTierConfig:
             ``slot * page_bytes`` (the segment's ``slot_bytes`` on the wire is the page size).
     """
 
-    capacity_bytes: int
-    slot_bytes: int
-    segment_prefix: str = "tiercache-l2"
-    pin: bool = True
-    prefault: bool = True
-    verify_loads: bool = False
-    page_bytes: int = 0
+    capacity_bytes: int = option(
+        "l2_bytes",
+        parse=parse_size,
+        help="L2 (shared-memory) capacity",
+        metavar="SIZE",
+        computed=Computed(
+            _l2_bytes, "10% of physical RAM in whole slots, at least one", on_host=True, example=16 << 30
+        ),
+    )
+    slot_bytes: int = SLOT_BYTES.field()
+    segment_prefix: str = option(
+        "l2_prefix",
+        parse=parse_str,
+        help="name prefix of the L2 shared-memory segment under /dev/shm; one per daemon on a host",
+        metavar="NAME",
+        default="tiercache-l2",
+    )
+    pin: bool = internal(True)
+    prefault: bool = internal(True)
+    verify_loads: bool = option(
+        "l2_verify_loads",
+        parse=parse_bool,
+        help="check each L2 chunk's checksum before leasing it to an engine (off: it costs more than a tenth "
+        "of a load here)",
+        default=False,
+    )
+    page_bytes: int = PAGE_BYTES.field()
 
     @property
     def page_size(self) -> int:

@@ -15,17 +15,25 @@ Users import :class:`LmdbTierConfig` from :mod:`tiercache.tiers.lmdb`, next to t
 
 Primitives:
     LmdbTierConfig: path, capacity, codec, zstd level, durability, map size, damage recovery and read-fault
-        injection of one L3 tier; ``read_faults``, ``effective_map_size_bytes``, ``preallocate_bytes``,
-        ``fitted_capacity`` (the capacity within the map and the disk), ``charge``.
+        injection of one L3 tier (its fields declare the daemon's ``l3_*`` options); ``read_faults``,
+        ``effective_map_size_bytes``, ``preallocate_bytes``, ``fitted_capacity`` (the capacity within the map
+        and the disk), ``charge``.
+    default_l3_path, default_l3_bytes, free_bytes_at: the daemon's defaults, from this host's directories
+        and free disk space.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from tiercache.codec import Codec
 from tiercache.errors import InvalidArgumentError
+from tiercache.options import Computed, internal, option
+from tiercache.parsers import parse_bool, parse_choice, parse_float, parse_int, parse_size, parse_str
 from tiercache.tiers.faults import ReadFaults
 from tiercache.tiers.values import HEADER_BYTES, MAX_ZSTD_LEVEL, MIN_ZSTD_LEVEL
 
@@ -38,8 +46,34 @@ _MIN_FITTED_BYTES = 1 << 20
 """Smallest L3 a disk that is too small for the configured capacity may shrink it to."""
 
 
+L3_DEFAULT_CAP_BYTES = 8 << 30
+"""The daemon's computed L3 capacity never exceeds this."""
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def default_l3_path(env: Mapping[str, str]) -> str:
+    """``$XDG_CACHE_HOME/tiercache/l3``, else ``~/.cache/tiercache/l3``."""
+    base = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".cache")
+    return str(Path(base) / "tiercache" / "l3")
+
+
+def free_bytes_at(path: str) -> int:
+    """Bytes available to this user on the filesystem that holds (or will hold) ``path``."""
+    probe = Path(path).absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    st = os.statvfs(probe)
+    return int(st.f_bavail) * int(st.f_frsize)
+
+
+def default_l3_bytes(path: str) -> int:
+    """``min(8G, 10% of the free space on the filesystem of path)``; 0 when L3 is off."""
+    if not path:
+        return 0
+    return min(L3_DEFAULT_CAP_BYTES, free_bytes_at(path) // 10)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,15 +94,69 @@ class LmdbTierConfig:
         fault_read_bytes_per_s: fault injection, off (0) by default: reads are throttled to this rate.
     """
 
-    path: str
-    capacity_bytes: int
-    codec: Codec = Codec.RAW
-    zstd_level: int = 3
-    durable: bool = False
-    map_size_bytes: int | None = None
-    recover_damaged: bool = True
-    fault_read_delay_s: float = 0.0
-    fault_read_bytes_per_s: int = 0
+    path: str = option(
+        "l3_path",
+        parse=parse_str,
+        help='directory of the L3 LMDB environment ("" disables L3)',
+        metavar="PATH",
+        computed=Computed(
+            lambda values: default_l3_path(values.env),
+            "$XDG_CACHE_HOME/tiercache/l3 (~/.cache/tiercache/l3)",
+            on_host=True,
+            example="/var/cache/tiercache/l3",
+        ),
+    )
+    capacity_bytes: int = option(
+        "l3_bytes",
+        parse=parse_size,
+        help="L3 capacity",
+        metavar="SIZE",
+        computed=Computed(
+            lambda values: default_l3_bytes(values.get_str("l3_path")),
+            "min(8G, 10% of the free space on the --l3-path filesystem at start)",
+            on_host=True,
+            example=L3_DEFAULT_CAP_BYTES,
+        ),
+    )
+    codec: Codec = option(
+        "l3_codec",
+        parse=parse_choice(Codec),
+        help="L3 payload codec: raw or zstd",
+        metavar="CODEC",
+        default=Codec.RAW,
+    )
+    zstd_level: int = option(
+        "l3_zstd_level",
+        parse=parse_int,
+        help="zstd level of L3 payloads (with --l3-codec zstd)",
+        metavar="INT",
+        default=3,
+    )
+    durable: bool = option(
+        "l3_durable",
+        parse=parse_bool,
+        help="fsync every L3 commit (otherwise an OS crash may lose the last commits; checksums still catch "
+        "torn values)",
+        default=False,
+    )
+    map_size_bytes: int | None = internal(None)
+    recover_damaged: bool = internal(True)
+    fault_read_delay_s: float = option(
+        "l3_fault_read_delay_s",
+        parse=parse_float,
+        help="fault injection, off by default: seconds added to every L3 read (for deadline tests)",
+        metavar="FLOAT",
+        default=0.0,
+        note="off",
+    )
+    fault_read_bytes_per_s: int = option(
+        "l3_fault_read_bytes_per_s",
+        parse=parse_size,
+        help="fault injection, off by default: throttle L3 reads to this many bytes per second",
+        metavar="SIZE",
+        default=0,
+        note="off",
+    )
 
     def __post_init__(self) -> None:
         ReadFaults(self.fault_read_delay_s, self.fault_read_bytes_per_s)  # validates them first

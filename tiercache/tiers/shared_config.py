@@ -12,7 +12,7 @@ evicts (deletes) its own least recently used chunks from the store to stay under
 
 Primitives:
     SharedTierConfig: seed URL(s), capacity, codec, zstd level, key prefix, timeouts and backoff of one
-        shared tier; ``seeds``, ``bounded``, ``charge``.
+        shared tier (its fields declare the daemon's ``shared_*`` options); ``seeds``, ``bounded``, ``charge``.
     UNBOUNDED_BYTES: the capacity an unbounded shared tier reports.
     parse_seeds: the seed URLs of a comma-separated list, checked.
 """
@@ -25,6 +25,8 @@ from urllib.parse import urlsplit
 
 from tiercache.codec import Codec
 from tiercache.errors import InvalidArgumentError
+from tiercache.options import Option, internal, option
+from tiercache.parsers import parse_choice, parse_float, parse_str
 from tiercache.tiers.values import HEADER_BYTES, MAX_ZSTD_LEVEL, MIN_ZSTD_LEVEL
 
 UNBOUNDED_BYTES = 1 << 62
@@ -34,6 +36,15 @@ _MAX_VALUE_BYTES = 512 << 20
 """Redis' largest string value (``proto-max-bulk-len`` default)."""
 
 _SCHEMES = ("redis", "rediss")
+
+_TIMEOUT = Option(
+    "shared_timeout_s",
+    parse_float,
+    "socket timeout of one shared-tier call (and of a connection attempt), seconds: a slower or dead store "
+    "is turned off with backoff",
+    "FLOAT",
+    default=0.5,
+)
 
 
 def _is_int(value: object) -> bool:
@@ -85,15 +96,33 @@ class SharedTierConfig:
         backoff_max_s: the longest time off; each failure in a row doubles it up to this.
     """
 
-    url: str
-    capacity_bytes: int = 0
-    codec: Codec = Codec.RAW
-    zstd_level: int = 1
-    key_prefix: str = "tc:"
-    op_timeout_s: float = 0.5
-    connect_timeout_s: float = 0.5
-    backoff_initial_s: float = 0.5
-    backoff_max_s: float = 30.0
+    url: str = option(
+        "shared_url",
+        parse=parse_str,
+        help="the shared tier: a redis:// or rediss:// URL of one Redis Cluster / Valkey node or plain server "
+        "(comma-separated seeds also work; cluster or server is detected; a password goes in the URL, "
+        "redis://:secret@host:6379; TLS with rediss://). Every daemon of a fleet on the same URL shares "
+        "chunks; run the cluster with maxmemory set and maxmemory-policy allkeys-lru: its capacity is the "
+        "cluster's",
+        metavar="URL",
+        default="",
+        note="off",
+        required=True,
+    )
+    capacity_bytes: int = internal(0)
+    codec: Codec = option(
+        "shared_codec",
+        parse=parse_choice(Codec),
+        help="shared-tier payload codec: raw or zstd",
+        metavar="CODEC",
+        default=Codec.RAW,
+    )
+    zstd_level: int = internal(1)
+    key_prefix: str = internal("tc:")
+    op_timeout_s: float = _TIMEOUT.field()
+    connect_timeout_s: float = _TIMEOUT.field()
+    backoff_initial_s: float = internal(0.5)
+    backoff_max_s: float = internal(30.0)
 
     def __post_init__(self) -> None:
         parse_seeds(self.url)
