@@ -1,5 +1,5 @@
 """``tiercache-bench fleet``: effective hit rate and prefill tokens saved for a trace spread over several
-hosts' caches, with the shared (Redis Cluster) tier off and on (see :mod:`tiercache.bench.fleet.run`).
+hosts' caches, with the shared (Redis Cluster) tier off and on (see :mod:`tiercache.bench.fleet`).
 
 Primitives:
     configure_parser: the subcommand's flags.

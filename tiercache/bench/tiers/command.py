@@ -4,7 +4,6 @@ tier) against the machine's memcpy and disk ceilings and raw redis-py SET/GET, m
 Primitives:
     configure_parser: the subcommand's flags.
     run: run it from parsed arguments; the exit status.
-    tiers_charts: GB/s vs chunk size per tier and op, with the ceilings dashed.
 """
 
 from __future__ import annotations
@@ -23,11 +22,9 @@ from ..args import (
     positive_int,
 )
 from ..command import FAILURES, failure_status, finish, progress_to_stderr, torch_threads
-from ..common.plot import Chart, Series
 from ..common.tier_ops import TierOptions
-from ..tables import format_size
-from .report import format_report, report_to_dict
-from .run import TiersBenchConfig, TiersReport, run_tiers
+from .report import format_report, report_to_dict, tiers_charts
+from .run import TiersBenchConfig, run_tiers
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
@@ -111,34 +108,6 @@ def _config(args: argparse.Namespace) -> TiersBenchConfig:
         seed=args.seed,
         rounds=args.rounds,
     )
-
-
-def tiers_charts(report: TiersReport) -> list[Chart]:
-    """One panel per op: GB/s vs chunk size per tier, and the ceilings dashed."""
-    charts = []
-    sizes = sorted(report.config.chunk_sizes)
-    ticks = tuple((s, format_size(s)) for s in sizes)
-    for op in ("put", "get"):
-        series: dict[tuple[str, bool], list[tuple[float, float]]] = {}
-        for row in report.rows:
-            r = row.result
-            if r.op.value == op:
-                series.setdefault((f"{r.level.name} {op}", False), []).append((r.chunk_bytes, r.timing.gbps))
-        wanted = {"memcpy"} | ({"disk_write"} if op == "put" else {"disk_read", "lmdb_get"})
-        for c in (row.ceiling for row in report.ceilings):
-            if c.kind.value in wanted:
-                series.setdefault((c.label, True), []).append((c.chunk_bytes, c.timing.gbps))
-        charts.append(
-            Chart(
-                f"tiers: {op} throughput vs chunk size",
-                "chunk size",
-                "GB/s",
-                tuple(Series(label, tuple(pts), dashed) for (label, dashed), pts in series.items()),
-                log_x=True,
-                x_ticks=ticks,
-            )
-        )
-    return charts
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,26 +1,24 @@
 """Output of a ``tiers`` run: a plain-text table for people and a JSON document for tools.
 
 Primitives:
-    format_size: ``262144`` -> ``256 KiB``.
     format_report: the ceilings table and the tiers table (aligned plain-text columns).
     report_to_dict: every figure, the machine and the config as JSON-ready values.
-    write_json: write :func:`report_to_dict` to a file.
+    tiers_charts: GB/s vs chunk size per tier and op, with the ceilings dashed.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
+from ..common.plot import Chart, Series
 from ..common.timing import Timing
 from ..tables import columns as _columns
 from ..tables import format_size
 from .run import CeilingRow, TierRow, TiersReport
 
-__all__ = ["SCHEMA", "format_report", "format_size", "report_to_dict", "write_json"]
+__all__ = ["SCHEMA", "format_report", "report_to_dict", "tiers_charts"]
 
 SCHEMA = "tiercache-bench/tiers/1"
 """The ``schema`` field of the JSON document."""
@@ -173,6 +171,29 @@ def report_to_dict(report: TiersReport) -> dict[str, Any]:
     }
 
 
-def write_json(report: TiersReport, path: Path) -> None:
-    """Write :func:`report_to_dict` of ``report`` to ``path`` (indented, UTF-8)."""
-    path.write_text(json.dumps(report_to_dict(report), indent=2) + "\n", encoding="utf-8")
+def tiers_charts(report: TiersReport) -> list[Chart]:
+    """One panel per op: GB/s vs chunk size per tier, and the ceilings dashed."""
+    charts = []
+    sizes = sorted(report.config.chunk_sizes)
+    ticks = tuple((s, format_size(s)) for s in sizes)
+    for op in ("put", "get"):
+        series: dict[tuple[str, bool], list[tuple[float, float]]] = {}
+        for row in report.rows:
+            r = row.result
+            if r.op.value == op:
+                series.setdefault((f"{r.level.name} {op}", False), []).append((r.chunk_bytes, r.timing.gbps))
+        wanted = {"memcpy"} | ({"disk_write"} if op == "put" else {"disk_read", "lmdb_get"})
+        for c in (row.ceiling for row in report.ceilings):
+            if c.kind.value in wanted:
+                series.setdefault((c.label, True), []).append((c.chunk_bytes, c.timing.gbps))
+        charts.append(
+            Chart(
+                f"tiers: {op} throughput vs chunk size",
+                "chunk size",
+                "GB/s",
+                tuple(Series(label, tuple(pts), dashed) for (label, dashed), pts in series.items()),
+                log_x=True,
+                x_ticks=ticks,
+            )
+        )
+    return charts

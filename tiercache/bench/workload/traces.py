@@ -28,7 +28,7 @@ Primitives:
     TraceKind: the synthetic traces.
     TraceSpec: the sizes of a synthetic trace.
     generate_trace: a synthetic trace (Enum-keyed registry of generators).
-    read_jsonl / write_jsonl: the JSONL format.
+    read_jsonl: the JSONL format.
     TraceFormatError: a malformed JSONL line (names the line).
 """
 
@@ -37,7 +37,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -260,10 +260,3 @@ def read_jsonl(path: Path, seed: int = 0) -> list[TraceRequest]:
     if not out:
         raise TraceFormatError(f"{path}: no requests")
     return out
-
-
-def write_jsonl(requests: Iterable[TraceRequest], path: Path) -> None:
-    """Write ``requests`` as explicit-token JSONL lines."""
-    with path.open("w", encoding="utf-8") as f:
-        for r in requests:
-            f.write(json.dumps({"tokens": [int(t) for t in r.tokens], "tag": r.tag}) + "\n")
