@@ -25,22 +25,13 @@ import torch
 
 from tiercache.errors import TierCacheError
 
+from ..args import non_negative_ints
 from .report import engine_to_dict, format_table
 from .run import EngineBench
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(p) for p in text.split(",") if p.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
-    if not values or any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError(f"{text!r}: need at least one non-negative integer")
-    return values
-
-
 def _fractions(text: str) -> tuple[int, ...]:
-    values = _ints(text)
+    values = non_negative_ints(text)
     if any(v > 100 for v in values):
         raise argparse.ArgumentTypeError(f"{text!r}: hit fractions are percentages in [0, 100]")
     return values
@@ -57,7 +48,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add the ``engine`` subcommand's flags to ``parser``."""
     parser.description = (__doc__ or "").split("\n\n")[0]
     parser.add_argument(
-        "--prompt-lengths", type=_ints, default=(512, 1024, 2048, 4096, 8192), help="tokens (512,...,8192)"
+        "--prompt-lengths",
+        type=non_negative_ints,
+        default=(512, 1024, 2048, 4096, 8192),
+        help="tokens (512,...,8192)",
     )
     parser.add_argument(
         "--hit-fractions",

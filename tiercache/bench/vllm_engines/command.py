@@ -23,6 +23,7 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
+from ..args import non_negative_ints
 from .columns import VllmBenchConfig
 from .report import SCHEMA, format_table, format_throughput, save_plot, vllm_rows
 from .run import run_bench
@@ -30,23 +31,13 @@ from .run import run_bench
 logger = logging.getLogger(__name__)
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(p) for p in text.split(",") if p.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
-    if not values or any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError(f"{text!r}: need at least one non-negative integer")
-    return values
-
-
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add the ``vllm`` subcommand's flags to ``parser``."""
     parser.add_argument(
-        "--lengths", type=_ints, default=(1024, 2048, 4096), help="prompt tokens (1024,2048,4096)"
+        "--lengths", type=non_negative_ints, default=(1024, 2048, 4096), help="prompt tokens (1024,2048,4096)"
     )
     parser.add_argument(
-        "--fractions", type=_ints, default=(0, 50, 100), help="cached %% of a prompt (0,50,100)"
+        "--fractions", type=non_negative_ints, default=(0, 50, 100), help="cached %% of a prompt (0,50,100)"
     )
     parser.add_argument("--repeats", type=int, default=3, help="timed prompts per figure, median kept (3)")
     parser.add_argument("--chunk-tokens", type=int, default=256, help="tiercache chunk size (256)")
