@@ -219,7 +219,7 @@ def test_every_module_imports_from_the_unpacked_wheel(wheel: Path, tmp_path: Pat
 
 
 def test_bench_trace_files_parse() -> None:
-    from tiercache.bench.traces import read_jsonl
+    from tiercache.bench.workload.traces import read_jsonl
 
     traces = sorted(BENCH_TRACES.glob("*.jsonl"))
     assert traces, f"no trace files in {BENCH_TRACES}"

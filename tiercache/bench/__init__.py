@@ -1,16 +1,18 @@
-"""tiercache.bench — the ``tiercache-bench`` storage benchmark.
+"""tiercache.bench — the ``tiercache-bench`` storage benchmarks.
 
-Modules:
-    cli: ``main(argv)``, the argparse front end; a table of subcommands (``COMMANDS``).
-    cmd_tiers, cmd_connector, cmd_workload, cmd_compare: one subcommand each (``configure_parser``, ``run``).
-    layerwise, singleflight, engine: further subcommands (registered when present).
-    args: argument types and shared flag groups.  command: what every subcommand does around its run.
-    runner / tiers / targets / report: the ``tiers`` run, tier measurement, targets, output.
-    ceilings: memcpy and disk ceilings; a machine description.  baselines: bare gRPC echo / echo stream.
-    connector_bench / connector_report: the ``connector`` run and its output.
-    layout_cases: the KV layouts (presets, ``--layouts``) the connector and workload runs measure.
-    traces / replay / workload / workload_report: traces, replay targets, the ``workload`` run, output.
-    refmodel / peers / redis_server / compare / compare_report: the ``compare`` run and its peers.
-    daemon_proc: a running daemon or one started for the run.  kvcheck: engine KV and its verification.
-    payload, timing, progress, tables, plot, documents: payloads, timing, progress bar, tables, PNG, JSON.
+One subpackage per benchmark, each with the same shape (:class:`~tiercache.bench.command.Benchmark`):
+``command`` (its flags, the config built from them), ``run`` (the measurement) and ``report`` (table, JSON
+document, charts), plus the modules only that benchmark needs:
+    tiers, connector, workload, compare, concurrency, scale, capacity, fleet, layerwise, singleflight,
+    engine, vllm_engines (the ``vllm`` subcommand).
+
+Shared by them:
+    cli: ``main(argv)``, the registry of subcommands (``COMMANDS``).
+    command: the benchmark protocol and what every subcommand does around its run (``finish``, failures).
+    args: argument types and shared flag groups.  ceilings: memcpy and disk ceilings; the machine.
+    tables: plain-text tables.  common: measurement, verification and output helpers (timing, spread,
+    payload, tier put/get, KV checks, layouts, work directory, progress, JSON documents, PNG charts).
+
+Test machinery that the ``faults`` and ``soak`` subcommands and the tests use: daemon_proc (a daemon for a
+run), faults_* and soak, redis_server / redis_cluster, vllm_engine (an engine subprocess).
 """

@@ -4,7 +4,7 @@ Primitives:
     parse_size / parse_sizes: ``256K``, ``1M``, ``1.5MiB``, ``4096`` -> bytes (binary units).
     parse_levels: ``L1,L3`` -> tier levels.
     parse_codec, parse_device, positive_int, non_negative_int, positive_float, non_negative_float,
-        parse_ints, enum_choice: argparse ``type=`` converters.
+        parse_ints, non_negative_ints, enum_choice: argparse ``type=`` converters.
     add_output_flags: ``--json``, ``--plot``, ``-q``.
     add_address_flags / add_policy_flags / add_daemon_flags: where to run, write and eviction policies,
         the sizes of an embedded daemon.
@@ -63,6 +63,21 @@ def parse_ints(text: str) -> tuple[int, ...]:
     if not out:
         raise argparse.ArgumentTypeError("at least one value is needed")
     return out
+
+
+def non_negative_ints(text: str) -> tuple[int, ...]:
+    """Comma-separated non-negative integers, e.g. ``0,50,100``.
+
+    Raises:
+        argparse.ArgumentTypeError: an item is not an integer or is negative, or the list is empty.
+    """
+    try:
+        values = tuple(int(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: need at least one non-negative integer")
+    return values
 
 
 def parse_levels(text: str) -> tuple[TierLevel, ...]:

@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .payload import batch_ranges
-from .timing import Timing, time_calls
+from .common.payload import batch_ranges
+from .common.timing import Timing, time_calls
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,8 @@
-"""The ``tiercache-bench`` command line (also ``python -m tiercache.bench``).
+"""The ``tiercache-bench`` command line (also ``python -m tiercache.bench``): a registry of benchmarks.
 
-Subcommands (each a module with ``configure_parser(parser)`` and ``run(args) -> int``, listed in
-:data:`COMMANDS`):
+Each benchmark is a subpackage ``tiercache.bench.<name>`` whose ``command`` module has the shape of
+:class:`~tiercache.bench.command.Benchmark` (``configure_parser(parser)``, ``run(args) -> int``); its
+docstring's first paragraph is the subcommand's description. :data:`COMMANDS` lists them in ``--help`` order:
     tiers: put/get GB/s and latency per tier against memcpy and disk ceilings.
     connector: store/load GB/s through the connector vs memcpy, lookup latency vs bare echo, byte stream
         vs bare stream.
@@ -13,7 +14,7 @@ Subcommands (each a module with ``configure_parser(parser)`` and ``run(args) -> 
     fleet: a trace spread over several hosts' caches, the shared tier off vs on.
     faults: kill -9 mid-stores, corrupted L3 values, killed engines, garbage RPCs, as figures.
     soak: many engine processes against one daemon; errors, wrong bytes, daemon RSS/fd/thread drift.
-    layerwise, singleflight, engine, vllm: further benchmarks, registered when their modules are present.
+    layerwise, singleflight, engine, vllm: further benchmarks, registered when their modules import.
 
 Every subcommand prints a table; ``--json PATH`` writes every figure with the machine and config,
 ``--plot PATH.png`` a chart. Exit status: 0 on success (missed targets are reported, not failed); 1 when a
@@ -23,8 +24,7 @@ arguments.
 Primitives:
     main: the entry point.
     build_parser: the argparse parser.
-    Command / COMMANDS: the registration table (name, module, help, required).
-    parse_size / parse_sizes: ``256K``, ``1M``, ``1.5MiB``, ``4096`` -> bytes (binary units).
+    Command / COMMANDS: the registry (name, command module, help, required).
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ import importlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import ModuleType
+from typing import cast
 
-from .args import parse_size, parse_sizes
+from .command import Benchmark
 
-__all__ = ["COMMANDS", "Command", "build_parser", "main", "parse_size", "parse_sizes"]
+__all__ = ["COMMANDS", "Command", "build_parser", "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class Command:
 
     Attributes:
         name: the subcommand.
-        module: module of this package (relative, e.g. ``.cmd_tiers``) with ``configure_parser`` and ``run``.
+        module: the benchmark's command module, relative to this package (e.g. ``.tiers.command``).
         help: one line for ``--help``.
         required: a missing or broken module is an error (False: the subcommand is left out, with a
             warning when its module exists but fails to import).
@@ -62,51 +62,56 @@ class Command:
 
 
 COMMANDS: tuple[Command, ...] = (
-    Command("tiers", ".cmd_tiers", "put/get GB/s and latency per tier against memcpy and disk ceilings"),
+    Command("tiers", ".tiers.command", "put/get GB/s and latency per tier against memcpy and disk ceilings"),
     Command(
         "connector",
-        ".cmd_connector",
+        ".connector.command",
         "store/load GB/s through the connector vs memcpy; lookup vs bare echo; byte stream vs bare stream",
     ),
     Command(
         "workload",
-        ".cmd_workload",
+        ".workload.command",
         "replay synthetic or JSONL traces; token-weighted hits per tier, bytes moved, prefill saved",
     ),
-    Command("compare", ".cmd_compare", "the same store/load workload vs recompute, Redis and plain files"),
+    Command(
+        "compare", ".compare.command", "the same store/load workload vs recompute, Redis and plain files"
+    ),
     Command(
         "concurrency",
-        ".concurrency",
+        ".concurrency.command",
         "aggregate put+get GB/s of an in-process cache manager under 1, 2, 4 threads vs memcpy",
     ),
     Command(
         "scale",
-        ".cmd_scale",
+        ".scale.command",
         "lookup latency, index memory, eviction cost and warm restart from 1K to 1M indexed chunks",
     ),
     Command(
         "capacity",
-        ".cmd_capacity",
+        ".capacity.command",
         "the share of an L2 tier's bytes that mixes of chunk sizes use, small pages vs one page per slot",
     ),
     Command(
         "layerwise",
-        ".layerwise",
+        ".layerwise.command",
         "overlap of layerwise loading with per-layer compute, as a measured timeline",
         required=False,
     ),
     Command(
         "singleflight",
-        ".singleflight",
+        ".singleflight.command",
         "identical requests on a cold cache, with and without single-flight prefill",
         required=False,
     ),
     Command(
-        "engine", ".engine", "time to first token of a real model with and without tiercache", required=False
+        "engine",
+        ".engine.command",
+        "time to first token of a real model with and without tiercache",
+        required=False,
     ),
     Command(
         "fleet",
-        ".cmd_fleet",
+        ".fleet.command",
         "a trace spread over several hosts' caches, the shared (Redis Cluster) tier off vs on",
     ),
     Command(
@@ -117,7 +122,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("soak", ".cmd_soak", "engine processes storing and loading for minutes; errors and daemon drift"),
     Command(
         "vllm",
-        ".cmd_vllm",
+        ".vllm_engines.command",
         "TTFT of fresh vLLM engines: tiercache vs vLLM's prefix cache, LMCache and ExampleConnector",
         required=False,
     ),
@@ -125,12 +130,15 @@ COMMANDS: tuple[Command, ...] = (
 """Every subcommand, in ``--help`` order."""
 
 
-def _load(command: Command) -> ModuleType | None:
+def _load(command: Command) -> Benchmark | None:
     name = f"{__package__}{command.module}"
     try:
-        return importlib.import_module(command.module, __package__)
+        return cast(Benchmark, importlib.import_module(command.module, __package__))
     except ModuleNotFoundError as exc:
-        if command.required or exc.name != name:
+        if command.required or exc.name not in (
+            name,
+            name.rpartition(".")[0],
+        ):  # absent: the module or its package
             raise
         logger.debug("subcommand %s left out: %s is not installed", command.name, name)
         return None

@@ -1,6 +1,12 @@
-"""What every ``tiercache-bench`` subcommand does around its measurement.
+"""The shape of a ``tiercache-bench`` benchmark, and what every subcommand does around its measurement.
+
+A benchmark is a subpackage ``tiercache.bench.<name>``: its ``command`` module (the :class:`Benchmark`
+protocol: flags in, exit status out) builds the run's config from the flags, calls its ``run`` module's
+measurement and hands its ``report`` module's table, JSON document and charts to :func:`finish`. The CLI
+(:mod:`tiercache.bench.cli`) only lists the command modules.
 
 Primitives:
+    Benchmark: the protocol of a benchmark's command module (``configure_parser``, ``run``).
     progress_to_stderr: show the package's INFO log lines on stderr during a run (unless ``--quiet``).
     torch_threads: run with a given number of torch intra-op threads.
     failure_status: print why a run failed and return exit status 1.
@@ -15,18 +21,18 @@ import contextlib
 import logging
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import torch
 
 from tiercache.errors import TierCacheError
 
-from .baselines import EchoMismatchError
+from .common.documents import write_document
+from .common.plot import Chart, PlotUnavailableError, save_chart
+from .common.tier_ops import RoundTripError
+from .connector.baselines import EchoMismatchError
 from .daemon_proc import DaemonStartError
-from .documents import write_document
-from .plot import Chart, PlotUnavailableError, save_chart
-from .tiers import RoundTripError
 
 FAILURES: tuple[type[BaseException], ...] = (
     RoundTripError,
@@ -41,6 +47,17 @@ FAILURES: tuple[type[BaseException], ...] = (
     RuntimeError,
 )
 """Failures reported as a failed run (exit status 1) with a one-line reason."""
+
+
+class Benchmark(Protocol):
+    """A benchmark's command module, as the CLI registry sees it (its docstring's first paragraph is the
+    subcommand's description)."""
+
+    def configure_parser(self, parser: argparse.ArgumentParser) -> None:
+        """Add the benchmark's flags to ``parser``."""
+
+    def run(self, args: argparse.Namespace) -> int:
+        """Measure, print the table, write ``--json`` / ``--plot``; the exit status (0, 1 on a failed run)."""
 
 
 @contextlib.contextmanager
