@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import tiercache.bench.peers as peers
-import tiercache.bench.redis_server as redis_server
+import tiercache.testing.redis as redis_server
 from tiercache.bench.cli import main
 from tiercache.bench.compare import CompareConfig, _measure, _workload
 from tiercache.bench.peers import FileStore

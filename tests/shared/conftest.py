@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from tiercache.bench.redis_cluster import RedisDeployment, RedisToolsMissing, redis_cluster, redis_single
 from tiercache.cache import CacheBuildConfig, CacheConfig, CacheManager, build_cache
 from tiercache.policies import WritePolicyKind
+from tiercache.testing.redis import RedisDeployment, RedisToolsMissing, redis_cluster, redis_single
 from tiercache.tiers.host import HostTierConfig
 from tiercache.tiers.lmdb import LmdbTierConfig
 from tiercache.tiers.shared import SharedTierConfig

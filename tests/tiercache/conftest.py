@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tiercache.bench.redis_cluster import RedisToolsMissing, redis_cluster
+from tiercache.testing.redis import RedisToolsMissing, redis_cluster
 
 
 @pytest.fixture(scope="session")

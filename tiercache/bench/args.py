@@ -26,9 +26,8 @@ import torch
 from tiercache.codec import Codec
 from tiercache.errors import InvalidArgumentError
 from tiercache.policies import EvictionPolicyKind, WritePolicyKind
+from tiercache.testing.embedded import EmbeddedDaemonConfig
 from tiercache.tiers.base import TierLevel
-
-from .daemon_proc import EmbeddedDaemonConfig
 
 E = TypeVar("E", bound=enum.Enum)
 

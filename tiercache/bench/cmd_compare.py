@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import argparse
 
+from tiercache.testing.embedded import EmbeddedDaemonConfig
+
 from .args import add_daemon_flags, add_output_flags, positive_int
 from .command import FAILURES, failure_status, finish, progress_to_stderr, torch_threads
 from .compare import CompareConfig, run_compare
 from .compare_report import compare_charts, compare_to_dict, format_compare_report
-from .daemon_proc import EmbeddedDaemonConfig
 from .refmodel import ModelSpec
 
 

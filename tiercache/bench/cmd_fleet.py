@@ -13,11 +13,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from tiercache.layout import KVDtype, KVLayout
+from tiercache.testing.redis import RedisToolsMissing
 
 from .args import add_output_flags, non_negative_int, parse_size, positive_int
 from .command import FAILURES, failure_status, finish, progress_to_stderr
 from .fleet import FleetConfig, fleet_to_dict, format_fleet, run_fleet
-from .redis_cluster import RedisToolsMissing
 from .runner import work_directory
 from .traces import TraceKind, TraceSpec
 

@@ -12,6 +12,7 @@ import argparse
 from pathlib import Path
 
 from tiercache.policies.load import LoadPolicyKind
+from tiercache.testing.embedded import EmbeddedDaemonConfig
 
 from .args import (
     add_address_flags,
@@ -26,7 +27,6 @@ from .args import (
     size_or_zero,
 )
 from .command import FAILURES, failure_status, finish, progress_to_stderr, torch_threads
-from .daemon_proc import EmbeddedDaemonConfig
 from .layout_cases import LayoutCase, parse_layouts
 from .replay import ReplayOptions
 from .traces import TraceKind, TraceSpec, generate_trace, read_jsonl

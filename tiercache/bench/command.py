@@ -21,9 +21,9 @@ import grpc
 import torch
 
 from tiercache.errors import TierCacheError
+from tiercache.testing.daemon import DaemonStartError
 
 from .baselines import EchoMismatchError
-from .daemon_proc import DaemonStartError
 from .documents import write_document
 from .plot import Chart, PlotUnavailableError, save_chart
 from .tiers import RoundTripError

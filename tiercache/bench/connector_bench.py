@@ -56,6 +56,7 @@ from tiercache.connector import (
 from tiercache.connector.stream import message_limit, piece_bytes
 from tiercache.keys import Namespace, chunk_keys
 from tiercache.layout import KVLayout
+from tiercache.testing.embedded import DaemonHandle, EmbeddedDaemonConfig, use_daemon
 
 from .baselines import DiagnosticsProbe
 from .ceilings import CeilingKind, CeilingResult, MachineInfo, describe_machine, measure_memcpy
@@ -67,7 +68,6 @@ from .connector_figure import (
     ConnectorFigure,
 )
 from .connector_figure import throughput_figure as _figure
-from .daemon_proc import DaemonHandle, EmbeddedDaemonConfig, use_daemon
 from .h2d import cuda_device, measure_h2d
 from .kvcheck import distinct_prompts, make_contiguous_kv, verify_kv, zero_kv, zeros_like_kv
 from .layout_cases import LayoutCase

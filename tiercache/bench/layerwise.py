@@ -37,8 +37,8 @@ import torch
 from tiercache.connector import ClientConfig, ContiguousKV, KVConnector, LoadPolicy, TierCacheClient
 from tiercache.keys import Namespace
 from tiercache.layout import KVDtype, KVLayout
+from tiercache.testing.embedded import EmbeddedDaemonConfig, use_daemon
 
-from .daemon_proc import EmbeddedDaemonConfig, use_daemon
 from .tables import columns, format_size
 
 logger = logging.getLogger(__name__)

@@ -40,8 +40,8 @@ import torch
 from tiercache.connector import ClientConfig, ConnectorConfig, ContiguousKV, KVConnector, TierCacheClient
 from tiercache.keys import Namespace
 from tiercache.layout import KVDtype, KVLayout
+from tiercache.testing.embedded import EmbeddedDaemonConfig, use_daemon
 
-from .daemon_proc import EmbeddedDaemonConfig, use_daemon
 from .tables import columns
 
 MODES = ("uncoordinated", "coordinated")

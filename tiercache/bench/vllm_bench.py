@@ -35,8 +35,9 @@ from typing import Any
 
 import torch
 
+from tiercache.testing.embedded import EmbeddedDaemonConfig, start_daemon
+
 from . import vllm_engine
-from .daemon_proc import EmbeddedDaemonConfig, start_daemon
 from .vllm_engine import RESULT
 
 logger = logging.getLogger(__name__)

@@ -28,10 +28,10 @@ import torch
 
 from tiercache.keys import Namespace, chunk_keys
 from tiercache.layout import KVLayout
+from tiercache.testing.embedded import EmbeddedDaemonConfig, use_daemon
 from tiercache.tiers.base import TierLevel
 
 from .ceilings import MachineInfo, describe_machine
-from .daemon_proc import EmbeddedDaemonConfig, use_daemon
 from .progress import ProgressBar
 from .reference import ReferenceKind, reference_hit_chunks
 from .replay import CacheSizes, DaemonTarget, InprocTarget, ReplayOptions, ReplayTarget, TierCounters
