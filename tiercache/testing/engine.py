@@ -176,8 +176,10 @@ class EngineProcess:
             raise self._failure(f"did not finish within {timeout_s:.0f}s") from None
         self._reader.join(STOP_TIMEOUT_S)
         messages = []
-        while (message := self._messages.get_nowait()) is not None:
-            messages.append(message)
+        with contextlib.suppress(queue.Empty):  # (a reader still blocked on a grandchild's stdout)
+            while (message := self._messages.get_nowait()) is not None:
+                messages.append(message)
+            self._messages.put(None)  # stays at the end for later calls
         if code != 0 or not messages:
             raise self._failure(f"exited with {code} after {len(messages)} message(s)")
         return messages[-1]
