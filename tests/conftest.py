@@ -10,6 +10,9 @@ import torch
 from tiercache.keys import Namespace
 from tiercache.layout import KVDtype, KVLayout
 
+pytest_plugins = ["tiercache.testing.plugin"]
+"""The process harness's fixtures (daemons, Redis, engine processes) for every directory."""
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip ``@pytest.mark.gpu`` tests on hosts without CUDA."""

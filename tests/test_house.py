@@ -2,9 +2,11 @@
 
 * Dependency direction (DESIGN.md "Layout"), read from the source with ``ast`` (relative imports resolved,
   imports inside functions and ``TYPE_CHECKING`` blocks included): the core — everything under
-  ``tiercache/`` but ``tiercache.daemon``, ``tiercache.connector`` and ``tiercache.bench`` — imports none of
-  those three; the connector never imports the daemon and the daemon never imports the connector; nothing
-  imports a bare top-level ``daemon``, ``proto``, ``bench`` or ``connector``.
+  ``tiercache/`` but ``tiercache.daemon``, ``tiercache.connector``, ``tiercache.testing`` and
+  ``tiercache.bench`` — imports none of those four; the connector never imports the daemon and the daemon
+  never imports the connector; neither imports ``tiercache.testing`` or ``tiercache.bench``, and
+  ``tiercache.testing`` (which may use the daemon and the connector) never imports ``tiercache.bench``;
+  nothing imports a bare top-level ``daemon``, ``proto``, ``bench`` or ``connector``.
 * No hand-written module over :data:`MAX_MODULE_LINES` lines (the generated stubs aside).
 * The wheel built from the checkout holds every module under ``tiercache/``, the stubs' ``.pyi`` and
   ``py.typed``, and each module imports from it in a process that cannot see the checkout.
@@ -27,7 +29,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "tiercache"
 BENCH_TRACES = REPO / "bench" / "traces"
-EDGE_PACKAGES = ("tiercache.daemon", "tiercache.connector", "tiercache.bench")
+EDGE_PACKAGES = ("tiercache.daemon", "tiercache.connector", "tiercache.testing", "tiercache.bench")
 """Packages that sit on the core; everything else under ``tiercache`` is the core."""
 BARE_NAMES = ("daemon", "proto", "bench", "connector")
 """Top-level import names that would collide with PyPI packages: everything is ``tiercache.*``."""
@@ -99,21 +101,29 @@ def test_relative_imports_are_resolved() -> None:
     assert "tiercache.connector.channel.ChannelConfig" in {i.target for i in imports_of(init)}
 
 
-def test_the_core_imports_no_daemon_connector_or_bench() -> None:
+def test_the_core_imports_no_daemon_connector_testing_or_bench() -> None:
     bad = [
         imp.where()
         for imp in all_imports()
         if not any(within(imp.module, p) for p in EDGE_PACKAGES)
         and any(within(imp.target, p) for p in EDGE_PACKAGES)
     ]
-    assert not bad, "the core must not import daemon/connector/bench:\n" + "\n".join(bad)
+    assert not bad, "the core must not import daemon/connector/testing/bench:\n" + "\n".join(bad)
 
 
 @pytest.mark.parametrize(
     ("importer", "forbidden"),
-    [("tiercache.connector", "tiercache.daemon"), ("tiercache.daemon", "tiercache.connector")],
+    [
+        ("tiercache.connector", "tiercache.daemon"),
+        ("tiercache.daemon", "tiercache.connector"),
+        ("tiercache.connector", "tiercache.testing"),
+        ("tiercache.daemon", "tiercache.testing"),
+        ("tiercache.connector", "tiercache.bench"),
+        ("tiercache.daemon", "tiercache.bench"),
+        ("tiercache.testing", "tiercache.bench"),
+    ],
 )
-def test_daemon_and_connector_never_import_each_other(importer: str, forbidden: str) -> None:
+def test_edge_packages_import_only_downwards(importer: str, forbidden: str) -> None:
     bad = [
         imp.where() for imp in all_imports() if within(imp.module, importer) and within(imp.target, forbidden)
     ]

@@ -1,17 +1,16 @@
 """A tiny engine process for the end-to-end tests (run as a script; also imported by the tests by path).
 
-It stores or loads the KV of a deterministic prompt through the connector and prints one JSON line. The
-source KV is regenerated from a seed, so any process can check a load bit-exactly.
+It stores or loads the KV of a deterministic prompt through the connector and says one message (the line
+protocol of :mod:`tiercache.testing.engine`: params on stdin). The source KV is regenerated from a seed, so
+any process can check a load bit-exactly.
 
-Usage: ``python engine_proc.py '<json params>'`` with ``mode`` in ``store``, ``load``, ``hold``, ``claim``
-(claim the prompt's prefill as leader with ``ttl_s``, print the claim, then hang until killed).
+Usage: ``python engine_proc.py`` with ``mode`` in ``store``, ``load``, ``hold``, ``claim`` (claim the
+prompt's prefill as leader with ``ttl_s``, say the claim, then hang until killed).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import sys
 import time
 from typing import Any
 
@@ -29,6 +28,7 @@ from tiercache.connector import (
 )
 from tiercache.keys import Namespace, chunk_keys
 from tiercache.layout import KVDtype, KVLayout
+from tiercache.testing.engine import read_params, say
 
 LAYOUT = KVLayout(2, 2, 16, KVDtype.BFLOAT16, chunk_tokens=16, page_tokens=4)
 """2 layers x 2 kv heads x 16 dims x 16 tokens, bf16: 4 KiB per chunk."""
@@ -145,17 +145,14 @@ def main(p: dict[str, Any]) -> dict[str, Any]:
         keys = chunk_keys(conn.namespace, tokens)
         lease = conn.client.acquire_load(conn.namespace, keys)
         active = conn.client.stats().active_leases
-        print(
-            json.dumps({"lease_id": lease.lease_id, "chunks": len(lease.slots), "active_leases": active}),
-            flush=True,
-        )
+        say({"lease_id": lease.lease_id, "chunks": len(lease.slots), "active_leases": active})
         time.sleep(600)  # hold the lease until the test kills this process
     if p["mode"] == "claim":
         claim = conn.prefill_claim(tokens, ttl_s=p["ttl_s"])
-        print(json.dumps({"lead": claim.lead_tokens, "leader": claim.leader}), flush=True)
+        say({"lead": claim.lead_tokens, "leader": claim.leader})
         time.sleep(600)  # lead without ever publishing, until the test kills this process
     raise SystemExit(f"unknown mode {p['mode']!r}")
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(json.loads(sys.argv[1]))), flush=True)
+    say(main(read_params()))

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.connector.conftest import Daemon
 from tiercache.connector import TierCacheClient
 from tiercache.connector.channel import ChannelConfig, Endpoint, auth_metadata, parse_address
 from tiercache.errors import InvalidArgumentError
+from tiercache.testing.daemon import DaemonProcess as Daemon
 
 
 @pytest.mark.parametrize(

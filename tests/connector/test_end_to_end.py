@@ -215,7 +215,7 @@ def test_tenant_isolation(
     tokens_file.write_text('[tokens]\n"token-a" = "alice"\n"token-b" = "bob"\n')
     tokens_file.chmod(0o600)
     d = daemon_factory("--tokens-file", str(tokens_file))
-    d.start(token="token-a")
+    d.start()
     a = _connector(d.address, engine_mod, token="token-a")
     b = _connector(d.address, engine_mod, token="token-b")
     prompt = engine_mod.prompt(10, TOKENS)

@@ -27,7 +27,7 @@ def test_each_tenant_loads_its_own_bytes_through_its_own_pool(
     tokens.write_text('[tokens]\n"tok-a" = "team-a"\n"tok-b" = "team-b"\n')
     tokens.chmod(0o600)
     d = daemon_factory("--tokens-file", str(tokens))
-    d.start(token="tok-a")
+    d.start()
     a = _connector(d.address, "tok-a", engine_mod)
     b = _connector(d.address, "tok-b", engine_mod)
     try:

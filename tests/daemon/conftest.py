@@ -1,37 +1,30 @@
 """Fixtures of the daemon tests: real ``tiercache-daemon`` processes driven through the generated stubs.
 
-``start_daemon`` runs ``python -m tiercache.daemon`` with small sizes, waits (bounded) until the socket file
-exists and the gRPC health check says SERVING, and at teardown stops it (SIGTERM, then SIGKILL) and removes
-its socket and shared-memory segments.
+The daemons are the harness plugin's (:mod:`tiercache.testing.plugin`: ``start_daemon``, ``shared_daemon``,
+waited for until the health check says SERVING, stopped and cleaned up after) with this directory's options
+(:data:`DAEMON_ARGS`); here are the test namespace, payloads and the RPC helpers the tests share.
 """
 
 from __future__ import annotations
 
 import os
-import secrets
-import signal
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-import grpc
 import numpy as np
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tiercache.fdpass import request_segment
 from tiercache.keys import Namespace, chunk_keys
 from tiercache.layout import KVDtype, KVLayout
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.proto import tiercache_pb2_grpc as pb_grpc
-from tiercache.shm import SHM_DIR, SharedSegment
+from tiercache.shm import SharedSegment
+from tiercache.testing.daemon import DaemonProcess as DaemonProc
+from tiercache.testing.daemon import free_port
+from tiercache.testing.plugin import SMALL_DAEMON_ARGS, make_daemon
+from tiercache.testing.plugin import StartDaemon as StartDaemon  # the tests import it from here
 
-START_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 30.0
 RPC_TIMEOUT_S = 10.0
 SLOT_BYTES = 64 << 10
 MAX_MESSAGE_BYTES = 256 << 10
@@ -79,181 +72,35 @@ def payload(index: int, seed: int) -> bytes:
     return noise + pattern
 
 
-@dataclass
-class DaemonProc:
-    """A running daemon process and how to reach it."""
-
-    proc: subprocess.Popen[bytes]
-    socket: str
-    prefix: str
-    l3_path: str
-    log: Path
-    args: list[str]
-    channels: list[grpc.Channel] = field(default_factory=list)
-
-    def channel(self) -> grpc.Channel:
-        """A new channel to the daemon's socket (closed at teardown)."""
-        ch = grpc.insecure_channel(
-            "unix:" + self.socket,
-            options=[
-                ("grpc.max_receive_message_length", 64 << 20),
-                ("grpc.max_send_message_length", 64 << 20),
-            ],
-        )
-        self.channels.append(ch)
-        return ch
-
-    def stub(self) -> pb_grpc.KVCacheServiceStub:
-        """A KVCacheService stub on a new channel."""
-        return pb_grpc.KVCacheServiceStub(self.channel())
-
-    def segments(self) -> list[Path]:
-        """Shared-memory segments of this daemon's prefix."""
-        return sorted(SHM_DIR.glob(f"{self.prefix}.*"))
-
-    def stderr(self) -> str:
-        """What the daemon logged so far."""
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-    def terminate(self) -> int:
-        """SIGTERM and wait; returns the exit code."""
-        for ch in self.channels:
-            ch.close()
-        self.channels.clear()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=STOP_TIMEOUT_S)
-
-
-def wait_serving(proc: subprocess.Popen[bytes], sock: str, log: Path) -> None:
-    """Wait until the daemon's socket exists and its health check says SERVING (bounded)."""
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        try:
-            code = proc.wait(timeout=0.05)  # doubles as the pause between probes
-        except subprocess.TimeoutExpired:
-            code = None
-        if code is not None:
-            raise AssertionError(
-                f"daemon exited with {code} during start:\n{log.read_text(errors='replace')}"
-            )
-        if not os.path.exists(sock):
-            continue
-        with grpc.insecure_channel("unix:" + sock) as ch:
-            try:
-                reply = health_pb2_grpc.HealthStub(ch).Check(
-                    health_pb2.HealthCheckRequest(service=""), timeout=1.0
-                )
-            except grpc.RpcError:
-                continue
-            if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                return
-    raise AssertionError(
-        f"daemon did not serve within {START_TIMEOUT_S}s:\n{log.read_text(errors='replace')}"
-    )
+DAEMON_ARGS = (
+    *SMALL_DAEMON_ARGS,
+    "--max-message-bytes", str(MAX_MESSAGE_BYTES),
+    "--stream-chunk-bytes", str(STREAM_CHUNK_BYTES),
+    "--log-level", "DEBUG",
+)  # fmt: skip
+"""Options of this directory's daemons: small sizes, small messages and stream pieces, DEBUG logs."""
 
 
 def base_args(tmp: Path, prefix: str, l3: Path) -> list[str]:
-    """The small-sized command line of a test daemon."""
-    return [
-        "--socket",
-        str(tmp / "d.sock"),
-        "--l2-bytes",
-        "16M",
-        "--slot-bytes",
-        "64K",
-        "--l3-path",
-        str(l3),
-        "--l3-bytes",
-        "64M",
-        "--l1-device",
-        "cpu",
-        "--l1-bytes",
-        "1M",
-        "--l2-prefix",
-        prefix,
-        "--max-message-bytes",
-        str(MAX_MESSAGE_BYTES),
-        "--stream-chunk-bytes",
-        str(STREAM_CHUNK_BYTES),
-        "--log-level",
-        "DEBUG",
-    ]
+    """The whole command line (socket ``tmp/d.sock``) of a test daemon, for runs that must fail to start."""
+    return ["--socket", str(tmp / "d.sock"), "--l3-path", str(l3), "--l2-prefix", prefix, *DAEMON_ARGS]
 
 
-def free_port() -> int:
-    """A TCP port that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def new_daemon(root: Path, extra: Sequence[str] = (), prefix: str | None = None) -> DaemonProc:
+    """A (not started) daemon with this directory's options and ``extra`` in ``root`` (L3 ``root/l3``)."""
+    return make_daemon(root, [*DAEMON_ARGS, *extra], prefix=prefix)
 
 
-StartDaemon = Callable[..., DaemonProc]
-
-
-def _spawn(tmp: Path, extra: Sequence[str], prefix: str, l3: Path, env: dict[str, str] | None) -> DaemonProc:
-    args = [*base_args(tmp, prefix, l3), *extra]
-    log = tmp / f"daemon-{secrets.token_hex(3)}.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tiercache.daemon", *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-        )
-    d = DaemonProc(proc, str(tmp / "d.sock"), prefix, str(l3), log, args)
-    try:
-        wait_serving(proc, d.socket, log)
-    except BaseException:
-        _cleanup(d)
-        raise
-    return d
-
-
-def _cleanup(d: DaemonProc) -> None:
-    for ch in d.channels:
-        ch.close()
-    if d.proc.poll() is None:
-        d.proc.send_signal(signal.SIGTERM)
-        try:
-            d.proc.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            d.proc.kill()
-            d.proc.wait()
-    for seg in d.segments():
-        seg.unlink(missing_ok=True)
-    Path(d.socket).unlink(missing_ok=True)
-
-
-@pytest.fixture
-def start_daemon(tmp_path: Path) -> Iterator[StartDaemon]:
-    """A factory of daemon processes in ``tmp_path`` (same socket, prefix and L3 unless overridden)."""
-    started: list[DaemonProc] = []
-    prefix = f"tiercache-test-{secrets.token_hex(4)}"
-
-    def start(*extra: str, env: dict[str, str] | None = None, l3: Path | None = None) -> DaemonProc:
-        d = _spawn(tmp_path, extra, prefix, l3 or tmp_path / "l3", env)
-        started.append(d)
-        return d
-
-    yield start
-    for d in started:
-        _cleanup(d)
+@pytest.fixture(scope="session")
+def daemon_args() -> tuple[str, ...]:
+    """This directory's daemon options (see :data:`DAEMON_ARGS`)."""
+    return DAEMON_ARGS
 
 
 @pytest.fixture(scope="module")
-def shared_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProc]:
-    """One daemon for a whole test module (also on TCP, with /metrics; both on free ports)."""
-    tmp = tmp_path_factory.mktemp("daemon")
-    d = _spawn(
-        tmp,
-        ["--metrics-port", str(free_port()), "--tcp", f"127.0.0.1:{free_port()}"],
-        f"tiercache-test-{secrets.token_hex(4)}",
-        tmp / "l3",
-        None,
-    )
-    yield d
-    _cleanup(d)
+def shared_daemon_args() -> tuple[str, ...]:
+    """The module's shared daemon listens on TCP too and serves /metrics (both on free ports)."""
+    return ("--metrics-port", str(free_port()), "--tcp", f"127.0.0.1:{free_port()}")
 
 
 @pytest.fixture(scope="module")
@@ -285,12 +132,11 @@ def write_tokens(path: Path) -> Path:
 def tenants_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProc]:
     """One daemon with authentication for a whole test module: tenants ``team-a`` and ``team-b``."""
     tmp = tmp_path_factory.mktemp("tenants")
-    tokens = write_tokens(tmp / "tokens.toml")
-    d = _spawn(
-        tmp, ["--tokens-file", str(tokens)], f"tiercache-test-{secrets.token_hex(4)}", tmp / "l3", None
-    )
-    yield d
-    _cleanup(d)
+    d = new_daemon(tmp, ["--tokens-file", str(write_tokens(tmp / "tokens.toml"))])
+    try:
+        yield d.start()
+    finally:
+        d.cleanup()
 
 
 def register(

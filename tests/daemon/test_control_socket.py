@@ -87,7 +87,7 @@ def test_stores_and_loads_over_the_control_socket_match_grpc_and_keep_tenants_ap
 ) -> None:
     stub = tenants_daemon.stub()
     reg_a = register(stub, TENANT_A)
-    path = tenants_daemon.socket + ".ctl"
+    path = f"{tenants_daemon.socket}.ctl"
     assert reg_a.control_socket == path
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     control = ControlStub(path)
@@ -121,7 +121,7 @@ def test_stores_and_loads_over_the_control_socket_match_grpc_and_keep_tenants_ap
 def test_bad_frames_get_a_status_or_a_closed_connection_and_the_daemon_carries_on(
     tenants_daemon: DaemonProc,
 ) -> None:
-    path = tenants_daemon.socket + ".ctl"
+    path = f"{tenants_daemon.socket}.ctl"
     token = TENANT_A[0][1].removeprefix("Bearer ")
     with _raw(path, token) as sock:
         sock.sendall(call_frame("Lookup", b"\xff\xff\xff"))  # not a LookupRequest
@@ -161,11 +161,11 @@ def test_bad_frames_get_a_status_or_a_closed_connection_and_the_daemon_carries_o
 def test_the_option_turns_it_off_and_a_stop_removes_it(start_daemon: StartDaemon, tmp_path: Path) -> None:
     off = start_daemon("--no-control-socket")
     assert register(off.stub()).control_socket == ""
-    assert not os.path.exists(off.socket + ".ctl")
+    assert not os.path.exists(f"{off.socket}.ctl")
     assert off.terminate() == 0
     on = start_daemon(l3=tmp_path / "l3-on")
     path = register(on.stub()).control_socket
-    assert path == on.socket + ".ctl"
+    assert path == f"{on.socket}.ctl"
     idle = ControlSocket(path, None)
     assert idle.call(rpcs.STATS, pb.StatsRequest(), RPC_TIMEOUT_S) is not None  # one idle connection held
     assert on.terminate() == 0  # the idle connection does not hold the drain up

@@ -23,10 +23,9 @@ from tests.daemon.conftest import (
     NAMESPACE,
     RPC_TIMEOUT_S,
     DaemonProc,
-    _cleanup,
-    _spawn,
     make_keys,
     namespace_spec,
+    new_daemon,
     payload,
     register,
     shm_load,
@@ -100,7 +99,7 @@ class ColdL3:
 def _cold_l3(tmp: Path, fault: Sequence[str], chains: dict[int, int]) -> Iterator[ColdL3]:
     """Store ``chains`` (seed -> chunks), let them reach L3, restart the daemon with ``fault`` on that L3."""
     prefix = f"tiercache-test-{tmp.name[-8:]}"
-    first = _spawn(tmp, [], prefix, tmp / "l3", None)
+    first = new_daemon(tmp, prefix=prefix).start()
     keys = {seed: make_keys(n, seed) for seed, n in chains.items()}
     try:
         stub = first.stub()
@@ -111,12 +110,12 @@ def _cold_l3(tmp: Path, fault: Sequence[str], chains: dict[int, int]) -> Iterato
         _wait_for("write-down to L3", lambda: _tier(_stats(stub), pb.TIER_L3).chunks == total)
         assert first.terminate() == 0
     finally:
-        _cleanup(first)
-    second = _spawn(tmp, list(fault), prefix, tmp / "l3", None)
+        first.cleanup()
+    second = new_daemon(tmp, fault, prefix).start()
     try:
         yield ColdL3(second, keys)
     finally:
-        _cleanup(second)
+        second.cleanup()
 
 
 @pytest.fixture(scope="module")

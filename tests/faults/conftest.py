@@ -1,7 +1,7 @@
-"""Fixtures of the fault tests: the real daemon processes of :mod:`tests.daemon.conftest`, reused as they are."""
+"""Fixtures of the fault tests: the harness plugin's daemons with the options of :mod:`tests.daemon.conftest`."""
 
 from __future__ import annotations
 
-from tests.daemon.conftest import shared_daemon, start_daemon
+from tests.daemon.conftest import daemon_args, shared_daemon_args
 
-__all__ = ["shared_daemon", "start_daemon"]
+__all__ = ["daemon_args", "shared_daemon_args"]

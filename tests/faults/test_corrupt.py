@@ -1,7 +1,7 @@
 """Corrupted L3 values (bit flips, truncations, values swapped between keys), injected with py-lmdb while
 the daemon is stopped: every one detected by the restarted daemon, each a counted miss, no wrong byte.
 
-The work is :func:`tiercache.bench.faults_corrupt.run_corruption` (what ``tiercache-bench faults``
+The work is :func:`tiercache.testing.faults.corrupt.run_corruption` (what ``tiercache-bench faults``
 reports); this test asserts on its figures.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tiercache.bench.faults_corrupt import KINDS, CorruptConfig, run_corruption
+from tiercache.testing.faults.corrupt import KINDS, CorruptConfig, run_corruption
 
 
 def test_every_corrupted_value_is_detected_and_counted(tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 layerwise save (real engine and daemon processes, short lifetimes): everything drains, nothing
 half-written is visible, and the prompts can be stored and loaded again bit for bit.
 
-The work is :func:`tiercache.bench.faults_engines.run_engine_kills` (what ``tiercache-bench faults``
+The work is :func:`tiercache.testing.faults.engines.run_engine_kills` (what ``tiercache-bench faults``
 reports); this test asserts on its figures.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tiercache.bench.faults_engines import HOLDS, EngineKillConfig, run_engine_kills
+from tiercache.testing.faults.engines import HOLDS, EngineKillConfig, run_engine_kills
 
 
 def test_engines_killed_holding_things_drain_and_leave_nothing_half_written(tmp_path: Path) -> None:

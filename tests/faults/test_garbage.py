@@ -18,9 +18,9 @@ from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from tests.daemon.conftest import RPC_TIMEOUT_S, DaemonProc
-from tiercache.bench.faults_garbage import RANDOM_PER_METHOD, undecodable_bodies
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.proto import tiercache_pb2_grpc as pb_grpc
+from tiercache.testing.faults.garbage import RANDOM_PER_METHOD, undecodable_bodies
 
 SERVICES = tuple(pb.DESCRIPTOR.services_by_name.values())
 METHODS = tuple(method for service in SERVICES for method in service.methods)

@@ -1,6 +1,6 @@
 """Kill -9 of the daemon in the middle of stores, 20 times in a row on one L3 (real daemon processes).
 
-The work is :func:`tiercache.bench.faults_kill.run_kills` (what ``tiercache-bench faults`` reports); this
+The work is :func:`tiercache.testing.faults.kill.run_kills` (what ``tiercache-bench faults`` reports); this
 test asserts on its figures: no wrong byte ever served after a restart, nothing L3 held before a kill
 missing after it, the environment never moved aside, and the write-down backlog lost at a kill within
 what the volatile tiers hold.
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tiercache.bench.faults_kill import KillConfig, run_kills
+from tiercache.testing.faults.kill import KillConfig, run_kills
 
 KILLS = 20
 

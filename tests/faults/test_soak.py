@@ -1,6 +1,6 @@
 """A soak: 32 engine processes (the real connector) storing and loading mixed prompts against one daemon.
 
-The work is :func:`tiercache.bench.soak.run_soak` (``tiercache-bench soak``). In CI each engine runs two
+The work is :func:`tiercache.testing.soak.run_soak` (``tiercache-bench soak``). In CI each engine runs two
 phases of 10 s (the issue's 10-minute soak is ``tiercache-bench soak --duration-s 600``): 0 errors, 0 wrong
 bytes, and the daemon's footprint flat between the phases, every engine still connected: the same
 shared-memory segments, the same open file descriptors, at most a few more threads (pools that grow on
@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tiercache.bench.faults_report import RSS_SLACK_BYTES, THREAD_SLACK
-from tiercache.bench.soak import SoakConfig, run_soak
+from tiercache.testing.soak import RSS_SLACK_BYTES, THREAD_SLACK, SoakConfig, run_soak
 
 ENGINES = 32
 

@@ -1,46 +1,39 @@
 """Fixtures of the shared-tier tests: a real three-master Redis Cluster and a real single Redis server on
-loopback ports (started once per session, stopped after it), and caches built over them.
+loopback ports (the harness plugin's, started once per session), caches built over them, and real daemon
+processes standing in for hosts.
 
 Every test files its keys under a key prefix of its own, so tests never see each other's chunks.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
+import secrets
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tiercache.bench.redis_cluster import RedisDeployment, RedisToolsMissing, redis_cluster, redis_single
 from tiercache.cache import CacheBuildConfig, CacheConfig, CacheManager, build_cache
 from tiercache.policies import WritePolicyKind
+from tiercache.testing.daemon import DaemonProcess, free_port
+from tiercache.testing.redis import RedisDeployment
 from tiercache.tiers.host import HostTierConfig
 from tiercache.tiers.lmdb import LmdbTierConfig
 from tiercache.tiers.shared import SharedTierConfig
 
 
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisDeployment]:
-    """A three-master Redis Cluster (no replicas) on loopback ports."""
-    try:
-        with redis_cluster(tmp_path_factory.mktemp("shared-cluster")) as deployment:
-            yield deployment
-    except RedisToolsMissing as exc:
-        pytest.skip(str(exc))
+def cluster(redis_cluster: RedisDeployment) -> RedisDeployment:
+    """The session's three-master Redis Cluster (the harness plugin's ``redis_cluster``)."""
+    return redis_cluster
 
 
 @pytest.fixture(scope="session")
-def single(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisDeployment]:
-    """One plain (non-cluster) redis-server on a loopback port."""
-    try:
-        with redis_single(tmp_path_factory.mktemp("shared-single")) as deployment:
-            yield deployment
-    except RedisToolsMissing as exc:
-        pytest.skip(str(exc))
+def single(redis_single: RedisDeployment) -> RedisDeployment:
+    """The session's plain (non-cluster) redis-server (the harness plugin's ``redis_single``)."""
+    return redis_single
 
 
 @pytest.fixture
@@ -84,28 +77,35 @@ def make_cache(tmp_path: Path, key_prefix: str) -> Iterator[CacheFactory]:
         cache.close()
 
 
-def _daemons_module() -> Any:
-    spec = importlib.util.spec_from_file_location("shared_daemons", Path(__file__).with_name("daemons.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+class Host(DaemonProcess):
+    """A real daemon standing in for one host of a fleet (own socket, L2 segment, L3 directory, /metrics
+    port) on the shared store at ``shared_url``."""
 
+    def __init__(self, root: Path, shared_url: str) -> None:
+        self.l3 = root / "l3"
+        self.metrics_port = free_port()
+        args = ["--l2-bytes", "4M", "--slot-bytes", "64K", "--l3-path", str(self.l3), "--l3-bytes", "16M",
+                "--l1-device", "none", "--metrics-port", str(self.metrics_port), "--shared-url", shared_url,
+                "--shared-timeout-s", "0.5", "--log-level", "DEBUG"]  # fmt: skip
+        super().__init__(root, args, prefix=f"tc-shd-{secrets.token_hex(4)}")
 
-daemons = _daemons_module()
+    def metrics(self) -> str:
+        """The text of ``/metrics``."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return str(resp.read().decode())
 
 
 @pytest.fixture
-def hosts(tmp_path: Path) -> Iterator[Callable[[str, str], Any]]:
-    """A factory of :class:`daemons.Host` (not started) in ``tmp_path``; every one is stopped after."""
-    made: list[Any] = []
+def hosts(tmp_path: Path) -> Iterator[Callable[[str, str], Host]]:
+    """A factory of :class:`Host` (not started) in ``tmp_path``; every one is stopped and cleaned up after."""
+    made: list[Host] = []
 
-    def make(name: str, url: str) -> Any:
-        host = daemons.Host(name, tmp_path / name, url)
+    def make(name: str, url: str) -> Host:
+        host = Host(tmp_path / name, url)
         made.append(host)
         return host
 
     yield make
     for host in made:
-        host.stop()
+        host.cleanup()

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from tiercache.bench.redis_cluster import RedisDeployment
 from tiercache.bench.tiers.shared_ceiling import measure_redis
+from tiercache.testing.redis import RedisDeployment
 
 
 def test_the_ceiling_times_sets_of_new_keys_and_leaves_none(single: RedisDeployment) -> None:

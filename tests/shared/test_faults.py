@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tiercache.bench.redis_cluster import RedisDeployment, redis_single
 from tiercache.errors import CapacityError
+from tiercache.testing.redis import RedisDeployment, redis_single
 from tiercache.tiers.shared import SharedTier, SharedTierConfig, store_key
 
 N = 48

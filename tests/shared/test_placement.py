@@ -11,13 +11,13 @@ import pytest
 import redis
 import torch
 
-from tiercache.bench.redis_cluster import RedisDeployment
 from tiercache.cache import CacheManager
 from tiercache.codec import Codec
 from tiercache.keys import Namespace, chunk_id, chunk_keys
 from tiercache.policies import WritePolicyKind
 from tiercache.policies.load import PrefillModel
 from tiercache.stats import ChunkEvent, EventKind
+from tiercache.testing.redis import RedisDeployment
 from tiercache.tiers.base import TierLevel
 from tiercache.tiers.shared import store_key
 from tiercache.tiers.shared_client import SharedStore, record_keys

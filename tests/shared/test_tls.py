@@ -19,8 +19,8 @@ import redis
 import torch
 
 from tests.daemon.certs import Pki, make_pki
-from tests.shared.daemons import free_port
 from tiercache.errors import CapacityError
+from tiercache.testing.daemon import free_port
 from tiercache.tiers.shared import SharedTier, SharedTierConfig
 
 SIZE = 256 << 10

@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
-from tiercache.bench.redis_cluster import RedisDeployment
 from tiercache.connector import ConnectorConfig, ContiguousKV, KVConnector, TierCacheClient, TierLevel
 from tiercache.keys import Namespace, chunk_id, chunk_keys
 from tiercache.layout import KVDtype, KVLayout
+from tiercache.testing.redis import RedisDeployment
 from tiercache.tiers.shared import store_key
 
 LAYOUT = KVLayout(2, 2, 16, KVDtype.BFLOAT16, chunk_tokens=16, page_tokens=4)

@@ -1,7 +1,8 @@
 """An engine process of one tenant, run under its own uid by tests/tenants (no torch: grpc + mmap only).
 
-Reads one JSON job from argv[1] and prints one JSON line: what it stored or loaded (sha256 of each chunk),
-or, for ``attack``, the outcome of every route it tried towards another tenant's chunks.
+Reads its job and answers with one message (the line protocol of :mod:`tiercache.testing.engine`: the job
+on stdin): what it stored or loaded (sha256 of each chunk), or, for ``attack``, the outcome of every route it
+tried towards another tenant's chunks.
 
 Job fields: ``socket`` (the daemon's unix socket), ``token``, ``register`` (a serialized RegisterRequest,
 hex), ``keys`` (hex), ``action`` (``store`` | ``load`` | ``attack``); ``store``: ``chunks_file`` (the
@@ -12,10 +13,8 @@ chunks, concatenated); ``attack``: ``victim_handle``, ``victim_grant``, ``victim
 from __future__ import annotations
 
 import hashlib
-import json
 import mmap
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import grpc
 from tiercache.fdpass import request_segment
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.proto import tiercache_pb2_grpc as pb_grpc
+from tiercache.testing.engine import read_params, say
 
 TIMEOUT_S = 30.0
 
@@ -51,7 +51,7 @@ def _code(call: Any) -> str:
 
 
 def main() -> None:
-    job = json.loads(Path(sys.argv[1]).read_text())
+    job = read_params()
     md = (("authorization", f"Bearer {job['token']}"),)
     keys = [bytes.fromhex(k) for k in job["keys"]]
     out: dict[str, Any] = {"uid": os.getuid()}
@@ -94,7 +94,7 @@ def main() -> None:
         else:
             out["attack"] = _attack(job, stub, md, reg, keys, mem)
         mem.close()
-    print(json.dumps(out), flush=True)
+    say(out)
 
 
 def _attack(

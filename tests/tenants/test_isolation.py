@@ -17,11 +17,9 @@ not asserted: the daemon's own user is trusted).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import secrets
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -33,16 +31,10 @@ import grpc
 import pytest
 
 import tiercache
-from tests.daemon.conftest import (
-    DaemonProc,
-    _cleanup,
-    base_args,
-    make_keys,
-    namespace_spec,
-    payload,
-    wait_serving,
-)
+from tests.daemon.conftest import DAEMON_ARGS, DaemonProc, make_keys, namespace_spec, payload
 from tiercache.proto import tiercache_pb2 as pb
+from tiercache.testing.engine import EngineProcess
+from tiercache.testing.plugin import make_daemon
 
 CHILD = Path(__file__).with_name("engine_child.py")
 UID_A, UID_B = 61_001, 61_002
@@ -105,37 +97,28 @@ def daemon(engines: Engines, tmp_path: Path) -> Iterator[DaemonProc]:
     tokens.chmod(0o600)
     sock = engines.shared / f"d-{secrets.token_hex(3)}.sock"
     prefix = f"tiercache-test-{secrets.token_hex(4)}"
-    args = [*base_args(tmp_path, prefix, tmp_path / "l3"), "--socket", str(sock), "--socket-mode", "0666"]
-    args += ["--tokens-file", str(tokens)]
-    log = tmp_path / "daemon.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tiercache.daemon", *args], stdout=out, stderr=subprocess.STDOUT
-        )
-    d = DaemonProc(proc, str(sock), prefix, str(tmp_path / "l3"), log, args)
+    d = make_daemon(
+        tmp_path,
+        [*DAEMON_ARGS, "--socket-mode", "0666", "--tokens-file", str(tokens)],
+        socket=sock,
+        prefix=prefix,
+    )
     try:
-        wait_serving(proc, d.socket, log)
-        yield d
+        yield d.start()
     finally:
-        _cleanup(d)
+        d.cleanup()
 
 
 def _run(engines: Engines, uid: int | None, job: dict[str, Any]) -> dict[str, Any]:
-    """Run one engine job as ``uid`` (None: this user); returns its JSON answer."""
-    path = engines.shared / f"job-{secrets.token_hex(4)}.json"
-    path.write_text(json.dumps(job))
-    path.chmod(0o600)
-    cmd = [engines.python, str(CHILD), str(path)]
+    """Run one engine job as ``uid`` (None: this user); returns its answer (the job goes on its stdin)."""
+    cmd = [engines.python, str(CHILD)]
     if uid is not None:
-        os.chown(path, uid, uid)
         cmd = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *cmd]
+    engine = EngineProcess(cmd, job, env=engines.env)
     try:
-        out = subprocess.run(cmd, env=engines.env, capture_output=True, text=True, timeout=120)
+        return engine.result(120.0)
     finally:
-        path.unlink()
-    assert out.returncode == 0, out.stderr
-    answer: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    return answer
+        engine.close()
 
 
 def test_tenant_b_cannot_reach_tenant_a_chunks_by_any_route(engines: Engines, daemon: DaemonProc) -> None:
@@ -150,12 +133,12 @@ def test_tenant_b_cannot_reach_tenant_a_chunks_by_any_route(engines: Engines, da
         if uid is not None:
             os.chown(files[tenant], uid, uid)
     register = pb.RegisterRequest(namespace=namespace_spec(), engine_id="engine").SerializeToString().hex()
-    base = {"socket": daemon.socket, "register": register, "keys": [k.hex() for k in keys]}
+    base = {"socket": str(daemon.socket), "register": register, "keys": [k.hex() for k in keys]}
     uid_a, uid_b = engines.uids
 
     a = _run(engines, uid_a, {**base, "token": TOKEN_A, "action": "store", "chunks_file": str(files["a"])})
     assert a["stored"] == 3
-    assert a["segment"].startswith("memfd:") and a["fd_socket"] == daemon.socket + ".fd"
+    assert a["segment"].startswith("memfd:") and a["fd_socket"] == f"{daemon.socket}.fd"
     if engines.cross_uid:
         assert a["uid"] == UID_A
 

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
-from tiercache.bench.redis_cluster import RedisToolsMissing, redis_cluster
+from tiercache.testing.redis import RedisDeployment
 
 
 @pytest.fixture(scope="session")
-def shared_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The seed URL of a three-master Redis Cluster on loopback ports, stopped after the session."""
-    try:
-        with redis_cluster(tmp_path_factory.mktemp("redis-cluster")) as cluster:
-            yield cluster.url
-    except RedisToolsMissing as exc:
-        pytest.skip(str(exc))
+def shared_url(redis_cluster: RedisDeployment) -> str:
+    """The seed URL of the session's three-master Redis Cluster (the harness plugin's ``redis_cluster``)."""
+    return redis_cluster.url

@@ -13,6 +13,7 @@ Shared by them:
     tables: plain-text tables.  common: measurement, verification and output helpers (timing, spread,
     payload, tier put/get, KV checks, layouts, work directory, progress, JSON documents, PNG charts).
 
-Test machinery that the ``faults`` and ``soak`` subcommands and the tests use: daemon_proc (a daemon for a
-run), faults_* and soak, redis_server / redis_cluster, vllm_engine (an engine subprocess).
+The process harness (daemons, Redis, engine subprocesses), fault injection and the soak are test machinery
+in :mod:`tiercache.testing`; the ``faults`` and ``soak`` subcommands report over it. ``vllm_engine`` is the
+engine script of the ``vllm`` benchmark, run by path (also by LMCache's own virtualenv).
 """

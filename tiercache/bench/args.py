@@ -9,7 +9,7 @@ Primitives:
     add_address_flags / add_policy_flags / add_daemon_flags: where to run, write and eviction policies,
         the sizes of an embedded daemon.
     size_or_zero: a size or 0 (a tier left out).
-    daemon_config_from_args: the :class:`~tiercache.bench.daemon_proc.EmbeddedDaemonConfig` of those flags.
+    daemon_config_from_args: the :class:`~tiercache.testing.embedded.EmbeddedDaemonConfig` of those flags.
 """
 
 from __future__ import annotations
@@ -26,9 +26,8 @@ from tiercache import parsers
 from tiercache.codec import Codec
 from tiercache.errors import InvalidArgumentError
 from tiercache.policies import EvictionPolicyKind, WritePolicyKind
+from tiercache.testing.embedded import EmbeddedDaemonConfig
 from tiercache.tiers.base import TierLevel
-
-from .daemon_proc import EmbeddedDaemonConfig
 
 E = TypeVar("E", bound=enum.Enum)
 

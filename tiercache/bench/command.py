@@ -27,12 +27,12 @@ import grpc
 import torch
 
 from tiercache.errors import TierCacheError
+from tiercache.testing.daemon import DaemonStartError
 
 from .common.documents import write_document
 from .common.plot import Chart, PlotUnavailableError, save_chart
 from .common.tier_ops import RoundTripError
 from .connector.baselines import EchoMismatchError
-from .daemon_proc import DaemonStartError
 
 FAILURES: tuple[type[BaseException], ...] = (
     RoundTripError,

@@ -1,14 +1,16 @@
-"""One vLLM engine process of ``tiercache-bench vllm``: times requests of one output token, prints JSON.
+"""One vLLM engine process of ``tiercache-bench vllm``: times requests of one output token, says the times.
 
 Run as ``python -m tiercache.bench.vllm_engine``, or by path with another interpreter (the LMCache column
-runs it in LMCache's own venv: this module imports nothing of tiercache), with the params as one line of JSON
-on stdin (each engine is its own process, so that its own prefix cache starts empty). Params:
+runs it in LMCache's own venv: this module imports nothing of tiercache), and spoken to with the line
+protocol of :mod:`tiercache.testing.engine` (restated here, since that module is not importable in LMCache's
+venv): the params as one line of JSON on stdin, messages as :data:`MARK` lines on stdout (each engine is its
+own process, so that its own prefix cache starts empty). Params:
     model: the model directory; block_size; kv: null (no connector) or ``{"kv_connector": ...,
         "kv_connector_module_path": ..., "kv_connector_extra_config": {...}}``;
     jobs: ``[{"warm": [tokens] | null, "prompt": [tokens]}]``: ``warm`` runs first, untimed (it fills the
         engine's own prefix cache, or stores through the connector), then ``prompt`` is timed;
-    wait_go: after the engine started, print :data:`READY` and wait for a second line on stdin before the
-        jobs (so that several engines run their jobs at the same time);
+    wait_go: after the engine started, say ``{"ready": true}`` and wait for a second line on stdin before
+        the jobs (so that several engines run their jobs at the same time);
     hide_llvmlite: hide llvmlite's and numba's modules from vLLM's kernel-rebinding scan (see
         :func:`hide_from_kernel_rebind`; the LMCache column needs it).
 The result line starts with :data:`RESULT`: ``{"jobs": [{"s": seconds, "cached": tokens, "t0": wall clock
@@ -29,10 +31,12 @@ import sys
 import time
 from typing import Any
 
-RESULT = "TIERCACHE-BENCH-VLLM "
-"""Prefix of the result line (vLLM's processes log to stdout too)."""
-READY = "TIERCACHE-BENCH-VLLM-READY"
-"""Printed (alone on its line) when the engine has started and waits for the go line."""
+MARK = "TIERCACHE-ENGINE "
+"""Prefix of a message line (vLLM's processes log to stdout too); equal to tiercache.testing.engine.MARK."""
+
+
+def _say(message: dict[str, Any]) -> None:
+    print(MARK + json.dumps(message), flush=True)
 
 
 def hide_from_kernel_rebind(prefixes: tuple[str, ...]) -> None:
@@ -61,7 +65,7 @@ def hide_from_kernel_rebind(prefixes: tuple[str, ...]) -> None:
 
 
 def main() -> None:
-    """Run the jobs of the params on stdin and print the result line."""
+    """Run the jobs of the params on stdin and say the result."""
     params: dict[str, Any] = json.loads(sys.stdin.readline())
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
@@ -89,7 +93,7 @@ def main() -> None:
     )
     start_s = time.perf_counter() - started
     if params.get("wait_go"):
-        print(READY, flush=True)
+        _say({"ready": True})
         sys.stdin.readline()
     one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     results = []
@@ -101,7 +105,7 @@ def main() -> None:
         seconds = time.perf_counter() - t0
         cached = int(out[0].num_cached_tokens or 0)
         results.append({"s": seconds, "cached": cached, "t0": wall, "t1": wall + seconds})
-    print(RESULT + json.dumps({"jobs": results, "start_s": start_s}), flush=True)
+    _say({"jobs": results, "start_s": start_s})
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import tiercache.bench.compare.peers as peers
-import tiercache.bench.redis_server as redis_server
+import tiercache.testing.redis as redis_server
 from tiercache.bench.cli import main
 from tiercache.bench.common.progress import ProgressBar
 from tiercache.bench.common.tier_ops import RoundTripError

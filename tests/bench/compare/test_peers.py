@@ -13,10 +13,10 @@ import pytest
 from tiercache.bench.common.kvcheck import distinct_prompts, make_contiguous_kv, verify_kv, zeros_like_kv
 from tiercache.bench.compare.peers import ChunkStore, FileStore, RedisStore, TierCacheStore
 from tiercache.bench.compare.refmodel import ModelSpec, model_layout
-from tiercache.bench.daemon_proc import EmbeddedDaemonConfig, start_daemon
-from tiercache.bench.redis_server import use_redis
 from tiercache.connector import ClientConfig, TierCacheClient
 from tiercache.keys import Namespace
+from tiercache.testing.embedded import EmbeddedDaemonConfig, start_daemon
+from tiercache.testing.redis import use_redis
 
 LAYOUT = model_layout(ModelSpec(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128), 32)
 TOKENS = 96

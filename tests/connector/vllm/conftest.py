@@ -2,14 +2,14 @@
 
 The model is built with ``transformers`` from a config and a fixed seed (float32, 2 layers, 2 KV heads of
 64, vocab 4096: a 32-token chunk is 64 KiB, one slot of the test daemon); nothing is downloaded. Each engine
-runs ``engine.py`` in its own process (so two engines never share vLLM's state) and prints one JSON line.
+runs ``engine.py`` in its own process (so two engines never share vLLM's state), spoken to with the
+harness's engine line protocol.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+from tiercache.testing.engine import EngineProcess
 
 HERE = Path(__file__).resolve().parent
 ENGINE = HERE / "engine.py"
@@ -86,7 +88,8 @@ RunVllm = Callable[..., dict[str, Any]]
 
 
 def run_engine(model: str, cwd: Path, record_dir: Path | None = None, **params: Any) -> dict[str, Any]:
-    """Run one engine process to completion with ``engine.py`` params; returns its JSON output."""
+    """Run one engine process to completion with ``engine.py`` params; returns its result (and its stderr
+    as ``stderr``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TIERCACHE_", "VLLM_"))}
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
     if record_dir is not None:
@@ -94,20 +97,14 @@ def run_engine(model: str, cwd: Path, record_dir: Path | None = None, **params: 
         env["TIERCACHE_TEST_RECORD_DIR"] = str(record_dir)
         params["connector"] = "RecordingConnector"
     params.setdefault("model", model)
-    out = subprocess.run(
-        [sys.executable, str(ENGINE), json.dumps(params)],
-        capture_output=True,
-        text=True,
-        timeout=ENGINE_TIMEOUT_S,
-        env=env,
-        cwd=cwd,
-    )
-    assert out.returncode == 0, out.stderr[-5000:]
-    assert "Traceback" not in out.stderr, out.stderr[-5000:]
-    lines = [line for line in out.stdout.splitlines() if line.startswith("TIERCACHE-TEST-RESULT ")]
-    assert len(lines) == 1, out.stdout[-5000:]
-    result: dict[str, Any] = json.loads(lines[0].split(" ", 1)[1])
-    result["stderr"] = out.stderr
+    engine = EngineProcess([sys.executable, str(ENGINE)], params, env=env, cwd=cwd)
+    try:
+        result = engine.result(ENGINE_TIMEOUT_S)
+        stderr = engine.stderr()
+    finally:
+        engine.close()
+    assert "Traceback" not in stderr, stderr[-5000:]
+    result["stderr"] = stderr
     return result
 
 

@@ -1,6 +1,7 @@
-"""A vLLM engine process for the connector tests: runs batches of token prompts, prints one JSON line.
+"""A vLLM engine process for the connector tests: runs batches of token prompts, says one message.
 
-Usage: ``python engine.py '<json params>'``. Params:
+Usage: ``python engine.py``, spoken to with the line protocol of :mod:`tiercache.testing.engine` (the params
+on stdin, the result as its one message; vLLM logs to stdout too). Params:
     model: the model directory; revision: its revision (optional).
     extra: ``kv_connector_extra_config`` of the tiercache connector, or null for no connector.
     connector: the connector class (``TierCacheConnector``, ``RecordingConnector`` from ``recording.py`` or
@@ -15,21 +16,18 @@ Usage: ``python engine.py '<json params>'``. Params:
         token) while the gate holds its commit, step the engine twice, open the gate, step until vLLM frees
         the request; the figures seen on the way go to the output's ``held``.
     max_tokens, block_size, max_num_batched_tokens: engine options.
-The output, on a line starting with :data:`RESULT`: ``{"batches": [[{"tokens": [...], "cached": n}, ...], ...], "open_saves": n}``.
+The result: ``{"batches": [[{"tokens": [...], "cached": n}, ...], ...], "open_saves": n}``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import signal
-import sys
 import time
 from typing import Any
 
-RESULT = "TIERCACHE-TEST-RESULT "
-"""Prefix of the result line (vLLM's processes log to stdout too)."""
+from tiercache.testing.engine import read_params, say
 
 
 def _kill(pid: int) -> None:
@@ -95,7 +93,7 @@ def _held(llm: Any, tokens: list[int]) -> dict[str, Any]:
 
 
 def main() -> None:
-    p: dict[str, Any] = json.loads(sys.argv[1])
+    p = read_params()
     if not p.get("multiprocess"):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -159,7 +157,7 @@ def main() -> None:
         )
         if i == 0 and p.get("kill_pid"):
             _kill(int(p["kill_pid"]))
-    print(RESULT + json.dumps(out), flush=True)
+    say(out)
 
 
 if __name__ == "__main__":

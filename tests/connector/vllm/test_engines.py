@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.connector.conftest import Daemon
+from tests.connector.conftest import connector_daemon
 from tests.connector.vllm.conftest import CHUNK, RunVllm, extra, prompt, run_engine
 from tiercache.connector import TierCacheClient
 from tiercache.connector.vllm.layout import BackendLayout
 from tiercache.connector.vllm.namespace import EngineIdentity
 from tiercache.keys import chunk_keys
 from tiercache.layout import KVDtype, KVLayout
+from tiercache.testing.daemon import DaemonProcess as Daemon
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'tiercache[vllm]')")
 
@@ -40,7 +41,7 @@ def _cached(result: dict[str, object], batch: int = 0) -> list[int]:
 
 @pytest.fixture(scope="module")
 def vllm_daemon(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    d = Daemon(tmp_path_factory.mktemp("vllm-daemon"))
+    d = connector_daemon(tmp_path_factory.mktemp("vllm-daemon"))
     try:
         d.start()
         yield d

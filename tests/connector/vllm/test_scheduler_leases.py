@@ -17,7 +17,7 @@ import torch
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'tiercache[vllm]')")
 
-from tests.connector.conftest import Daemon
+from tests.connector.conftest import connector_daemon
 from tiercache.connector import TierCacheClient
 from tiercache.connector.channel import parse_address
 from tiercache.connector.vllm.config import VllmConnectorConfig
@@ -29,6 +29,7 @@ from tiercache.connector.vllm.worker import WorkerSide
 from tiercache.keys import chunk_keys
 from tiercache.layout import KVDtype, KVLayout
 from tiercache.policies.load import LoadPolicyKind
+from tiercache.testing.daemon import DaemonProcess as Daemon
 
 LAYOUT = KVLayout(2, 2, 64, KVDtype.FLOAT32, chunk_tokens=32, page_tokens=32)  # 64 KiB: one daemon slot
 IDENTITY = EngineIdentity("tiny", "", BackendLayout.CPU, LAYOUT)
@@ -45,7 +46,7 @@ def _prompt(first: int) -> list[int]:
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """One daemon for the module (each test leaves no lease behind, which the next one checks)."""
-    d = Daemon(tmp_path_factory.mktemp("lease-daemon"))
+    d = connector_daemon(tmp_path_factory.mktemp("lease-daemon"))
     try:
         d.start()
         yield d

@@ -12,7 +12,6 @@ import torch
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'tiercache[vllm]')")
 
-from tests.connector.conftest import Daemon
 from tiercache.connector import TierCacheClient
 from tiercache.connector.channel import parse_address
 from tiercache.connector.vllm.ahead import connect_ahead
@@ -22,6 +21,7 @@ from tiercache.connector.vllm.namespace import EngineIdentity
 from tiercache.connector.vllm.saves import SAVE_NICE, SaveQueue
 from tiercache.keys import Namespace, chunk_keys
 from tiercache.layout import KVDtype, KVLayout
+from tiercache.testing.daemon import DaemonProcess as Daemon
 
 LAYOUT = KVLayout(2, 2, 64, KVDtype.FLOAT32, chunk_tokens=32, page_tokens=32)  # 64 KiB: one daemon slot
 NS = Namespace(model_id="tiny", revision="+kv:cpu", layout=LAYOUT)

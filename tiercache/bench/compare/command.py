@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import argparse
 
+from tiercache.testing.embedded import EmbeddedDaemonConfig
+
 from ..args import add_daemon_flags, add_output_flags, positive_int
 from ..command import FAILURES, failure_status, finish, progress_to_stderr, torch_threads
-from ..daemon_proc import EmbeddedDaemonConfig
 from .refmodel import ModelSpec
 from .report import compare_charts, compare_to_dict, format_compare_report
 from .run import CompareConfig, run_compare

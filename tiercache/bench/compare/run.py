@@ -50,14 +50,14 @@ import torch
 from tiercache.connector import ClientConfig, ContiguousKV, TierCacheClient
 from tiercache.keys import Namespace
 from tiercache.layout import KVLayout
+from tiercache.testing.embedded import EmbeddedDaemonConfig, use_daemon
+from tiercache.testing.redis import RedisUnavailableError, use_redis
 
 from ..ceilings import MachineInfo, describe_machine
 from ..common.kvcheck import verify_kv, zero_kv, zeros_like_kv
 from ..common.progress import ProgressBar
 from ..common.spread import RatioSpread, Spread, paired_ratios, spread_of
 from ..common.workdir import work_directory
-from ..daemon_proc import EmbeddedDaemonConfig, use_daemon
-from ..redis_server import RedisUnavailableError, use_redis
 from .peers import ChunkStore, FileStore, RedisStore, TierCacheStore
 from .refmodel import ModelSpec, build_model, model_layout, prefill_kv
 

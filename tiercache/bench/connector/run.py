@@ -56,6 +56,7 @@ from tiercache.connector import (
 from tiercache.connector.stream import message_limit, piece_bytes
 from tiercache.keys import Namespace, chunk_keys
 from tiercache.layout import KVLayout
+from tiercache.testing.embedded import DaemonHandle, EmbeddedDaemonConfig, use_daemon
 
 from ..ceilings import CeilingKind, CeilingResult, MachineInfo, describe_machine, measure_memcpy
 from ..common.kvcheck import distinct_prompts, make_contiguous_kv, verify_kv, zero_kv, zeros_like_kv
@@ -65,7 +66,6 @@ from ..common.progress import ProgressBar
 from ..common.spread import paired_ratios
 from ..common.timing import summarize, time_latency
 from ..common.workdir import work_directory
-from ..daemon_proc import DaemonHandle, EmbeddedDaemonConfig, use_daemon
 from .baselines import DiagnosticsProbe
 from .figure import (
     LOOKUP_TARGET,

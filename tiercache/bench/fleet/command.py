@@ -13,11 +13,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from tiercache.layout import KVDtype, KVLayout
+from tiercache.testing.redis import RedisToolsMissing
 
 from ..args import add_output_flags, non_negative_int, parse_size, positive_int
 from ..command import FAILURES, failure_status, finish, progress_to_stderr
 from ..common.workdir import work_directory
-from ..redis_cluster import RedisToolsMissing
 from ..workload.traces import TraceKind, TraceSpec
 from .report import fleet_to_dict, format_fleet
 from .run import FleetConfig, run_fleet

@@ -36,13 +36,13 @@ import torch
 from tiercache.cache import CacheBuildConfig, CacheConfig, CacheManager, build_cache
 from tiercache.keys import Namespace, chunk_keys
 from tiercache.layout import KVDtype, KVLayout
+from tiercache.testing.redis import redis_cluster
 from tiercache.tiers.base import TierLevel
 from tiercache.tiers.host import HostTierConfig
 from tiercache.tiers.lmdb import LmdbTierConfig
 from tiercache.tiers.shared import SharedTierConfig
 
 from ..common.tier_ops import RoundTripError
-from ..redis_cluster import redis_cluster
 from ..workload.replay import chunk_payload
 from ..workload.traces import TraceKind, TraceRequest, TraceSpec, generate_trace
 

@@ -15,7 +15,8 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from ..daemon_proc import EmbeddedDaemonConfig, use_daemon
+from tiercache.testing.embedded import EmbeddedDaemonConfig, use_daemon
+
 from .report import format_layerwise
 from .run import LayerwiseBenchConfig, measure_layerwise
 

@@ -16,7 +16,8 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from ..daemon_proc import EmbeddedDaemonConfig, use_daemon
+from tiercache.testing.embedded import EmbeddedDaemonConfig, use_daemon
+
 from .report import format_single_flight
 from .run import SingleFlightBenchConfig, measure_single_flight
 

@@ -27,13 +27,13 @@ from pathlib import Path
 
 import torch
 
+from tiercache.testing.redis import redis_cluster
 from tiercache.tiers.base import TierLevel
 
 from ..ceilings import CeilingResult, MachineInfo, describe_machine, measure_disk, measure_memcpy
 from ..common.payload import Payload, make_destinations, make_payload
 from ..common.tier_ops import TierOpResult, TierOptions, measure_tier, open_tier, tier_device
 from ..common.workdir import work_directory
-from ..redis_cluster import redis_cluster
 from .lmdb_ceiling import measure_lmdb_get
 from .shared_ceiling import measure_redis
 from .targets import Comparison, compare, median_round

@@ -22,11 +22,9 @@ Primitives:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import statistics
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,9 +33,10 @@ from typing import Any
 
 import torch
 
+from tiercache.testing.embedded import EmbeddedDaemonConfig, start_daemon
+from tiercache.testing.engine import EngineProcess
+
 from .. import vllm_engine
-from ..daemon_proc import EmbeddedDaemonConfig, start_daemon
-from ..vllm_engine import RESULT
 
 logger = logging.getLogger(__name__)
 
@@ -181,20 +180,6 @@ def engine_params(
             "max_model_len": max_model_len(config), "hide_llvmlite": lmcache}  # fmt: skip
 
 
-def parse_result(returncode: int, stdout: str, stderr: str) -> dict[str, Any]:
-    """The engine's result (without the warm-up job).
-
-    Raises:
-        RuntimeError: the engine failed.
-    """
-    lines = [line for line in stdout.splitlines() if line.startswith(RESULT)]
-    if returncode != 0 or len(lines) != 1:
-        raise RuntimeError(f"vLLM engine failed ({returncode}):\n{stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(lines[0][len(RESULT) :])
-    result["jobs"] = result["jobs"][1:]
-    return result
-
-
 def run_engine(
     model: Path,
     config: VllmBenchConfig,
@@ -202,12 +187,24 @@ def run_engine(
     jobs: list[dict[str, Any]],
     python: str = "",
 ) -> dict[str, Any]:
-    """Run one engine process over ``jobs`` (with ``python``'s venv when given); its result."""
-    out = subprocess.run(
-        engine_argv(python), input=json.dumps(engine_params(model, config, kv, jobs)) + "\n",
-        capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S, env=engine_env(python),
-    )  # fmt: skip
-    return parse_result(out.returncode, out.stdout, out.stderr)
+    """Run one engine process over ``jobs`` (with ``python``'s venv when given); its result (without the
+    warm-up job).
+
+    Raises:
+        EngineError: the engine failed.
+    """
+    engine = EngineProcess(
+        engine_argv(python), engine_params(model, config, kv, jobs), env=engine_env(python)
+    )
+    try:
+        return without_warmup(engine.result(ENGINE_TIMEOUT_S))
+    finally:
+        engine.close()
+
+
+def without_warmup(result: dict[str, Any]) -> dict[str, Any]:
+    """An engine's result without its warm-up job (see :func:`engine_params`)."""
+    return {**result, "jobs": result["jobs"][1:]}
 
 
 def column(name: str, cases: list[_Case], result: dict[str, Any]) -> Column:

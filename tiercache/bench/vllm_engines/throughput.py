@@ -18,24 +18,22 @@ Primitives:
 
 from __future__ import annotations
 
-import json
 import statistics
-import subprocess
 import tempfile
-import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from ..vllm_engine import READY
+from tiercache.testing.engine import EngineProcess
+
 from .columns import (
     ENGINE_TIMEOUT_S,
     VllmBenchConfig,
     engine_argv,
     engine_env,
     engine_params,
-    parse_result,
     prompt,
+    without_warmup,
 )
 
 
@@ -71,66 +69,26 @@ def _requests(config: VllmBenchConfig) -> list[list[int]]:
     ]
 
 
-class _Engine:
-    """One engine process that waits for the go line; its stdout is read by a thread (no pipe stalls)."""
-
-    def __init__(self, params: dict[str, Any], log: IO[bytes]) -> None:
-        self.proc = subprocess.Popen(
-            engine_argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, env=engine_env()
-        )  # fmt: skip
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({**params, "wait_go": True}) + "\n")
-        self.proc.stdin.flush()
-        self.ready = threading.Event()
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            if line.strip() == READY:
-                self.ready.set()
-        self.ready.set()  # the process ended (failed before it was ready): stop waiting
-
-    def go(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write("go\n")
-        self.proc.stdin.close()
-
-    def result(self, log_path: Path) -> dict[str, Any]:
-        code = self.proc.wait(ENGINE_TIMEOUT_S)
-        self._reader.join()
-        return parse_result(code, "".join(self.lines), log_path.read_text(errors="replace"))
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(30)
-
-
 def measure(
     name: str, model: Path, config: VllmBenchConfig, kv: dict[str, Any] | None, work: Path
 ) -> Throughput:
     reqs = _requests(config)
     halves = [reqs[0::2], reqs[1::2]]
     logs = [Path(tempfile.mkstemp(prefix=f"tput-{name}-", suffix=".log", dir=work)[1]) for _ in halves]
-    engines: list[_Engine] = []
+    engines: list[EngineProcess] = []
     try:
         for half, log_path in zip(halves, logs):
-            with log_path.open("wb") as log:
-                todo: list[dict[str, Any]] = [{"warm": None, "prompt": p} for p in half]
-                engines.append(_Engine(engine_params(model, config, kv, todo), log))
+            todo: list[dict[str, Any]] = [{"warm": None, "prompt": p} for p in half]
+            params = {**engine_params(model, config, kv, todo), "wait_go": True}
+            engines.append(EngineProcess(engine_argv(), params, env=engine_env(), stderr_path=log_path))
         for engine in engines:
-            if not engine.ready.wait(ENGINE_TIMEOUT_S):
-                raise RuntimeError("a throughput engine did not start in time")
+            engine.message(ENGINE_TIMEOUT_S)  # started, waits for the go line
         for engine in engines:
-            engine.go()
-        results = [engine.result(log_path) for engine, log_path in zip(engines, logs)]
+            engine.tell("go")
+        results = [without_warmup(engine.result(ENGINE_TIMEOUT_S)) for engine in engines]
     finally:
         for engine in engines:
-            engine.kill()
+            engine.close()
     jobs = [job for r in results for job in r["jobs"]]
     wall = max(j["t1"] for j in jobs) - min(j["t0"] for j in jobs)
     return Throughput(

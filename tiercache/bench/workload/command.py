@@ -12,6 +12,7 @@ import argparse
 from pathlib import Path
 
 from tiercache.policies.load import LoadPolicyKind
+from tiercache.testing.embedded import EmbeddedDaemonConfig
 
 from ..args import (
     add_address_flags,
@@ -27,7 +28,6 @@ from ..args import (
 )
 from ..command import FAILURES, failure_status, finish, progress_to_stderr, torch_threads
 from ..common.layout_cases import LayoutCase, parse_layouts
-from ..daemon_proc import EmbeddedDaemonConfig
 from .replay import ReplayOptions
 from .report import format_workload_report, workload_charts, workload_to_dict
 from .run import TraceInput, WorkloadConfig, run_workload

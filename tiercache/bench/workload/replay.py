@@ -45,13 +45,13 @@ from tiercache.layout import KVLayout
 from tiercache.policies import EvictionPolicyKind, WritePolicyKind
 from tiercache.policies.load import LoadPolicyKind, PrefillModel, make_load_policy
 from tiercache.stats import TierStats
+from tiercache.testing.embedded import DaemonHandle
 from tiercache.tiers.base import TierLevel
 from tiercache.tiers.hbm import HbmTierConfig
 from tiercache.tiers.host import HostTierConfig
 from tiercache.tiers.lmdb import LmdbTierConfig
 
 from ..common.tier_ops import RoundTripError
-from ..daemon_proc import DaemonHandle
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,12 +28,12 @@ import torch
 
 from tiercache.keys import Namespace, chunk_keys
 from tiercache.layout import KVLayout
+from tiercache.testing.embedded import EmbeddedDaemonConfig, use_daemon
 from tiercache.tiers.base import TierLevel
 
 from ..ceilings import MachineInfo, describe_machine
 from ..common.progress import ProgressBar
 from ..common.workdir import work_directory
-from ..daemon_proc import EmbeddedDaemonConfig, use_daemon
 from .reference import ReferenceKind, reference_hit_chunks
 from .replay import CacheSizes, DaemonTarget, InprocTarget, ReplayOptions, ReplayTarget, TierCounters
 from .traces import TraceRequest

@@ -1,7 +1,7 @@
 """Corrupted L3 values: bit flips, truncations and values swapped between keys, injected with py-lmdb while
 the daemon is stopped, then read by a restarted daemon. Every one must be detected and be a counted miss.
 
-A daemon stores prompts until L3 holds every chunk, and stops. The bench opens the L3 environment itself
+A daemon stores prompts until L3 holds every chunk, and stops. The run opens the L3 environment itself
 and damages one chunk of each chosen prompt: flips a byte (of the header or the payload), cuts the value
 short, or swaps the values of two prompts' chunks (each value is intact, only under the other key). A new
 daemon on that L3 is then asked for every prompt: a load may stop before the damaged chunk, never serve a
@@ -30,10 +30,9 @@ from tiercache.keys import chunk_keys, split_chunk_id
 from tiercache.tiers.base import TierLevel
 from tiercache.tiers.lmdb_env import VALUES_DB
 
-from .daemon_proc import EmbeddedDaemonConfig
-from .faults_daemon import KillableDaemon
-from .faults_kill import chunks_in_l3, default_daemon
-from .faults_workload import LAYOUT, connect, load_and_check, prompt_tokens, store_prompt
+from ..embedded import EmbeddedDaemonConfig, daemon_process
+from .kill import chunks_in_l3, default_daemon
+from .workload import LAYOUT, connect, load_and_check, prompt_tokens, store_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +106,7 @@ def run_corruption(config: CorruptConfig) -> CorruptReport:
     prompts = list(range(config.prompts))  # distinct families: no chunk is shared between two prompts
     rng = random.Random(config.seed)
     try:
-        daemon = KillableDaemon(config.daemon, config.work_dir, l3_dir, sock_dir / "d.sock")
+        daemon = daemon_process(config.daemon, config.work_dir, l3_dir, sock_dir / "d.sock", "faults")
         daemon.start()
         conn = connect(daemon.address)
         try:
@@ -122,7 +121,7 @@ def run_corruption(config: CorruptConfig) -> CorruptReport:
             keys = {p: chunk_keys(conn.namespace, prompt_tokens(p, config.chunks)) for p in prompts}
         finally:
             conn.client.close()
-            daemon.stop()
+            daemon.cleanup()
 
         chosen = rng.sample(prompts, min(config.injections, len(prompts)))
         at = {p: rng.randrange(config.chunks) for p in chosen}
@@ -141,7 +140,7 @@ def run_corruption(config: CorruptConfig) -> CorruptReport:
         finally:
             env.close()
 
-        daemon = KillableDaemon(config.daemon, config.work_dir, l3_dir, sock_dir / "d.sock")
+        daemon = daemon_process(config.daemon, config.work_dir, l3_dir, sock_dir / "d.sock", "faults")
         daemon.start()
         conn = connect(daemon.address)
         try:
@@ -154,7 +153,7 @@ def run_corruption(config: CorruptConfig) -> CorruptReport:
             l3 = conn.client.stats().tier(TierLevel.L3)
         finally:
             conn.client.close()
-            daemon.stop()
+            daemon.cleanup()
     finally:
         shutil.rmtree(sock_dir, ignore_errors=True)
     by_kind = {k: sum(1 for p in chosen if kinds[p] == k) for k in KINDS}

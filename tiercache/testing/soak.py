@@ -1,15 +1,16 @@
 """A soak: many engine processes storing and loading mixed prompts against one daemon, with the daemon's
 footprint measured before and after.
 
-Every engine (:mod:`tiercache.bench.faults_engine`, mode ``soak``) connects through the real connector and
+Every engine (:mod:`tiercache.testing.faults.engine`, mode ``soak``) connects through the real connector and
 warms up. The soak runs in two phases of half the duration each: the first brings the daemon to its
-working state (thread pools grown, caches filled), then the bench measures the daemon (RSS, open file
+working state (thread pools grown, caches filled), then the run measures the daemon (RSS, open file
 descriptors, threads, shared-memory segments) with every engine connected (``start``); the second runs,
-and the bench measures again, the engines still connected (``end``); then they exit and it measures once
+and the run measures again, the engines still connected (``end``); then they exit and it measures once
 more (``after``). Flat means ``end`` equals ``start`` within a tolerance of counts and bytes, never of
 time. Each engine checks every load bit for bit and counts errors; the run sums both phases.
 
 Primitives:
+    RSS_SLACK_BYTES / THREAD_SLACK: how much a flat daemon may still grow between the phases.
     SoakConfig: engines, duration, prompts, the daemon and the work directory.
     SoakReport: requests, errors, wrong loads and the footprints (start, end, after the engines left).
     run_soak: run it; the report.
@@ -23,13 +24,19 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .daemon_proc import EmbeddedDaemonConfig
-from .faults_daemon import KillableDaemon, ProcessFootprint
-from .faults_engines import EngineProcess
-from .faults_kill import default_daemon
-from .faults_workload import LAYOUT
+from .daemon import ProcessFootprint
+from .embedded import EmbeddedDaemonConfig, daemon_process
+from .engine import EngineProcess
+from .faults.engines import engine_process
+from .faults.kill import default_daemon
+from .faults.workload import LAYOUT
 
 logger = logging.getLogger(__name__)
+
+RSS_SLACK_BYTES = 32 << 20
+"""Daemon RSS growth a soak may show between its phases (allocator noise; a per-request leak is far more)."""
+THREAD_SLACK = 8
+"""Daemon threads that may appear between the phases (executor pools grow on demand up to their bound)."""
 
 
 def _soak_daemon() -> EmbeddedDaemonConfig:
@@ -89,21 +96,23 @@ class SoakReport:
 def run_soak(config: SoakConfig) -> SoakReport:
     """Start the daemon and the engines, soak, measure; the figures."""
     sock_dir = Path(tempfile.mkdtemp(prefix="tcsoak-"))
-    daemon = KillableDaemon(config.daemon, config.work_dir, config.work_dir / "l3", sock_dir / "d.sock")
+    daemon = daemon_process(
+        config.daemon, config.work_dir, config.work_dir / "l3", sock_dir / "d.sock", "faults"
+    )
     daemon.start()
     engines: list[EngineProcess] = []
     try:
         base = {"mode": "soak", "address": daemon.address, "duration_s": config.duration_s / 2}
         base |= {"prompts": config.prompts, "chunks": config.chunks}
-        engines = [EngineProcess({**base, "engine": i}) for i in range(config.engines)]
+        engines = [engine_process({**base, "engine": i}, config.work_dir) for i in range(config.engines)]
         for e in engines:
-            e.line()  # connected and warmed up
+            e.message()  # connected and warmed up
         summaries = []
         footprints = []
         for _ in range(2):
             for e in engines:
                 e.tell("go")
-            summaries += [e.line(config.duration_s + 120.0) for e in engines]
+            summaries += [e.message(config.duration_s + 120.0) for e in engines]
             footprints.append(daemon.footprint())
         start, end = footprints
         for e in engines:
@@ -114,8 +123,8 @@ def run_soak(config: SoakConfig) -> SoakReport:
         logger.info("soak: daemon after phase 1 %s, after phase 2 %s, engines gone %s", start, end, after)
     finally:
         for e in engines:
-            e.kill()
-        daemon.stop()
+            e.close()
+        daemon.cleanup()
         shutil.rmtree(sock_dir, ignore_errors=True)
 
     def total(name: str) -> int:

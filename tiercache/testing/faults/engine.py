@@ -1,29 +1,28 @@
-"""A lightweight engine process for the fault runs: run as ``python -m tiercache.bench.faults_engine JSON``.
+"""A lightweight engine process for the fault runs: ``python -m tiercache.testing.faults.engine``, spoken to
+with the line protocol of :mod:`tiercache.testing.engine` (its parameters on stdin, messages on stdout).
 
-It talks to the daemon through the real connector (shared-memory data plane) and prints JSON lines on
-stdout. Modes (``mode`` in the JSON parameters):
+It talks to the daemon through the real connector (shared-memory data plane). Modes (``mode`` in the
+parameters):
 
-- ``hold``: lease the cached prefix of a prompt, print ``{"ready": ...}``, then hang (until killed);
-- ``ticket``: begin a store of a prompt, fill half of its slots, print, hang (never commits);
-- ``claim``: claim a prompt's prefill as leader with ``ttl_s``, print, hang (never publishes);
-- ``save``: begin a layerwise save of a prompt, save its first layer only, print, hang;
-- ``soak``: connect and warm up (one store and one load), print ``{"ready": "soak"}``; then for each
+- ``hold``: lease the cached prefix of a prompt, say ``{"ready": ...}``, then hang (until killed);
+- ``ticket``: begin a store of a prompt, fill half of its slots, say so, hang (never commits);
+- ``claim``: claim a prompt's prefill as leader with ``ttl_s``, say so, hang (never publishes);
+- ``save``: begin a layerwise save of a prompt, save its first layer only, say so, hang;
+- ``soak``: connect and warm up (one store and one load), say ``{"ready": "soak"}``; then for each
   ``go`` line on stdin store and load random prompts shared by every engine for ``duration_s``, checking
-  every load bit for bit, and print that phase's summary; exit on any other line (or the end of stdin).
-  Between phases the bench measures the daemon with every engine connected.
+  every load bit for bit, and say that phase's summary; exit on any other line (or the end of stdin).
+  Between phases the run measures the daemon with every engine connected.
 
 Primitives:
     SoakSummary: what a soak engine did.
     soak: the soak loop of one connector (also usable in-process).
-    main: run one mode from JSON parameters.
+    main: run one mode from its parameters.
 """
 
 from __future__ import annotations
 
-import json
 import random
 import signal
-import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -33,7 +32,8 @@ import torch
 from tiercache.connector import KVConnector
 from tiercache.keys import chunk_keys
 
-from .faults_workload import LAYOUT, connect, load_and_check, prompt_kv, prompt_tokens, store_prompt
+from ..engine import next_line, read_params, say
+from .workload import LAYOUT, connect, load_and_check, prompt_kv, prompt_tokens, store_prompt
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,10 +91,10 @@ def _soak_mode(p: dict[str, Any]) -> None:
         warm = p["engine"] % p["prompts"]
         store_prompt(conn, warm, p["chunks"])
         load_and_check(conn, warm, p["chunks"])
-        print(json.dumps({"ready": "soak"}), flush=True)
-        while sys.stdin.readline().strip() == "go":  # one phase per "go"; anything else (or EOF): exit
+        say({"ready": "soak"})
+        while next_line() == "go":  # one phase per "go"; anything else (or EOF): exit
             phase = soak(conn, p["engine"], p["duration_s"], p["prompts"], p["chunks"])
-            print(json.dumps(asdict(phase)), flush=True)
+            say(asdict(phase))
     finally:
         conn.client.close()
 
@@ -134,10 +134,10 @@ def main(p: dict[str, Any]) -> dict[str, Any]:
         ready = {"ready": mode, "open": save.open, "layers": LAYOUT.num_layers}
     else:
         raise SystemExit(f"unknown mode {mode!r}")
-    print(json.dumps(ready), flush=True)
+    say(ready)
     _hang()
     return ready
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(json.loads(sys.argv[1]))), flush=True)
+    main(read_params())

@@ -1,4 +1,5 @@
-"""A private Redis Cluster (or one plain server) on loopback TCP ports, for the shared-tier tests and benches.
+"""Private Redis deployments for the shared-tier tests and benches: a Redis Cluster or one plain server on
+loopback TCP ports, or one server on a private unix socket (the ``compare`` bench's peer).
 
 Each node is a real ``redis-server`` (no persistence, ``maxmemory-policy allkeys-lru``, as the shared tier
 expects of a deployment); a cluster of ``masters`` nodes is created with ``redis-cli --cluster create
@@ -6,13 +7,18 @@ expects of a deployment); a cluster of ``masters`` nodes is created with ``redis
 and started again on its own port and node config (it rejoins with its slots), so that tests can take a
 node away mid-run. Everything is stopped, and the working directory is left to the caller, at exit.
 
+The unix-socket server of :func:`use_redis` listens on no TCP port (``--port 0``), in a private temporary
+directory (mode 0700 socket), and keeps nothing on disk either.
+
 Primitives:
     RedisToolsMissing: redis-server / redis-cli are not installed.
+    RedisUnavailableError: Redis cannot be used in a run (no binary, no client package, did not start).
     RedisNode: one running node (port, process).
     RedisDeployment: the nodes, the seed ``url``, ``kill(i)``, ``restart(i)``, ``wait_ok()``, ``owner(key)``,
         ``flush()``.
     redis_cluster: context manager yielding a ready cluster.
     redis_single: context manager yielding one plain (non-cluster) server.
+    use_redis: context manager yielding a client of a given URL or of a started unix-socket server.
 """
 
 from __future__ import annotations
@@ -23,21 +29,28 @@ import random
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import redis
 
 logger = logging.getLogger(__name__)
 
 _START_TIMEOUT_S = 30.0
+_UNIX_START_TIMEOUT_S = 20.0
 _POLL_S = 0.05
 
 
 class RedisToolsMissing(RuntimeError):
     """redis-server or redis-cli is not on PATH."""
+
+
+class RedisUnavailableError(RuntimeError):
+    """Redis cannot be used in this run (the message says why)."""
 
 
 def _binary(name: str) -> str:
@@ -266,3 +279,55 @@ def redis_single(work_dir: Path, maxmemory: str = "256mb", password: str = "") -
         yield deployment
     finally:
         deployment.stop()
+
+
+@contextlib.contextmanager
+def use_redis(url: str | None, work_dir: Path) -> Iterator[tuple[Any, str]]:
+    """A Redis client and a description of the server (a started one is stopped at exit).
+
+    Args:
+        url: ``redis://host:port`` or ``unix:///path``; None to start a private redis-server.
+        work_dir: where a started server's log and working directory go (its socket: a short temp dir).
+
+    Raises:
+        RedisUnavailableError: why Redis cannot be used.
+    """
+    if url is not None:
+        client = redis.Redis.from_url(url)
+        try:
+            client.ping()
+        except Exception as exc:
+            raise RedisUnavailableError(f"{url}: {exc}") from None
+        try:
+            yield client, url
+        finally:
+            client.close()
+        return
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RedisUnavailableError("redis-server is not installed (Debian: apt-get install redis-server)")
+    sock_dir = Path(tempfile.mkdtemp(prefix="tcbench-redis-"))  # short: a unix socket path has ~107 bytes
+    sock = sock_dir / "redis.sock"
+    argv = [binary, "--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700", "--save", "",
+            "--appendonly", "no", "--dir", str(work_dir), "--daemonize", "no", "--loglevel", "warning"]  # fmt: skip
+    node = RedisNode(0, argv, work_dir / "redis.log")
+    node.start()
+    client = redis.Redis.from_url(f"unix://{sock}")
+    try:
+        assert node.proc is not None
+
+        def up() -> bool:
+            if node.proc is not None and node.proc.poll() is not None:
+                raise RedisUnavailableError(f"redis-server exited with {node.proc.returncode}")
+            return sock.exists() and bool(client.ping())
+
+        try:
+            _wait("redis-server", up, _UNIX_START_TIMEOUT_S)
+        except RuntimeError as exc:
+            raise RedisUnavailableError(str(exc)) from None
+        version = client.info("server").get("redis_version", "?")
+        yield client, f"redis-server {version} on {sock} (started by the bench, no persistence)"
+    finally:
+        client.close()
+        node.stop()
+        shutil.rmtree(sock_dir, ignore_errors=True)

@@ -1,16 +1,14 @@
-"""A daemon for one benchmark run: a running one (``--address``), or a ``tiercache.daemon`` process the bench
-starts on a temporary unix socket and stops at exit.
+"""A daemon for one benchmark or fault run: a running one (``--address``), or a daemon process started with
+explicit, modest sizes (never the host-derived defaults) and stopped at exit.
 
-The started daemon runs ``python -m tiercache.daemon`` with explicit, modest sizes (never the host-derived
-defaults), its own shared-memory prefix, its socket in a short temporary directory, its L3 (if any) in the run's work directory and no
-``TIERCACHE_*`` environment; it is stopped with SIGTERM (SIGKILL after a bounded wait) and any segment it
-left is unlinked.
+A started daemon gets its own shared-memory prefix, its socket in a short temporary directory, its L3 (if
+any) in the run's work directory and no ``TIERCACHE_*`` environment (see :class:`~.daemon.DaemonProcess`);
+at exit it is stopped and what it left is unlinked.
 
 Primitives:
-    EmbeddedDaemonConfig: sizes and policies of a started daemon.
+    EmbeddedDaemonConfig: sizes and policies of a started daemon (its ``options``).
     DaemonHandle: the address to use and how the daemon came to be.
-    DaemonStartError: the daemon exited or did not answer in time (the message carries its log's tail).
-    wait_serving: wait (bounded) until a started daemon process answers.
+    daemon_process: a (not yet started) daemon process of a config, on a given L3 and socket.
     start_daemon: context manager running an embedded daemon.
     use_daemon: the given address, or an embedded daemon.
 """
@@ -19,31 +17,24 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import secrets
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tiercache.connector import ClientConfig, TierCacheClient
-from tiercache.errors import TierCacheError
 from tiercache.policies import EvictionPolicyKind, WritePolicyKind
-from tiercache.shm import SHM_DIR
+
+from .daemon import DaemonProcess
 
 logger = logging.getLogger(__name__)
-
-_LOG_TAIL_CHARS = 4000
 
 
 @dataclass(frozen=True, slots=True)
 class EmbeddedDaemonConfig:
-    """Sizes and policies of a daemon started by the bench.
+    """Sizes and policies of a daemon started by a run.
 
     Attributes:
         slot_bytes: L1/L2 slot size (the largest chunk it accepts).
@@ -83,18 +74,15 @@ class EmbeddedDaemonConfig:
                 f"max_ttl_s ({self.max_ttl_s}) must be at least lease_ttl_s ({self.lease_ttl_s})"
             )
 
-    def argv(self, socket: Path, l3_dir: Path, shm_prefix: str) -> list[str]:
-        """The daemon's command line."""
+    def options(self, l3_dir: Path) -> list[str]:
+        """The daemon's flags (its socket and L2 prefix aside)."""
         l1 = ["--l1-device", self.l1_device]
         if self.l1_device != "none":
             l1 += ["--l1-bytes", str(max(self.l1_bytes, self.slot_bytes))]
         return [
-            sys.executable, "-m", "tiercache.daemon",
-            "--socket", str(socket),
             "--slot-bytes", str(self.slot_bytes),
             *l1,
             "--l2-bytes", str(self.l2_bytes),
-            "--l2-prefix", shm_prefix,
             "--l3-path", str(l3_dir) if self.l3_bytes else "",
             *(["--l3-bytes", str(self.l3_bytes)] if self.l3_bytes else []),
             "--write-policy", self.write_policy.value,
@@ -113,7 +101,7 @@ class DaemonHandle:
     Attributes:
         address: what the connector dials.
         token: bearer token, if any.
-        embedded: True when the bench started it.
+        embedded: True when the run started it.
         argv: the command line of an embedded daemon (empty otherwise).
     """
 
@@ -123,50 +111,19 @@ class DaemonHandle:
     argv: tuple[str, ...] = ()
 
 
-class DaemonStartError(RuntimeError):
-    """An embedded daemon exited early or did not answer in time."""
-
-
-def _tail(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")[-_LOG_TAIL_CHARS:]
-    except OSError:
-        return "(no log)"
-
-
-def wait_serving(proc: subprocess.Popen[bytes], address: str, log: Path, timeout_s: float) -> None:
-    """Wait until the daemon ``proc`` answers a Stats call at ``address``.
-
-    Raises:
-        DaemonStartError: it exited, or did not answer within ``timeout_s`` (with the tail of ``log``).
-    """
-    deadline = time.monotonic() + timeout_s
-    client = TierCacheClient.connect(address, config=ClientConfig(timeout_s=2.0))
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise DaemonStartError(f"daemon exited with {proc.returncode}:\n{_tail(log)}")
-            if time.monotonic() > deadline:
-                raise DaemonStartError(f"daemon did not answer within {timeout_s:.0f}s:\n{_tail(log)}")
-            if client.wait_ready(0.5):
-                try:
-                    client.stats()
-                    return
-                except TierCacheError:
-                    time.sleep(0.05)  # the socket exists but the server is not serving yet
-    finally:
-        client.close()
-
-
-def _stop(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            logger.warning("daemon %d did not exit after SIGTERM; killing it", proc.pid)
-            proc.kill()
-            proc.wait(timeout_s)
+def daemon_process(
+    config: EmbeddedDaemonConfig, log_dir: Path, l3_dir: Path, socket: Path, label: str = "bench"
+) -> DaemonProcess:
+    """A daemon process of ``config`` (not started): logs in ``log_dir``, L3 in ``l3_dir`` (a series of
+    daemons may share one), a fresh L2 prefix ``tiercache-<label>-<random>``."""
+    return DaemonProcess(
+        log_dir,
+        config.options(l3_dir),
+        prefix=f"tiercache-{label}-{secrets.token_hex(4)}",
+        socket=socket,
+        start_timeout_s=config.start_timeout_s,
+        stop_timeout_s=config.stop_timeout_s,
+    )
 
 
 @contextlib.contextmanager
@@ -181,25 +138,17 @@ def start_daemon(config: EmbeddedDaemonConfig, work_dir: Path) -> Iterator[Daemo
         DaemonStartError: it exited or did not answer within ``config.start_timeout_s``.
     """
     sock_dir = Path(tempfile.mkdtemp(prefix="tcbench-"))  # short: a unix socket path has ~107 bytes
-    socket = sock_dir / "daemon.sock"
-    log = work_dir / "daemon.log"
-    prefix = f"tiercache-bench-{secrets.token_hex(4)}"
-    argv = config.argv(socket, work_dir / "daemon-l3", prefix)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERCACHE_")}
-    logger.info("starting a daemon: %s", " ".join(argv[1:]))
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+    daemon = daemon_process(config, work_dir, work_dir / "daemon-l3", sock_dir / "daemon.sock")
+    logger.info("starting a daemon: %s", " ".join(daemon.argv[1:]))
     try:
-        address = f"unix:{socket}"
-        wait_serving(proc, address, log, config.start_timeout_s)
-        yield DaemonHandle(address, None, True, tuple(argv))
+        daemon.start()
+        yield DaemonHandle(daemon.address, None, True, tuple(daemon.argv))
     finally:
-        _stop(proc, config.stop_timeout_s)
-        for path in SHM_DIR.glob(f"{prefix}*"):
-            path.unlink(missing_ok=True)
+        daemon.cleanup()
         shutil.rmtree(sock_dir, ignore_errors=True)
-        if proc.returncode not in (0, None, -signal.SIGTERM):
-            logger.warning("daemon exited with %s:\n%s", proc.returncode, _tail(log))
+        code = daemon.proc.returncode if daemon.proc is not None else None
+        if code not in (0, None, -signal.SIGTERM):
+            logger.warning("daemon exited with %s:\n%s", code, daemon.log_tail())
 
 
 @contextlib.contextmanager

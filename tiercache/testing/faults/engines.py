@@ -2,15 +2,14 @@
 layerwise save (one layer saved): everything they held drains within its lifetime, nothing half-written
 becomes visible.
 
-The daemon runs with short lifetimes. Engine processes (:mod:`tiercache.bench.faults_engine`) each take one
-kind of hold, say so, and are killed with SIGKILL. The bench then waits (bounded by the lifetimes) until
+The daemon runs with short lifetimes. Engine processes (:mod:`tiercache.testing.faults.engine`) each take one
+kind of hold, say so, and are killed with SIGKILL. The run then waits (bounded by the lifetimes) until
 the daemon shows no lease and no claim and has reclaimed the tickets at their TTL, checks that the prompts
 of the ticket and of the save are not visible (Lookup finds none of their chunks), and that they can be
 stored and loaded again, bit for bit (the dead engines' reservations no longer block them).
 
 Primitives:
-    EngineProcess: one engine process of :mod:`tiercache.bench.faults_engine` (start, read its lines,
-        tell it a line, wait, kill).
+    engine_process: one engine process of :mod:`.engine` (see :class:`~tiercache.testing.engine.EngineProcess`).
     EngineKillConfig: the lifetimes, the daemon and the work directory.
     EngineKillReport: the figures.
     run_engine_kills: run it; the report.
@@ -18,11 +17,9 @@ Primitives:
 
 from __future__ import annotations
 
-import json
 import logging
-import queue
+import secrets
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -33,71 +30,23 @@ from typing import Any
 
 from tiercache.keys import chunk_keys
 
-from .daemon_proc import EmbeddedDaemonConfig
-from .faults_daemon import KillableDaemon
-from .faults_kill import default_daemon
-from .faults_workload import LAYOUT, connect, load_and_check, prompt_tokens, store_prompt
+from ..embedded import EmbeddedDaemonConfig, daemon_process
+from ..engine import EngineProcess
+from .kill import default_daemon
+from .workload import LAYOUT, connect, load_and_check, prompt_tokens, store_prompt
 
 logger = logging.getLogger(__name__)
 
 HOLDS = ("hold", "ticket", "claim", "save")
 """What the killed engines hold: a load lease, a store ticket, a prefill claim, a layerwise save."""
-_LINE_TIMEOUT_S = 600.0
-"""How long an engine may take to print a line (32 engines importing torch at once on a small host)."""
 
 
-class EngineProcess:
-    """One engine process; its stdout lines are read on a thread."""
-
-    def __init__(self, params: dict[str, Any]) -> None:
-        """Start ``python -m tiercache.bench.faults_engine`` with ``params``."""
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tiercache.bench.faults_engine", json.dumps(params)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-        )
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._lines.put(line.decode(errors="replace"))
-        self._lines.put(None)
-
-    def line(self, timeout_s: float = _LINE_TIMEOUT_S) -> dict[str, Any]:
-        """The next JSON line it prints.
-
-        Raises:
-            RuntimeError: it exited or printed nothing within ``timeout_s``.
-        """
-        try:
-            text = self._lines.get(timeout=timeout_s)
-        except queue.Empty:
-            raise RuntimeError(f"engine {self.proc.pid} printed nothing within {timeout_s:.0f}s") from None
-        if text is None:
-            raise RuntimeError(f"engine {self.proc.pid} exited with {self.proc.wait()}")
-        parsed: dict[str, Any] = json.loads(text)
-        return parsed
-
-    def tell(self, text: str = "go") -> None:
-        """Write one line to its stdin (a soak engine runs a phase per ``go`` and exits on another line)."""
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(text.encode() + b"\n")
-        self.proc.stdin.flush()
-
-    def wait(self, timeout_s: float = _LINE_TIMEOUT_S) -> int:
-        """Wait for it to exit (closing its stdin first); its exit status."""
-        if self.proc.stdin is not None and not self.proc.stdin.closed:
-            self.proc.stdin.close()
-        return self.proc.wait(timeout_s)
-
-    def kill(self) -> None:
-        """SIGKILL and reap (nothing if it has exited)."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
+def engine_process(params: dict[str, Any], log_dir: Path) -> EngineProcess:
+    """Start one engine process of :mod:`.engine` (its stderr in ``log_dir``)."""
+    argv = [sys.executable, "-m", "tiercache.testing.faults.engine"]
+    return EngineProcess(
+        argv, params, stderr_path=log_dir / f"engine-{params['mode']}-{secrets.token_hex(3)}.log"
+    )
 
 
 def _short_lived() -> EmbeddedDaemonConfig:
@@ -147,7 +96,9 @@ class EngineKillReport:
 def run_engine_kills(config: EngineKillConfig) -> EngineKillReport:
     """Kill one engine per kind of hold, wait for the drain, check visibility; the figures."""
     sock_dir = Path(tempfile.mkdtemp(prefix="tcfault-"))
-    daemon = KillableDaemon(config.daemon, config.work_dir, config.work_dir / "l3", sock_dir / "d.sock")
+    daemon = daemon_process(
+        config.daemon, config.work_dir, config.work_dir / "l3", sock_dir / "d.sock", "faults"
+    )
     daemon.start()
     engines: list[EngineProcess] = []
     conn = connect(daemon.address)
@@ -156,8 +107,10 @@ def run_engine_kills(config: EngineKillConfig) -> EngineKillReport:
         store_prompt(conn, prompt_of["hold"], config.chunks)  # what the lease holds
         before = conn.client.stats()
         base = {"address": daemon.address, "chunks": config.chunks, "ttl_s": config.claim_ttl_s}
-        engines = [EngineProcess({**base, "mode": k, "prompt": prompt_of[k]}) for k in HOLDS]
-        lines = {kind: e.line() for kind, e in zip(HOLDS, engines, strict=True)}
+        engines = [
+            engine_process({**base, "mode": k, "prompt": prompt_of[k]}, config.work_dir) for k in HOLDS
+        ]
+        lines = {kind: e.message() for kind, e in zip(HOLDS, engines, strict=True)}
         during = conn.client.stats()
         logger.info("engines hold: %s (active leases %d)", lines, during.active_leases)
         started = time.monotonic()
@@ -191,8 +144,8 @@ def run_engine_kills(config: EngineKillConfig) -> EngineKillReport:
         }
     finally:
         for e in engines:
-            e.kill()
+            e.close()
         conn.client.close()
-        daemon.stop()
+        daemon.cleanup()
         shutil.rmtree(sock_dir, ignore_errors=True)
     return EngineKillReport(len(engines), held, drained, drain_s, bound, visible, restored)

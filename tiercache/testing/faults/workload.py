@@ -1,7 +1,7 @@
-"""The deterministic prompts and KV of the fault benchmarks, and a bit-exact check of every load.
+"""The deterministic prompts and KV of the fault runs, and a bit-exact check of every load.
 
 A prompt is named by an integer: its token ids and its KV are regenerated from that number, so any process
-(an engine that stores, another that loads, the bench after a daemon restart) can tell whether the bytes a
+(an engine that stores, another that loads, the run after a daemon restart) can tell whether the bytes a
 load put into its tensors are the stored ones. Prompts of one "family" share their first chunks, so the
 daemon sees chains that branch (mixed prompts).
 

@@ -35,9 +35,9 @@ from tiercache.keys import chunk_keys
 from tiercache.policies import WritePolicyKind
 from tiercache.tiers.base import TierLevel
 
-from .daemon_proc import EmbeddedDaemonConfig
-from .faults_daemon import KillableDaemon
-from .faults_workload import LAYOUT, connect, load_and_check, prompt_tokens, store_prompt
+from ..daemon import DaemonProcess
+from ..embedded import EmbeddedDaemonConfig, daemon_process
+from .workload import LAYOUT, connect, load_and_check, prompt_tokens, store_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -194,7 +194,7 @@ def _check_restart(conn: KVConnector, t: _Tally, chunks: int) -> None:
     )
 
 
-def _store_and_kill(conn: KVConnector, daemon: KillableDaemon, t: _Tally, config: KillConfig) -> None:
+def _store_and_kill(conn: KVConnector, daemon: DaemonProcess, t: _Tally, config: KillConfig) -> None:
     """Store a batch, note what L3 holds, then kill the daemon while an engine thread is storing."""
     full = config.chunks * LAYOUT.chunk_tokens
     for _ in range(config.prompts_per_round):
@@ -220,7 +220,7 @@ def run_kills(config: KillConfig) -> KillReport:
     t = _Tally()
     try:
         for round_no in range(config.kills + 1):
-            daemon = KillableDaemon(config.daemon, config.work_dir, l3_dir, sock_dir / "d.sock")
+            daemon = daemon_process(config.daemon, config.work_dir, l3_dir, sock_dir / "d.sock", "faults")
             daemon.start()
             conn = connect(daemon.address)
             try:
