@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tiercache.bench.cli import main
-from tiercache.bench.cmd_faults import FAULTS_SCHEMA
-from tiercache.bench.cmd_soak import SOAK_SCHEMA
+from tiercache.bench.faults.command import FAULTS_SCHEMA
+from tiercache.bench.soak.command import SOAK_SCHEMA
 
 
 def test_faults_garbage_part_prints_and_writes_its_figures(

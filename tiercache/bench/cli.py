@@ -116,10 +116,12 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         "faults",
-        ".cmd_faults",
+        ".faults.command",
         "kill -9 mid-stores, corrupted L3 values, killed engines, garbage RPCs: torn / lost / detected",
     ),
-    Command("soak", ".cmd_soak", "engine processes storing and loading for minutes; errors and daemon drift"),
+    Command(
+        "soak", ".soak.command", "engine processes storing and loading for minutes; errors and daemon drift"
+    ),
     Command(
         "vllm",
         ".vllm_engines.command",

@@ -39,10 +39,10 @@ from tiercache.testing.faults.engines import EngineKillConfig, EngineKillReport,
 from tiercache.testing.faults.garbage import GarbageReport, run_garbage
 from tiercache.testing.faults.kill import KillConfig, KillReport, default_daemon, run_kills
 
-from .args import add_output_flags, non_negative_int, positive_int
-from .ceilings import describe_machine
-from .command import FAILURES, failure_status, finish, progress_to_stderr
-from .tables import columns
+from ..args import add_output_flags, non_negative_int, positive_int
+from ..ceilings import describe_machine
+from ..command import FAILURES, failure_status, finish, progress_to_stderr
+from ..tables import columns
 
 PARTS = ("kill", "corrupt", "engines", "garbage")
 FAULTS_SCHEMA = "tiercache-bench/faults/1"

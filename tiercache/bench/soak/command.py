@@ -26,11 +26,11 @@ import torch
 
 from tiercache.testing.soak import RSS_SLACK_BYTES, THREAD_SLACK, SoakConfig, SoakReport, run_soak
 
-from .args import add_output_flags, positive_float, positive_int
-from .ceilings import describe_machine
-from .cmd_faults import Row, all_ok, format_rows, must_be_zero, progress
-from .command import FAILURES, failure_status, finish
-from .tables import format_size
+from ..args import add_output_flags, positive_float, positive_int
+from ..ceilings import describe_machine
+from ..command import FAILURES, failure_status, finish
+from ..faults.command import Row, all_ok, format_rows, must_be_zero, progress
+from ..tables import format_size
 
 SOAK_SCHEMA = "tiercache-bench/soak/1"
 
