@@ -43,7 +43,7 @@ from .channel import ChannelConfig, Endpoint, parse_address
 from .client import TierCacheClient
 from .config import ConnectorConfig
 from .connection import ClientConfig
-from .dataplane import DataPlane, DataPlaneKind
+from .dataplane import DataPlane, DataPlaneKind, DataPlaneMode
 from .engine import KVConnector
 from .kv import ContiguousKV, EngineKV, PagedKV, check_kv, chunk_to_kv, kv_to_chunk
 from .layerwise import LayerwiseLoad, LayerwiseSave
@@ -70,6 +70,7 @@ __all__ = [
     "ContiguousKV",
     "DataPlane",
     "DataPlaneKind",
+    "DataPlaneMode",
     "Endpoint",
     "EngineKV",
     "KVConnector",

@@ -12,6 +12,8 @@ the store aborted.
 
 Primitives:
     DataPlaneKind: SHARED_MEMORY or BYTE_STREAM.
+    DataPlaneMode: what an engine asks for: ``auto`` (shared memory when the daemon's segment can be mapped
+        here, else the byte stream), ``shm`` or ``stream``.
     DataPlane: load, load_layerwise, store, begin_save, prefill_publisher.
     PrefillPublisher: publish (store and make visible some chunks of a single-flight prefill), abort.
 """
@@ -38,6 +40,14 @@ class DataPlaneKind(Enum):
 
     SHARED_MEMORY = auto()
     BYTE_STREAM = auto()
+
+
+class DataPlaneMode(Enum):
+    """Which data plane an engine asks for (the value is what its options spell)."""
+
+    AUTO = "auto"
+    SHM = "shm"
+    STREAM = "stream"
 
 
 class PrefillPublisher(ABC):

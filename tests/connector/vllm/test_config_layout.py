@@ -7,6 +7,7 @@ import torch
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'tiercache[vllm]')")
 
+from tiercache.connector.dataplane import DataPlaneMode
 from tiercache.connector.vllm.config import VllmConnectorConfig
 from tiercache.connector.vllm.layout import (
     BackendLayout,
@@ -31,6 +32,13 @@ def test_defaults_and_chunk_size() -> None:
     assert (timeout.load_policy, timeout.timeout_s) == (LoadPolicyKind.TIMEOUT, 0.5)
 
 
+@pytest.mark.parametrize("mode", list(DataPlaneMode))
+def test_data_plane_key(mode: DataPlaneMode) -> None:
+    assert VllmConnectorConfig.from_extra_config({}, block_size=32).data_plane is DataPlaneMode.AUTO
+    parsed = VllmConnectorConfig.from_extra_config({"data_plane": mode.value}, block_size=32)
+    assert parsed.data_plane is mode
+
+
 @pytest.mark.parametrize(
     ("extra", "field"),
     [
@@ -44,6 +52,9 @@ def test_defaults_and_chunk_size() -> None:
         ({"chunk_tokens": True}, "chunk_tokens"),
         ({"load_policy": "cost_aware"}, "prefill_tokens_per_s"),
         ({"load_policy": "cost_aware", "prefill_tokens_per_s": -1}, "prefill_tokens_per_s"),
+        ({"data_plane": "tcp"}, "data_plane"),
+        ({"data_plane": 1}, "data_plane"),
+        ({"data_plane": None}, "data_plane"),
     ],
 )
 def test_bad_options_name_the_key(extra: dict[str, object], field: str) -> None:

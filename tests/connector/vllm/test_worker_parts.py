@@ -1,4 +1,5 @@
-"""The worker's parts on a real daemon, without an engine: the layer loader, connecting ahead, the save thread."""
+"""The worker's parts on a real daemon, without an engine: the layer loader, connecting ahead, the save thread,
+loads and saves over the byte stream."""
 
 from __future__ import annotations
 
@@ -16,12 +17,16 @@ from tests.connector.conftest import Daemon
 from tiercache.connector import TierCacheClient
 from tiercache.connector.channel import parse_address
 from tiercache.connector.vllm.ahead import connect_ahead
+from tiercache.connector.vllm.config import VllmConnectorConfig
 from tiercache.connector.vllm.layout import BackendLayout, block_planes, chunk_planes
 from tiercache.connector.vllm.loads import LayerLoader, LeasedLoad
+from tiercache.connector.vllm.metadata import LoadSpec, SaveSpec, TierCacheMetadata
 from tiercache.connector.vllm.namespace import EngineIdentity
 from tiercache.connector.vllm.saves import SAVE_NICE, SaveQueue
+from tiercache.connector.vllm.worker import WorkerSide
 from tiercache.keys import Namespace, chunk_keys
 from tiercache.layout import KVDtype, KVLayout
+from tiercache.shm import SHM_DIR
 
 LAYOUT = KVLayout(2, 2, 64, KVDtype.FLOAT32, chunk_tokens=32, page_tokens=32)  # 64 KiB: one daemon slot
 NS = Namespace(model_id="tiny", revision="+kv:cpu", layout=LAYOUT)
@@ -89,3 +94,72 @@ def test_save_thread_runs_at_a_lower_priority() -> None:
         queue._post("r", lambda: seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
         queue.close()
     assert seen == [min(19, os.getpriority(os.PRIO_PROCESS, 0) + SAVE_NICE)]
+
+
+def _caches(blocks: int, seed: int | None) -> dict[str, torch.Tensor]:
+    shape = BackendLayout.CPU.expected_shape(blocks, LAYOUT)
+    gen = torch.Generator().manual_seed(seed or 0)
+    return {
+        f"layers.{i}": torch.randn(shape, generator=gen) if seed is not None else torch.zeros(shape)
+        for i in range(LAYOUT.num_layers)
+    }
+
+
+@pytest.mark.parametrize("mode", ["stream", "auto"])
+def test_worker_saves_and_loads_over_the_byte_stream(daemon_factory, mode: str) -> None:  # type: ignore[no-untyped-def]
+    """``stream``, and ``auto`` where the daemon's segment cannot be mapped (gone from this host's /dev/shm,
+    as for a daemon on another host): two-phase saves and loads through the byte stream, bit-exact."""
+    daemon = daemon_factory()
+    daemon.start()
+    if mode == "auto":
+        for path in SHM_DIR.glob(f"{daemon.prefix}.*"):
+            path.unlink()
+    identity = EngineIdentity("tiny", "", BackendLayout.CPU, LAYOUT)
+    config = VllmConnectorConfig.from_extra_config(
+        {"address": daemon.address, "chunk_tokens": 32, "data_plane": mode}, block_size=32
+    )
+    ns = identity.namespace()
+    tokens = tuple(range(3 * 32))
+    src = _caches(8, seed=5)
+    with TierCacheClient.connect(daemon.address) as client:
+        saver = WorkerSide(identity, client, config)
+        saver.register_kv_caches(src)
+        assert saver.stream_plane(ns) is not None
+        first = SaveSpec("r", "", "", tokens, 0, (0, 1), (5, 1), commit=False)
+        saver.wait_for_save(TierCacheMetadata(saves=[first]))
+        saver.before_forward(TierCacheMetadata())
+        saver.wait_for_save(TierCacheMetadata(saves=[SaveSpec("r", "", "", (), 0, (2,), (5, 1, 6), True)]))
+        saver.shutdown()  # waits for the save thread
+        assert saver.save_failures == 0
+        assert client.lookup(ns, chunk_keys(ns, tokens)).chunks == 3
+
+        dst = _caches(10, seed=None)
+        loader = WorkerSide(identity, client, config)
+        loader.register_kv_caches(dst)
+        longer = tokens + tuple(range(1000, 1032))  # a fourth chunk the daemon does not hold
+        load = LoadSpec("q", "", "", longer, (7, 2, 9, 3), first_block=1)
+        loader.start_load_kv(TierCacheMetadata(loads=[load]))
+        assert loader.get_block_ids_with_load_errors() == {3}
+        for name in dst:
+            got, want = dst[name], src[name]
+            assert torch.equal(got[2], want[1]) and torch.equal(got[9], want[6])
+            assert not got[7].any() and not got[3].any()  # below first_block; not cached
+        loader.shutdown()
+        assert client.stats().active_leases == 0
+
+
+def test_an_unfinished_streamed_save_publishes_nothing(daemon: Daemon) -> None:
+    identity = EngineIdentity("tiny", "", BackendLayout.CPU, LAYOUT)
+    config = VllmConnectorConfig.from_extra_config(
+        {"address": daemon.address, "chunk_tokens": 32, "data_plane": "stream"}, block_size=32
+    )
+    ns = identity.namespace()
+    tokens = tuple(range(500, 500 + 2 * 32))
+    with TierCacheClient.connect(daemon.address) as client:
+        worker = WorkerSide(identity, client, config)
+        worker.register_kv_caches(_caches(4, seed=6))
+        worker.wait_for_save(TierCacheMetadata(saves=[SaveSpec("r", "", "", tokens, 0, (0,), (1,), False)]))
+        assert worker.open_saves == 1
+        assert worker.get_finished({"r"}) <= {"r"}  # aborted: its staged chunk is dropped
+        worker.shutdown()
+        assert client.lookup(ns, chunk_keys(ns, tokens)).chunks == 0

@@ -12,9 +12,14 @@ one-way shortly after: :meth:`~tiercache.connector.client.TierCacheClient.defer_
 waited release, and a lease the daemon does not confirm may have had its slots reused, so its blocks are
 reported as load errors and vLLM recomputes them. A failed copy does the same for every block not yet known good.
 
+A load over the byte stream (:class:`StreamedLoad`: no lease, the daemon's StreamLoad leases while it sends)
+is received before the first layer is marked done, each chunk copied into its blocks (every layer) as soon as
+it is whole; the blocks of chunks that did not arrive whole are load errors.
+
 Primitives:
     leased_prefix: the slots of a lease that hold whole chunks ``0, 1, ...`` in order.
     LeasedLoad: one request's lease, slots and target blocks.
+    StreamedLoad: one request's chunks to receive over the byte stream, and their target blocks.
     LayerLoader: start, wait(layer), finish() -> the block ids that failed.
 """
 
@@ -24,6 +29,7 @@ import contextlib
 import logging
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -34,8 +40,9 @@ from tiercache.keys import Namespace
 from tiercache.layout import KVLayout
 
 from ..client import TierCacheClient
-from ..results import LoadLease, SlotRef
+from ..results import LoadLease, SlotRef, StreamChunk
 from ..segments import SlotAccess, SlotMapping
+from ..stream_plane import ByteStreamPlane
 from .layout import BackendLayout, chunk_planes, copy_into_cache
 
 logger = logging.getLogger(__name__)
@@ -77,6 +84,23 @@ class LeasedLoad:
         return set(self.block_ids[self.first_block :])
 
 
+@dataclass(frozen=True, slots=True)
+class StreamedLoad:
+    """One request's load over the byte stream.
+
+    Attributes:
+        plane: the byte stream of the request's namespace.
+        keys: the keys of the chunks to load (the stream brings their contiguous cached prefix).
+        block_ids: the request's blocks covering those chunks (the last chunk's may be only its first).
+        first_block: blocks before this one are not written (vLLM computed them).
+    """
+
+    plane: ByteStreamPlane
+    keys: tuple[bytes, ...]
+    block_ids: tuple[int, ...]
+    first_block: int
+
+
 class LayerLoader:
     """Copies one step's leased loads into vLLM's KV cache, layer by layer (on CUDA in a background thread)."""
 
@@ -88,6 +112,7 @@ class LayerLoader:
         caches: Sequence[torch.Tensor],
         loads: Sequence[LeasedLoad],
         clock: Callable[[], float] = time.monotonic,
+        streamed: Sequence[StreamedLoad] = (),
     ) -> None:
         """Start copying at once (into a CPU cache: copy everything before returning).
 
@@ -98,12 +123,14 @@ class LayerLoader:
             caches: per layer, the cache as ``[planes, num_blocks, plane_block_bytes]`` bytes.
             loads: the leased loads.
             clock: the local clock the leases' lifetimes are checked with.
+            streamed: the loads over the byte stream.
         """
         self._client = client
         self._backend = backend
         self._layout = layout
         self._caches = caches
         self._loads = loads
+        self._streamed = streamed
         self._clock = clock
         self._cond = threading.Condition()
         self._done = 0
@@ -139,6 +166,8 @@ class LayerLoader:
     # ------------------------------------------------------------------ background thread
 
     def _run(self) -> None:
+        for streamed in self._streamed:
+            self._receive(streamed)
         try:
             with contextlib.ExitStack() as stack:
                 views = [stack.enter_context(load.mapping.use()) for load in self._loads]
@@ -158,17 +187,53 @@ class LayerLoader:
                 self._finished = True
                 self._cond.notify_all()
 
-    def _copy(self, views: Sequence[SlotAccess]) -> None:
+    def _blocks(
+        self, block_ids: Sequence[int], first_block: int, chunk: int
+    ) -> tuple[int, torch.Tensor] | None:
+        """Chunk ``chunk``'s target blocks: (its first block to write, their ids on the cache's device)."""
         per = self._layout.chunk_tokens // self._layout.page_tokens
-        device = self._caches[0].device
+        skip = max(0, first_block - chunk * per)
+        blocks = block_ids[chunk * per + skip : (chunk + 1) * per]
+        if not blocks:
+            return None
+        return skip, torch.tensor(blocks, dtype=torch.int64, device=self._caches[0].device)
+
+    def _receive(self, load: StreamedLoad) -> None:
+        """Receive ``load``'s chunks over the byte stream into their blocks; failures become load errors."""
+        per = self._layout.chunk_tokens // self._layout.page_tokens
+        on_cpu = self._stream is None
+        stream = torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
+
+        def consume(chunk: StreamChunk) -> None:
+            target = self._blocks(load.block_ids, load.first_block, chunk.index)
+            if target is None:
+                return
+            with warnings.catch_warnings():  # a lent message is read-only: torch warns that it could write
+                warnings.simplefilter("ignore", UserWarning)
+                buf = torch.frombuffer(chunk.data, dtype=torch.uint8)
+            with stream:
+                for layer, cache in enumerate(self._caches):
+                    copy_into_cache(cache, chunk_planes(self._backend, self._layout, buf, layer), *target)
+
+        got = 0
+        try:
+            # Into a CPU cache each copy is done when ``consume`` returns: one assembly buffer serves all.
+            got = load.plane.receive(load.keys, consume, reuse_buffer=on_cpu, lend=True)
+        except TierCacheError as exc:
+            logger.warning("tiercache stream load failed (%s); vLLM recomputes its blocks", exc)
+        except Exception:
+            logger.exception("tiercache stream load failed; vLLM recomputes its blocks")
+        if got * per < len(load.block_ids):
+            self._failed |= set(load.block_ids[max(got * per, load.first_block) :])
+
+    def _copy(self, views: Sequence[SlotAccess]) -> None:
         indices: list[list[tuple[int, torch.Tensor, SlotRef]]] = []
         for load in self._loads:
             items = []
             for ref in load.refs:
-                skip = max(0, load.first_block - ref.index * per)
-                blocks = load.block_ids[ref.index * per + skip : (ref.index + 1) * per]
-                if blocks:
-                    items.append((skip, torch.tensor(blocks, dtype=torch.int64, device=device), ref))
+                target = self._blocks(load.block_ids, load.first_block, ref.index)
+                if target is not None:
+                    items.append((*target, ref))
             indices.append(items)
         for layer, cache in enumerate(self._caches):
             stream = torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()

@@ -15,6 +15,10 @@ Wrong KV stays impossible because a block is only read while vLLM cannot reuse i
 * a preempted request loses its blocks at once: :meth:`SaveQueue.fence` runs before the next forward pass
   (which may write them) and waits for that request's copies, then drops its open reservation.
 
+Over the byte stream (``stream_plane`` gives the namespace's plane) there is nothing to reserve: a request's
+chunks are staged in this process's memory as they are copied, and its commit sends them in one StreamStore
+(the daemon commits it when the stream ends, so a failed stream leaves nothing visible); a drop frees them.
+
 A finished request whose reservation is still open (aborted before its last chunk) has it dropped; its slots
 are never published. Daemon trouble is logged and counted (``failures``), never raised into vLLM.
 
@@ -36,8 +40,9 @@ import functools
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 
 import torch
 
@@ -48,6 +53,7 @@ from tiercache.layout import KVLayout
 from ..client import TierCacheClient
 from ..results import SlotRef, StoreGrant
 from ..segments import SlotMapping
+from ..stream_plane import ByteStreamPlane
 from .layout import BackendLayout, chunk_planes, copy_from_cache
 from .metadata import SaveSpec
 from .namespace import EngineIdentity
@@ -67,15 +73,91 @@ def _lower_priority() -> None:
         logger.debug("cannot lower the save thread's priority (%s)", exc)
 
 
-@dataclass
-class _Reservation:
-    """A request's store ticket while its chunks are copied (owned by the background thread)."""
+class _Reservation(ABC):
+    """Where a request's chunks go while they are copied, until its commit (owned by the background thread).
 
-    namespace: Namespace
-    grant: StoreGrant
-    mapping: SlotMapping
-    slots: dict[int, SlotRef]
-    copied: set[int] = field(default_factory=set)
+    Attributes:
+        namespace: the request's namespace.
+        positions: the chunk positions reserved.
+        copied: the positions copied so far.
+    """
+
+    def __init__(self, namespace: Namespace, positions: Iterable[int]) -> None:
+        self.namespace = namespace
+        self.positions = frozenset(positions)
+        self.copied: set[int] = set()
+
+    @abstractmethod
+    def buffers(self) -> AbstractContextManager[Callable[[int], torch.Tensor]]:
+        """Inside: chunk position -> its 1-D uint8 buffer (``chunk_bytes`` long)."""
+
+    @abstractmethod
+    def commit(self, client: TierCacheClient) -> None:
+        """Publish every chunk (all were copied).
+
+        Raises:
+            TierCacheError: the daemon refused or failed it.
+        """
+
+    @abstractmethod
+    def abort(self, client: TierCacheClient) -> None:
+        """Drop the chunks (best effort; never raises)."""
+
+
+class _Slots(_Reservation):
+    """A store ticket: the chunks are copied into the daemon's shared-memory slots."""
+
+    def __init__(self, ns: Namespace, grant: StoreGrant, mapping: SlotMapping, slots: dict[int, SlotRef]):
+        super().__init__(ns, slots)
+        self.grant = grant
+        self.mapping = mapping
+        self.slots = slots
+
+    @contextlib.contextmanager
+    def buffers(self) -> Iterator[Callable[[int], torch.Tensor]]:
+        with self.mapping.use() as access:
+            yield lambda pos: access.view(self.slots[pos])
+
+    def commit(self, client: TierCacheClient) -> None:
+        client.commit_store(self.namespace, self.grant.ticket_id)
+
+    def abort(self, client: TierCacheClient) -> None:
+        _abort_ticket(client, self.namespace, self.grant)
+
+
+class _Staged(_Reservation):
+    """Chunks staged in local memory, sent over the byte stream at the commit."""
+
+    def __init__(self, plane: ByteStreamPlane, keys: Sequence[bytes], start: int) -> None:
+        super().__init__(plane.namespace, range(start, start + len(keys)))
+        self.plane = plane
+        self.keys = keys
+        self.start = start
+        self.staged: dict[int, torch.Tensor] = {}
+
+    def _buffer(self, pos: int) -> torch.Tensor:
+        buf = self.staged.get(pos)
+        if buf is None:
+            buf = self.staged[pos] = torch.empty(self.plane.namespace.layout.chunk_bytes, dtype=torch.uint8)
+        return buf
+
+    def buffers(self) -> AbstractContextManager[Callable[[int], torch.Tensor]]:
+        return contextlib.nullcontext(self._buffer)
+
+    def commit(self, client: TierCacheClient) -> None:
+        payloads = (self.staged[pos] for pos in range(self.start, self.start + len(self.keys)))
+        self.plane.send(self.keys, payloads, start_depth=self.start)
+        self.staged.clear()
+
+    def abort(self, client: TierCacheClient) -> None:
+        self.staged.clear()
+
+
+def _abort_ticket(client: TierCacheClient, ns: Namespace, grant: StoreGrant) -> None:
+    try:
+        client.abort_store(ns, grant.ticket_id)
+    except TierCacheError as exc:
+        logger.warning("aborting store ticket %d failed (%s); it lapses at its TTL", grant.ticket_id, exc)
 
 
 class SaveQueue:
@@ -86,17 +168,21 @@ class SaveQueue:
         client: TierCacheClient,
         identity: EngineIdentity,
         caches: Callable[[], Sequence[torch.Tensor]],
+        stream_plane: Callable[[Namespace], ByteStreamPlane | None] = lambda ns: None,
     ) -> None:
         """Args:
         client: the daemon client (thread-safe).
         identity: the engine's identity (namespaces and layout).
         caches: the registered caches, per layer as ``[planes, num_blocks, plane_block_bytes]`` bytes.
+        stream_plane: a namespace's byte stream when its chunks are sent that way, else None (shared
+            memory); may raise TierCacheError.
         """
         self._client = client
         self._identity = identity
         self._layout: KVLayout = identity.layout
         self._backend: BackendLayout = identity.backend
         self._caches = caches
+        self._stream_plane = stream_plane
         self._cond = threading.Condition()
         self._jobs: collections.deque[tuple[str, Callable[[], None]]] = collections.deque()
         self._pending: collections.Counter[str] = collections.Counter()
@@ -221,6 +307,10 @@ class SaveQueue:
         if not keys:
             return
         try:
+            plane = self._stream_plane(ns)
+            if plane is not None:
+                self._reservations[work.req_id] = _Staged(plane, keys, work.start_chunk)
+                return
             grant = self._client.begin_store(ns, keys, start_depth=work.start_chunk)
             mapping = self._client.slot_mapping(ns)
         except TierCacheError as exc:
@@ -229,27 +319,27 @@ class SaveQueue:
             return
         slots = {work.start_chunk + r.index: r for r in grant.slots if r.nbytes == self._layout.chunk_bytes}
         if mapping is None or not grant.slots or len(slots) != len(grant.slots):
-            self._abort(ns, grant)
+            _abort_ticket(self._client, ns, grant)
             return
-        self._reservations[work.req_id] = _Reservation(ns, grant, mapping, slots)
+        self._reservations[work.req_id] = _Slots(ns, grant, mapping, slots)
 
     def _copy(self, work: SaveSpec, held: _Reservation, event: torch.cuda.Event | None) -> None:
         """Copy every layer of the work's chunks out of vLLM's blocks (finished when this returns)."""
         caches = self._caches()
         per = self._layout.chunk_tokens // self._layout.page_tokens
-        positions = [pos for pos in work.chunks if pos in held.slots]
+        positions = [pos for pos in work.chunks if pos in held.positions]
         if not positions:
             return
         device = caches[0].device
         stream = torch.cuda.Stream(device=device) if event is not None else None  # type: ignore[no-untyped-call]
-        with held.mapping.use() as slots, torch.cuda.stream(stream) if stream else contextlib.nullcontext():
+        with held.buffers() as buffer, torch.cuda.stream(stream) if stream else contextlib.nullcontext():
             if stream is not None and event is not None:
                 stream.wait_event(event)  # the forward pass wrote the blocks on the engine's stream
             for pos in positions:
                 index = torch.tensor(
                     work.block_ids[pos * per : (pos + 1) * per], dtype=torch.int64, device=device
                 )
-                view = slots.view(held.slots[pos])
+                view = buffer(pos)
                 for layer, cache in enumerate(caches):
                     copy_from_cache(cache, chunk_planes(self._backend, self._layout, view, layer), 0, index)
             if stream is not None:
@@ -257,24 +347,18 @@ class SaveQueue:
         held.copied.update(positions)
 
     def _commit(self, req_id: str, held: _Reservation) -> None:
-        if held.copied != set(held.slots):
+        if held.copied != held.positions:
             logger.warning("request %s: a chunk was not copied; not caching", req_id)
-            self._abort(held.namespace, held.grant)
+            held.abort(self._client)
             return
         try:
-            self._client.commit_store(held.namespace, held.grant.ticket_id)
+            held.commit(self._client)
         except TierCacheError as exc:
             self.failures += 1
             logger.warning("tiercache commit of request %s failed (%s); not caching", req_id, exc)
-            self._abort(held.namespace, held.grant)
+            held.abort(self._client)
 
     def _drop(self, req_id: str) -> None:
         held = self._reservations.pop(req_id, None)
         if held is not None:
-            self._abort(held.namespace, held.grant)
-
-    def _abort(self, ns: Namespace, grant: StoreGrant) -> None:
-        try:
-            self._client.abort_store(ns, grant.ticket_id)
-        except TierCacheError as exc:
-            logger.warning("aborting store ticket %d failed (%s); it lapses at its TTL", grant.ticket_id, exc)
+            held.abort(self._client)

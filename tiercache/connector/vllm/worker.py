@@ -10,6 +10,10 @@
   held, as for its own); ``wait_for_layer_load`` waits for one layer; chunks the daemon no longer offers,
   leases that lapsed and failed copies become ``get_block_ids_with_load_errors`` (vLLM then recomputes
   those blocks when its ``kv_load_failure_policy`` is ``recompute``).
+* The bytes move through the daemon's shared memory, or over its byte stream (``data_plane`` ``stream``,
+  or ``auto`` when this process cannot map the daemon's segment: the daemon runs on another host): a
+  streamed load needs no lease of its own (a lease the scheduler took is released unused), a streamed save
+  stages the request's chunks in this process and sends them in one StreamStore at its commit.
 * ``wait_for_save`` hands the full chunks the forward pass completed to a :class:`~.saves.SaveQueue`, which
   reserves, copies and commits them in a background thread (two-phase: a request publishes all of its
   chunks or none); ``get_finished`` reports the finished requests whose saves are done (vLLM held their
@@ -38,11 +42,14 @@ from tiercache.keys import Namespace, chunk_keys
 from tiercache.policies.load import LoadPolicyKind
 
 from ..client import TierCacheClient
+from ..config import ConnectorConfig
+from ..dataplane import DataPlaneMode
 from ..results import LoadLease
+from ..stream_plane import ByteStreamPlane
 from .ahead import connect_ahead
 from .config import VllmConnectorConfig
 from .layout import block_planes, check_cache
-from .loads import LayerLoader, LeasedLoad, leased_prefix
+from .loads import LayerLoader, LeasedLoad, StreamedLoad, leased_prefix
 from .metadata import LoadSpec, TierCacheMetadata
 from .namespace import EngineIdentity
 from .saves import SaveQueue
@@ -70,7 +77,8 @@ class WorkerSide:
         self._caches: list[torch.Tensor] = []
         self._loader: LayerLoader | None = None
         self._errors: set[int] = set()
-        self._saves = SaveQueue(client, identity, lambda: self._caches)
+        self._streams: dict[Namespace, ByteStreamPlane] = {}
+        self._saves = SaveQueue(client, identity, lambda: self._caches, self.stream_plane)
         self._connecting: threading.Thread | None = None
         self.load_failures = 0
 
@@ -98,8 +106,28 @@ class WorkerSide:
         self._layers = {name: i for i, name in enumerate(kv_caches)}
         self._caches = [block_planes(backend, t) for t in kv_caches.values()]
         self._connecting = connect_ahead(
-            self._client, self._identity.namespace(), map_segment=True, prefill=self._config.prefill
+            self._client,
+            self._identity.namespace(),
+            map_segment=self._config.data_plane is not DataPlaneMode.STREAM,
+            prefill=self._config.prefill,
         )
+
+    def stream_plane(self, ns: Namespace) -> ByteStreamPlane | None:
+        """The byte stream of ``ns`` when its bytes move that way (see ``data_plane``), else None (shared
+        memory).
+
+        Raises:
+            TierCacheError: under ``auto``, the daemon could not be asked for the registration.
+        """
+        mode = self._config.data_plane
+        if mode is DataPlaneMode.SHM:
+            return None
+        if mode is DataPlaneMode.AUTO and self._client.slot_mapping(ns) is not None:
+            return None
+        plane = self._streams.get(ns)
+        if plane is None:
+            plane = self._streams.setdefault(ns, ByteStreamPlane(self._client, ns, ConnectorConfig()))
+        return plane
 
     # ------------------------------------------------------------------ loads
 
@@ -109,11 +137,40 @@ class WorkerSide:
         self._wait_loader()
         if not meta.loads:
             return
-        leased = [load for spec in meta.loads if (load := self._lease(spec)) is not None]
-        if leased:
+        leased: list[LeasedLoad] = []
+        streamed: list[StreamedLoad] = []
+        for spec in meta.loads:
+            load = self._plan(spec)
+            if isinstance(load, StreamedLoad):
+                streamed.append(load)
+            elif load is not None:
+                leased.append(load)
+        if leased or streamed:
             self._loader = LayerLoader(
-                self._client, self._identity.backend, self._layout, self._caches, leased, self._clock
+                self._client,
+                self._identity.backend,
+                self._layout,
+                self._caches,
+                leased,
+                self._clock,
+                streamed,
             )
+
+    def _plan(self, spec: LoadSpec) -> LeasedLoad | StreamedLoad | None:
+        """How the request's chunks are loaded: over the byte stream, or from leased slots."""
+        if not self.enabled:
+            return self._lease(spec)
+        ns = self._identity.namespace(spec.adapter, spec.cache_salt)
+        try:
+            plane = self.stream_plane(ns)
+        except TierCacheError as exc:
+            plane = None  # the shared-memory path below meets the same trouble and reports it
+            logger.debug("no data plane for request %s yet (%s)", spec.req_id, exc)
+        if plane is None:
+            return self._lease(spec)
+        if spec.lease is not None:
+            self._client.defer_release(ns, spec.lease.lease_id)  # the stream leases while it sends
+        return StreamedLoad(plane, tuple(chunk_keys(ns, spec.tokens)), spec.block_ids, spec.first_block)
 
     def _lease(self, spec: LoadSpec) -> LeasedLoad | None:
         """The request's lease (the scheduler's, or one taken now); blocks it does not cover become load
