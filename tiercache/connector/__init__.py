@@ -18,14 +18,17 @@ Modules (one responsibility each):
     connection: ``Connection`` — channel, deadlines, backoff, generations, re-registration (handle cache).
     client: ``TierCacheClient`` — one typed method per RPC.
     segments: the daemon's shared-memory segments mapped into the engine (``SlotMapping``, ``SegmentMaps``).
-    stream: byte-stream framing (pieces, zstd).
+    stream: the connector's end of the byte stream (stores' first message, loads' order; pieces are coded
+        by ``tiercache.wire.pieces``).
     kv: copies between chunk buffers and engine KV tensors (contiguous and paged layouts).
+    paged: block copies of a paged cache, whatever the engine's block layout (block planes).
     policy: the core's load policies (``LoadPolicy``: wait_complete, best_effort, timeout, cost_aware) on
         the wire.
     outcomes: ``LoadResult`` / ``StoreResult``, token-weighted.
     layerwise: ``LayerwiseLoad`` (wait_layer) and ``LayerwiseSave`` (save_layer, commit, abort).
     config: ``ConnectorConfig``.
-    dataplane: the ``DataPlane`` interface (load, load_layerwise, store, begin_save, prefill_publisher).
+    dataplane: the ``DataPlane`` interface (load, load_layerwise, store, begin_save, prefill_publisher) and
+        ``DataPlaneMode`` (auto, shm, stream: what an engine adapter asks for).
     shm_plane: ``SharedMemoryPlane`` — copies straight between shared-memory slots and the engine's KV.
     stream_plane: ``ByteStreamPlane`` — whole chunks over gRPC byte streams.
     prefill: ``PrefillLease`` — single-flight prefill (wait, publish, release).

@@ -16,9 +16,10 @@ pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'tiercach
 from tests.connector.conftest import Daemon
 from tiercache.connector import TierCacheClient
 from tiercache.connector.channel import parse_address
+from tiercache.connector.paged import chunk_layer_planes
 from tiercache.connector.vllm.ahead import connect_ahead
 from tiercache.connector.vllm.config import VllmConnectorConfig
-from tiercache.connector.vllm.layout import BackendLayout, block_planes, chunk_planes
+from tiercache.connector.vllm.layout import BackendLayout, block_planes
 from tiercache.connector.vllm.loads import LayerLoader, LeasedLoad
 from tiercache.connector.vllm.metadata import LoadSpec, SaveSpec, TierCacheMetadata
 from tiercache.connector.vllm.namespace import EngineIdentity
@@ -55,14 +56,14 @@ def test_loader_copies_and_defers_the_release_of_a_lease_in_time(daemon: Daemon)
             for _ in range(LAYOUT.num_layers)
         ]
         load = LeasedLoad(NS, lease, lease.slots, mapping, (2,), 0, started=0.0)
-        loader = LayerLoader(client, BackendLayout.CPU, LAYOUT, caches, [load], clock=lambda: 0.0)
+        loader = LayerLoader(client, LAYOUT, caches, [load], clock=lambda: 0.0)
         # Into a CPU cache the copy is made by the caller, before the forward pass: no thread, already there.
         assert not any(t.name == "tiercache-vllm-load" for t in threading.enumerate())
-        assert torch.equal(caches[-1][:, 2], chunk_planes(BackendLayout.CPU, LAYOUT, chunk, 1)[:, 0])
+        assert torch.equal(caches[-1][:, 2], chunk_layer_planes(LAYOUT, chunk, 1, 1)[:, 0])
         loader.wait(LAYOUT.num_layers - 1)
         assert loader.finish() == set()
         for layer, cache in enumerate(caches):
-            assert torch.equal(cache[:, 2], chunk_planes(BackendLayout.CPU, LAYOUT, chunk, layer)[:, 0])
+            assert torch.equal(cache[:, 2], chunk_layer_planes(LAYOUT, chunk, layer, 1)[:, 0])
             assert not cache[:, [0, 1, 3]].any()
         assert _active_leases(daemon) == 1  # the clock proved the lease held: its release waits for a call
         client.settle()

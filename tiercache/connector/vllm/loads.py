@@ -40,10 +40,10 @@ from tiercache.keys import Namespace
 from tiercache.layout import KVLayout
 
 from ..client import TierCacheClient
+from ..kv import PagedKV, chunk_to_kv
 from ..results import LoadLease, SlotRef, StreamChunk
 from ..segments import SlotAccess, SlotMapping
 from ..stream_plane import ByteStreamPlane
-from .layout import BackendLayout, chunk_planes, copy_into_cache
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +107,6 @@ class LayerLoader:
     def __init__(
         self,
         client: TierCacheClient,
-        backend: BackendLayout,
         layout: KVLayout,
         caches: Sequence[torch.Tensor],
         loads: Sequence[LeasedLoad],
@@ -118,7 +117,6 @@ class LayerLoader:
 
         Args:
             client: the daemon client (to release the leases).
-            backend: the KV cache layout.
             layout: the namespace layout (chunk and block size).
             caches: per layer, the cache as ``[planes, num_blocks, plane_block_bytes]`` bytes.
             loads: the leased loads.
@@ -126,7 +124,6 @@ class LayerLoader:
             streamed: the loads over the byte stream.
         """
         self._client = client
-        self._backend = backend
         self._layout = layout
         self._caches = caches
         self._loads = loads
@@ -187,16 +184,9 @@ class LayerLoader:
                 self._finished = True
                 self._cond.notify_all()
 
-    def _blocks(
-        self, block_ids: Sequence[int], first_block: int, chunk: int
-    ) -> tuple[int, torch.Tensor] | None:
-        """Chunk ``chunk``'s target blocks: (its first block to write, their ids on the cache's device)."""
-        per = self._layout.chunk_tokens // self._layout.page_tokens
-        skip = max(0, first_block - chunk * per)
-        blocks = block_ids[chunk * per + skip : (chunk + 1) * per]
-        if not blocks:
-            return None
-        return skip, torch.tensor(blocks, dtype=torch.int64, device=self._caches[0].device)
+    def _kv(self, block_ids: Sequence[int], first_block: int) -> PagedKV:
+        """A request's blocks in the registered caches, written from ``first_block`` on."""
+        return PagedKV.of_blocks(self._caches, block_ids, first_block)
 
     def _receive(self, load: StreamedLoad) -> None:
         """Receive ``load``'s chunks over the byte stream into their blocks; failures become load errors."""
@@ -204,16 +194,14 @@ class LayerLoader:
         on_cpu = self._stream is None
         stream = torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
 
+        kv = self._kv(load.block_ids, load.first_block)
+
         def consume(chunk: StreamChunk) -> None:
-            target = self._blocks(load.block_ids, load.first_block, chunk.index)
-            if target is None:
-                return
             with warnings.catch_warnings():  # a lent message is read-only: torch warns that it could write
                 warnings.simplefilter("ignore", UserWarning)
                 buf = torch.frombuffer(chunk.data, dtype=torch.uint8)
             with stream:
-                for layer, cache in enumerate(self._caches):
-                    copy_into_cache(cache, chunk_planes(self._backend, self._layout, buf, layer), *target)
+                chunk_to_kv(self._layout, buf, kv, chunk.index, non_blocking=not on_cpu)
 
         got = 0
         try:
@@ -227,21 +215,16 @@ class LayerLoader:
             self._failed |= set(load.block_ids[max(got * per, load.first_block) :])
 
     def _copy(self, views: Sequence[SlotAccess]) -> None:
-        indices: list[list[tuple[int, torch.Tensor, SlotRef]]] = []
-        for load in self._loads:
-            items = []
-            for ref in load.refs:
-                target = self._blocks(load.block_ids, load.first_block, ref.index)
-                if target is not None:
-                    items.append((*target, ref))
-            indices.append(items)
-        for layer, cache in enumerate(self._caches):
+        kvs = [self._kv(load.block_ids, load.first_block) for load in self._loads]
+        queued = self._stream is not None
+        for layer in range(len(self._caches)):
             stream = torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
             with stream:
-                for slots, items in zip(views, indices):
-                    for skip, index, ref in items:
-                        chunk = chunk_planes(self._backend, self._layout, slots.view(ref), layer)
-                        copy_into_cache(cache, chunk, skip, index)
+                for slots, load, kv in zip(views, self._loads, kvs):
+                    for ref in load.refs:
+                        chunk_to_kv(
+                            self._layout, slots.view(ref), kv, ref.index, (layer,), non_blocking=queued
+                        )
                 if self._stream is not None:
                     event = torch.cuda.Event()  # type: ignore[no-untyped-call]
                     event.record(self._stream)

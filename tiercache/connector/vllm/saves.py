@@ -51,10 +51,10 @@ from tiercache.keys import Namespace, chunk_keys
 from tiercache.layout import KVLayout
 
 from ..client import TierCacheClient
+from ..kv import PagedKV, kv_to_chunk
 from ..results import SlotRef, StoreGrant
 from ..segments import SlotMapping
 from ..stream_plane import ByteStreamPlane
-from .layout import BackendLayout, chunk_planes, copy_from_cache
 from .metadata import SaveSpec
 from .namespace import EngineIdentity
 
@@ -180,7 +180,6 @@ class SaveQueue:
         self._client = client
         self._identity = identity
         self._layout: KVLayout = identity.layout
-        self._backend: BackendLayout = identity.backend
         self._caches = caches
         self._stream_plane = stream_plane
         self._cond = threading.Condition()
@@ -326,7 +325,6 @@ class SaveQueue:
     def _copy(self, work: SaveSpec, held: _Reservation, event: torch.cuda.Event | None) -> None:
         """Copy every layer of the work's chunks out of vLLM's blocks (finished when this returns)."""
         caches = self._caches()
-        per = self._layout.chunk_tokens // self._layout.page_tokens
         positions = [pos for pos in work.chunks if pos in held.positions]
         if not positions:
             return
@@ -335,13 +333,9 @@ class SaveQueue:
         with held.buffers() as buffer, torch.cuda.stream(stream) if stream else contextlib.nullcontext():
             if stream is not None and event is not None:
                 stream.wait_event(event)  # the forward pass wrote the blocks on the engine's stream
+            kv = PagedKV.of_blocks(caches, work.block_ids)
             for pos in positions:
-                index = torch.tensor(
-                    work.block_ids[pos * per : (pos + 1) * per], dtype=torch.int64, device=device
-                )
-                view = buffer(pos)
-                for layer, cache in enumerate(caches):
-                    copy_from_cache(cache, chunk_planes(self._backend, self._layout, view, layer), 0, index)
+                kv_to_chunk(self._layout, kv, pos, buffer(pos), non_blocking=stream is not None)
             if stream is not None:
                 stream.synchronize()
         held.copied.update(positions)

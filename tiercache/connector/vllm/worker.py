@@ -148,7 +148,6 @@ class WorkerSide:
         if leased or streamed:
             self._loader = LayerLoader(
                 self._client,
-                self._identity.backend,
                 self._layout,
                 self._caches,
                 leased,
