@@ -127,8 +127,15 @@ class DataPlane(ABC):
         """
 
     @abstractmethod
-    def begin_save(self, keys: Sequence[bytes]) -> LayerwiseSave:
-        """Reserve room for the new chunks of ``keys``, to be filled layer by layer and committed.
+    def begin_save(self, keys: Sequence[bytes], cached: int | None = None) -> LayerwiseSave:
+        """Reserve room for the new chunks of ``keys``, to be filled layer by layer (or chunk by chunk) and
+        committed.
+
+        Args:
+            keys: the prompt's chunk keys.
+            cached: the first ``cached`` chunks are known to be cached (an engine that looked the prompt up
+                already): only ``keys[cached:]`` are reserved, and nothing is looked up; None: the plane
+                finds out.
 
         Raises:
             TierCacheError: daemon trouble.

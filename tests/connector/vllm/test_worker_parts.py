@@ -14,9 +14,10 @@ import torch
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'tiercache[vllm]')")
 
 from tests.connector.conftest import Daemon
-from tiercache.connector import TierCacheClient
+from tiercache.connector import ConnectorConfig, TierCacheClient
 from tiercache.connector.channel import parse_address
 from tiercache.connector.paged import chunk_layer_planes
+from tiercache.connector.stream_plane import ByteStreamPlane
 from tiercache.connector.vllm.ahead import connect_ahead
 from tiercache.connector.vllm.config import VllmConnectorConfig
 from tiercache.connector.vllm.layout import BackendLayout, block_planes
@@ -91,7 +92,9 @@ def test_save_thread_runs_at_a_lower_priority() -> None:
     identity = EngineIdentity("tiny", "", BackendLayout.CPU, LAYOUT)
     seen: list[int] = []
     with TierCacheClient.connect("unix:/nonexistent/tiercache.sock") as client:
-        queue = SaveQueue(client, identity, lambda: [])
+        queue = SaveQueue(
+            client, identity, lambda: [], lambda ns: ByteStreamPlane(client, ns, ConnectorConfig())
+        )
         queue._post("r", lambda: seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
         queue.close()
     assert seen == [min(19, os.getpriority(os.PRIO_PROCESS, 0) + SAVE_NICE)]

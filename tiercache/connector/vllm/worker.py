@@ -43,8 +43,9 @@ from tiercache.policies.load import LoadPolicyKind
 
 from ..client import TierCacheClient
 from ..config import ConnectorConfig
-from ..dataplane import DataPlaneMode
+from ..dataplane import DataPlane, DataPlaneMode
 from ..results import LoadLease
+from ..shm_plane import SharedMemoryPlane
 from ..stream_plane import ByteStreamPlane
 from .ahead import connect_ahead
 from .config import VllmConnectorConfig
@@ -78,7 +79,8 @@ class WorkerSide:
         self._loader: LayerLoader | None = None
         self._errors: set[int] = set()
         self._streams: dict[Namespace, ByteStreamPlane] = {}
-        self._saves = SaveQueue(client, identity, lambda: self._caches, self.stream_plane)
+        self._slots: dict[Namespace, SharedMemoryPlane] = {}
+        self._saves = SaveQueue(client, identity, lambda: self._caches, self.plane)
         self._connecting: threading.Thread | None = None
         self.load_failures = 0
 
@@ -111,6 +113,22 @@ class WorkerSide:
             map_segment=self._config.data_plane is not DataPlaneMode.STREAM,
             prefill=self._config.prefill,
         )
+
+    def plane(self, ns: Namespace) -> DataPlane:
+        """The data plane of ``ns`` (see ``data_plane``).
+
+        Raises:
+            TierCacheError: under ``auto``, the daemon could not be asked for the registration.
+        """
+        stream = self.stream_plane(ns)
+        if stream is not None:
+            return stream
+        plane = self._slots.get(ns)
+        if plane is None:
+            plane = self._slots.setdefault(
+                ns, SharedMemoryPlane(self._client, ns, ConnectorConfig(), self._clock)
+            )
+        return plane
 
     def stream_plane(self, ns: Namespace) -> ByteStreamPlane | None:
         """The byte stream of ``ns`` when its bytes move that way (see ``data_plane``), else None (shared
