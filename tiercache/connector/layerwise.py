@@ -83,8 +83,9 @@ class LayerwiseLoad:
         valid: Callable[[], bool],
         release: Callable[[], object],
         on_result: Callable[[LoadResult], None],
+        inline: bool = False,
     ) -> None:
-        """Start copying (internal: made by the connector).
+        """Start copying (internal: made by the connector or an engine adapter).
 
         Args:
             layout: the KV layout.
@@ -92,8 +93,11 @@ class LayerwiseLoad:
             buffers: the chunks to copy; None when there is nothing to load.
             planned: the result once every layer has arrived.
             valid: whether the lease still covers a copy that finished now (local clock).
-            release: ends the lease (best effort, never raises); called once, by the worker.
+            release: ends the lease (best effort, never raises); called once, by the worker; returning False
+                says the lease may not have covered the copies (the load then fails).
             on_result: told the final result once (usage reporting; best effort).
+            inline: into CPU tensors, copy every layer before returning, on the caller's thread (an engine
+                whose cores all run the forward pass gains nothing from a copy thread).
         """
         self.layout = layout
         self._kv = kv
@@ -113,6 +117,9 @@ class LayerwiseLoad:
         device = kv.layers[0].device
         if buffers is None:
             self._finish(ok=True, failed=planned.tokens_loaded == 0)
+            return
+        if inline and device.type == "cpu":
+            self._run(buffers)
             return
         if device.type == "cuda":
             self._stream = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
@@ -230,7 +237,9 @@ class LayerwiseLoad:
         except Exception:
             logger.exception("layerwise load failed; the engine recomputes")
         finally:
-            self._release()
+            if self._release() is False:
+                logger.warning("load lease lapsed during the copy; recomputing")
+                ok = False
             self._finish(ok, failed=not ok)
 
     def _copy_layers(self, chunks: Sequence[tuple[int, torch.Tensor]]) -> bool:

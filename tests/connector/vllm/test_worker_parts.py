@@ -21,7 +21,7 @@ from tiercache.connector.stream_plane import ByteStreamPlane
 from tiercache.connector.vllm.ahead import connect_ahead
 from tiercache.connector.vllm.config import VllmConnectorConfig
 from tiercache.connector.vllm.layout import BackendLayout, block_planes
-from tiercache.connector.vllm.loads import LayerLoader, LeasedLoad
+from tiercache.connector.vllm.loads import LeasedLoad
 from tiercache.connector.vllm.metadata import LoadSpec, SaveSpec, TierCacheMetadata
 from tiercache.connector.vllm.namespace import EngineIdentity
 from tiercache.connector.vllm.saves import SAVE_NICE, SaveQueue
@@ -39,7 +39,7 @@ def _active_leases(daemon: Daemon) -> int:
         return other.stats().active_leases
 
 
-def test_loader_copies_and_defers_the_release_of_a_lease_in_time(daemon: Daemon) -> None:
+def test_a_leased_load_copies_and_defers_the_release_of_a_lease_in_time(daemon: Daemon) -> None:
     keys = chunk_keys(NS, list(range(32)))
     chunk = torch.randint(
         0, 256, (LAYOUT.chunk_bytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3)
@@ -56,13 +56,13 @@ def test_loader_copies_and_defers_the_release_of_a_lease_in_time(daemon: Daemon)
             block_planes(BackendLayout.CPU, torch.zeros(BackendLayout.CPU.expected_shape(4, LAYOUT)))
             for _ in range(LAYOUT.num_layers)
         ]
-        load = LeasedLoad(NS, lease, lease.slots, mapping, (2,), 0, started=0.0)
-        loader = LayerLoader(client, LAYOUT, caches, [load], clock=lambda: 0.0)
+        leased = LeasedLoad(NS, lease, lease.slots, mapping, (2,), 0, started=0.0)
+        load = leased.start(client, LAYOUT, caches, clock=lambda: 0.0)
         # Into a CPU cache the copy is made by the caller, before the forward pass: no thread, already there.
-        assert not any(t.name == "tiercache-vllm-load" for t in threading.enumerate())
+        assert not any(t.name == "tiercache-layerwise-load" for t in threading.enumerate())
         assert torch.equal(caches[-1][:, 2], chunk_layer_planes(LAYOUT, chunk, 1, 1)[:, 0])
-        loader.wait(LAYOUT.num_layers - 1)
-        assert loader.finish() == set()
+        load.wait_layer(LAYOUT.num_layers - 1)
+        assert load.result().tokens_loaded == 32
         for layer, cache in enumerate(caches):
             assert torch.equal(cache[:, 2], chunk_layer_planes(LAYOUT, chunk, layer, 1)[:, 0])
             assert not cache[:, [0, 1, 3]].any()
@@ -167,3 +167,23 @@ def test_an_unfinished_streamed_save_publishes_nothing(daemon: Daemon) -> None:
         assert worker.get_finished({"r"}) <= {"r"}  # aborted: its staged chunk is dropped
         worker.shutdown()
         assert client.lookup(ns, chunk_keys(ns, tokens)).chunks == 0
+
+
+def test_a_lease_neither_the_clock_nor_the_daemon_proves_fails_the_load(daemon: Daemon) -> None:
+    keys = chunk_keys(NS, list(range(100, 132)))
+    with TierCacheClient(parse_address(daemon.address), settle_after_s=600.0) as client:
+        grant = client.begin_store(NS, keys)
+        mapping = client.slot_mapping(NS)
+        assert mapping is not None
+        with mapping.use() as slots:
+            slots.view(grant.slots[0]).fill_(7)
+        assert client.commit_store(NS, grant.ticket_id) == 1
+        lease = client.acquire_load(NS, keys)
+        assert client.release_load(NS, lease.lease_id)  # gone before the copy ends: its slots may be reused
+        caches = [
+            block_planes(BackendLayout.CPU, torch.zeros(BackendLayout.CPU.expected_shape(4, LAYOUT)))
+            for _ in range(LAYOUT.num_layers)
+        ]
+        leased = LeasedLoad(NS, lease, lease.slots, mapping, (1,), 0, started=0.0)
+        load = leased.start(client, LAYOUT, caches, clock=lambda: 1e12)  # the clock proves nothing
+        assert load.result().tokens_loaded == 0  # the daemon did not confirm the lease: vLLM recomputes

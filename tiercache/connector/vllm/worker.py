@@ -5,9 +5,10 @@
   It then registers the engine's namespace and maps the daemon's segment in the background
   (:mod:`.ahead`), so that the first request does not pay for it.
 * ``start_load_kv`` takes each request's lease — the one the scheduler took when it looked the request up
-  (TP = PP = 1: no call here), or its own (one AcquireLoad per request) — and starts a
-  :class:`~.loads.LayerLoader`, which releases the leases after the copies (proving by the clock that each
-  held, as for its own); ``wait_for_layer_load`` waits for one layer; chunks the daemon no longer offers,
+  (TP = PP = 1: no call here), or its own (one AcquireLoad per request) — and starts the connector's
+  :class:`~tiercache.connector.layerwise.LayerwiseLoad` into the request's blocks (:mod:`.loads`), which
+  releases the lease after the copies (proving by the clock that it held, as for its own);
+  ``wait_for_layer_load`` waits for one layer of every request; chunks the daemon no longer offers,
   leases that lapsed and failed copies become ``get_block_ids_with_load_errors`` (vLLM then recomputes
   those blocks when its ``kv_load_failure_policy`` is ``recompute``).
 * The bytes move through the daemon's shared memory, or over its byte stream (``data_plane`` ``stream``,
@@ -44,13 +45,14 @@ from tiercache.policies.load import LoadPolicyKind
 from ..client import TierCacheClient
 from ..config import ConnectorConfig
 from ..dataplane import DataPlane, DataPlaneMode
+from ..layerwise import LayerwiseLoad
 from ..results import LoadLease
 from ..shm_plane import SharedMemoryPlane
 from ..stream_plane import ByteStreamPlane
 from .ahead import connect_ahead
 from .config import VllmConnectorConfig
 from .layout import block_planes, check_cache
-from .loads import LayerLoader, LeasedLoad, StreamedLoad, leased_prefix
+from .loads import LeasedLoad, leased_prefix, receive_into
 from .metadata import LoadSpec, TierCacheMetadata
 from .namespace import EngineIdentity
 from .saves import SaveQueue
@@ -76,7 +78,7 @@ class WorkerSide:
         self._clock = clock
         self._layers: dict[str, int] = {}
         self._caches: list[torch.Tensor] = []
-        self._loader: LayerLoader | None = None
+        self._loads: list[tuple[LayerwiseLoad, set[int]]] = []
         self._errors: set[int] = set()
         self._streams: dict[Namespace, ByteStreamPlane] = {}
         self._slots: dict[Namespace, SharedMemoryPlane] = {}
@@ -151,43 +153,36 @@ class WorkerSide:
 
     def start_load_kv(self, meta: TierCacheMetadata) -> None:
         """Take every request's lease and copy its chunks (into a CPU cache now; on CUDA layer by layer, in the
-        background)."""
-        self._wait_loader()
-        if not meta.loads:
-            return
-        leased: list[LeasedLoad] = []
-        streamed: list[StreamedLoad] = []
+        background); a request over the byte stream is received now."""
+        self._finish_loads()
         for spec in meta.loads:
-            load = self._plan(spec)
-            if isinstance(load, StreamedLoad):
-                streamed.append(load)
-            elif load is not None:
-                leased.append(load)
-        if leased or streamed:
-            self._loader = LayerLoader(
-                self._client,
-                self._layout,
-                self._caches,
-                leased,
-                self._clock,
-                streamed,
-            )
+            if self._streamed(spec):
+                continue
+            leased = self._lease(spec)
+            if leased is not None:
+                load = leased.start(self._client, self._layout, self._caches, self._clock)
+                self._loads.append((load, leased.target_blocks()))
 
-    def _plan(self, spec: LoadSpec) -> LeasedLoad | StreamedLoad | None:
-        """How the request's chunks are loaded: over the byte stream, or from leased slots."""
+    def _streamed(self, spec: LoadSpec) -> bool:
+        """Load the request over the byte stream when that is its namespace's data plane (True: done)."""
         if not self.enabled:
-            return self._lease(spec)
+            return False
         ns = self._identity.namespace(spec.adapter, spec.cache_salt)
         try:
             plane = self.stream_plane(ns)
         except TierCacheError as exc:
-            plane = None  # the shared-memory path below meets the same trouble and reports it
             logger.debug("no data plane for request %s yet (%s)", spec.req_id, exc)
+            return False  # the shared-memory path meets the same trouble and reports it
         if plane is None:
-            return self._lease(spec)
+            return False
         if spec.lease is not None:
             self._client.defer_release(ns, spec.lease.lease_id)  # the stream leases while it sends
-        return StreamedLoad(plane, tuple(chunk_keys(ns, spec.tokens)), spec.block_ids, spec.first_block)
+        keys = chunk_keys(ns, spec.tokens)
+        failed = receive_into(plane, keys, self._caches, spec.block_ids, spec.first_block)
+        if failed:
+            self.load_failures += 1
+            self._errors |= failed
+        return True
 
     def _lease(self, spec: LoadSpec) -> LeasedLoad | None:
         """The request's lease (the scheduler's, or one taken now); blocks it does not cover become load
@@ -239,22 +234,23 @@ class WorkerSide:
         return lease, started
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        """Block until this layer of the step's loads is in the cache."""
-        loader, layer = self._loader, self._layers.get(layer_name)
-        if loader is not None and layer is not None:
-            loader.wait(layer)
+        """Block until this layer of the step's loads is in the cache (on CUDA: the current stream waits)."""
+        layer = self._layers.get(layer_name)
+        if layer is not None:
+            for load, _ in self._loads:
+                load.wait_layer(layer)
 
-    def _wait_loader(self) -> None:
-        loader, self._loader = self._loader, None
-        if loader is not None:
-            failed = loader.finish()
-            if failed:
+    def _finish_loads(self) -> None:
+        loads, self._loads = self._loads, []
+        for load, targets in loads:
+            if load.result().tokens_loaded == 0:
                 self.load_failures += 1
-            self._errors |= failed
+                self._errors |= targets
+            load.close()
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         """Blocks of this step's loads whose KV did not arrive intact (vLLM recomputes them)."""
-        self._wait_loader()
+        self._finish_loads()
         errors, self._errors = self._errors, set()
         return errors
 
@@ -288,5 +284,5 @@ class WorkerSide:
         """Finish the loads and the saves (open reservations are dropped)."""
         if self._connecting is not None:
             self._connecting.join()
-        self._wait_loader()
+        self._finish_loads()
         self._saves.close()
