@@ -374,3 +374,26 @@ def test_runs_are_bit_exact_with_engine_tensors_numpy_cannot_view(odd: str) -> N
     run_to_kv(layout, run, dst, first)
     for index, buf in bufs:
         assert _reference_chunk(layout, dst, index) == buf.numpy().tobytes()
+
+
+def test_paged_kv_given_as_block_planes_is_checked() -> None:
+    layout = KVLayout(2, 2, 8, KVDtype.FLOAT32, chunk_tokens=32, page_tokens=16)
+    block = layout.layer_bytes // 2  # bytes of one block of one layer
+    good = [torch.zeros(1, 6, block, dtype=torch.uint8) for _ in range(2)]
+    check_kv(layout, PagedKV.of_blocks(good, [0, 5]), 1)
+    with pytest.raises(InvalidArgumentError) as info:
+        check_kv(
+            layout, PagedKV.of_blocks([good[0], torch.zeros(1, 6, block + 4, dtype=torch.uint8)], [0, 5]), 1
+        )
+    assert info.value.field == "kv.layers[1]"
+    with pytest.raises(InvalidArgumentError) as info:
+        check_kv(layout, PagedKV.of_blocks(good, [0, 6]), 1)
+    assert info.value.field == "kv.block_ids"
+
+
+def test_a_paged_layer_whose_blocks_are_not_contiguous_is_refused() -> None:
+    layout = KVLayout(1, 2, 8, KVDtype.FLOAT32, chunk_tokens=16, page_tokens=16)
+    strided = torch.zeros(2, 4, 2, 16, 8).transpose(2, 3)  # [2, N, B, H, D] with B and H swapped in memory
+    with pytest.raises(InvalidArgumentError, match="not contiguous") as info:
+        check_kv(layout, PagedKV([strided], [0]), 1)
+    assert info.value.field == "kv.layers[0]"

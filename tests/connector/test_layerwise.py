@@ -14,6 +14,7 @@ import torch
 import tiercache.connector.layerwise as layerwise
 from tiercache.connector import (
     ClientConfig,
+    ConnectorConfig,
     ContiguousKV,
     KVConnector,
     LoadPolicy,
@@ -21,7 +22,7 @@ from tiercache.connector import (
     TierLevel,
 )
 from tiercache.errors import ConflictError
-from tiercache.keys import Namespace
+from tiercache.keys import Namespace, chunk_keys
 from tiercache.layout import KVDtype, KVLayout
 
 Daemon = Any  # tests/connector/conftest.py:Daemon
@@ -191,3 +192,31 @@ def test_layerwise_load_into_cuda_tensors_uses_a_stream_and_events(shared_daemon
     back = _kv(None)
     assert conn.load(_prompt(7), back).tokens_loaded == TOKENS
     assert all(_same(a, b) for a, b in zip(back.layers, save_kv.layers))
+
+
+@pytest.mark.parametrize("force_remote", [False, True], ids=["shm", "stream"])
+def test_a_save_filled_chunk_by_chunk_after_a_known_cached_prefix(
+    shared_daemon: Daemon, force_remote: bool
+) -> None:
+    """``begin_save(keys, cached=1)`` reserves chunks 1.. only (nothing looked up); ``save_chunks`` fills
+    them over two calls, the commit is refused until every reserved chunk was saved, then publishes them."""
+    salt = f"chunkwise-{int(force_remote)}"
+    conn = KVConnector(
+        TierCacheClient.connect(shared_daemon.address, config=ClientConfig(timeout_s=10.0)),
+        _namespace(salt),
+        ConnectorConfig(force_remote=force_remote),
+    )
+    source, prompt = _kv(seed=6), _prompt(6)
+    assert conn.store(prompt[:16], source).tokens_stored == 16  # chunk 0 cached
+    keys = chunk_keys(_namespace(salt), prompt)
+    with conn.data_plane().begin_save(keys, cached=1) as save:
+        save.save_chunks(source, [0, 1])  # chunk 0 is not reserved: skipped
+        with pytest.raises(ConflictError, match=r"chunks \[2\]"):
+            save.commit()
+        assert conn.lookup(prompt) == 16
+        save.save_chunks(source, [2])
+        result = save.commit()
+    assert (result.tokens_stored, result.tokens_skipped) == (2 * 16, 16)
+    kv = _kv(None)
+    assert conn.load(prompt, kv).tokens_loaded == TOKENS
+    assert all(_same(a, b) for a, b in zip(kv.layers, source.layers))

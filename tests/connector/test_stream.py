@@ -89,17 +89,17 @@ MALFORMED = [
     ([_msg(offset=4)], "starts at offset 4"),
     ([_msg(data=b"a" * 4, last=False), _msg(offset=5, data=b"a" * 6)], "offset 5, expected 4"),
     ([_msg(data=b"a" * 4, last=False), _msg(index=1, offset=4, data=b"a" * 6)], "interleaved"),
-    ([_msg(data=b"a" * 11)], "overflows"),
-    ([_msg(data=b"a" * 9)], "ended after 9"),
+    ([_msg(data=b"a" * 11)], "overruns"),
+    ([_msg(data=b"a" * 9)], "ended at 9 bytes"),
     (
         [pb.StreamLoadMessage(index=0, key=KEYS[1], data=b"a" * 10, last=True, chunk_bytes=10)],
         "another key",
     ),
     ([pb.StreamLoadMessage(index=0, key=KEYS[0], data=b"a" * 10, last=True, chunk_bytes=12)], "12 bytes"),
-    ([_msg(data=b"not zstd at all", codec=pb.CODEC_ZSTD)], "bad zstd"),
+    ([_msg(data=b"not zstd at all", codec=pb.CODEC_ZSTD)], "not a zstd frame"),
     (
         [_msg(data=zstandard.ZstdCompressor().compress(b"a" * 20), codec=pb.CODEC_ZSTD)],
-        "bad zstd|overflows",
+        "not a zstd frame|overruns",
     ),
 ]
 
@@ -178,10 +178,10 @@ def _framed(msg: pb.StreamLoadMessage) -> Framed[pb.StreamLoadMessage]:
 @pytest.mark.parametrize(
     ("msgs", "match"),
     [
-        ([_msg(data=b"a" * 11)], "overflows"),
-        ([_msg(data=b"a" * 9)], "ended after 9"),
+        ([_msg(data=b"a" * 11)], "overruns"),
+        ([_msg(data=b"a" * 9)], "ended at 9 bytes"),
         ([_msg(data=b"a" * 4, last=False), _msg(offset=5, data=b"a" * 6)], "offset 5, expected 4"),
-        ([_msg(data=b"not zstd at all", codec=pb.CODEC_ZSTD)], "bad zstd"),
+        ([_msg(data=b"not zstd at all", codec=pb.CODEC_ZSTD)], "not a zstd frame"),
     ],
 )
 def test_framed_pieces_read_in_place_are_checked_the_same(

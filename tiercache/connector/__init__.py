@@ -18,14 +18,17 @@ Modules (one responsibility each):
     connection: ``Connection`` — channel, deadlines, backoff, generations, re-registration (handle cache).
     client: ``TierCacheClient`` — one typed method per RPC.
     segments: the daemon's shared-memory segments mapped into the engine (``SlotMapping``, ``SegmentMaps``).
-    stream: byte-stream framing (pieces, zstd).
+    stream: the connector's end of the byte stream (stores' first message, loads' order; pieces are coded
+        by ``tiercache.wire.pieces``).
     kv: copies between chunk buffers and engine KV tensors (contiguous and paged layouts).
+    paged: block copies of a paged cache, whatever the engine's block layout (block planes).
     policy: the core's load policies (``LoadPolicy``: wait_complete, best_effort, timeout, cost_aware) on
         the wire.
     outcomes: ``LoadResult`` / ``StoreResult``, token-weighted.
     layerwise: ``LayerwiseLoad`` (wait_layer) and ``LayerwiseSave`` (save_layer, commit, abort).
     config: ``ConnectorConfig``.
-    dataplane: the ``DataPlane`` interface (load, load_layerwise, store, begin_save, prefill_publisher).
+    dataplane: the ``DataPlane`` interface (load, load_layerwise, store, begin_save, prefill_publisher) and
+        ``DataPlaneMode`` (auto, shm, stream: what an engine adapter asks for).
     shm_plane: ``SharedMemoryPlane`` — copies straight between shared-memory slots and the engine's KV.
     stream_plane: ``ByteStreamPlane`` — whole chunks over gRPC byte streams.
     prefill: ``PrefillLease`` — single-flight prefill (wait, publish, release).
@@ -43,7 +46,7 @@ from .channel import ChannelConfig, Endpoint, parse_address
 from .client import TierCacheClient
 from .config import ConnectorConfig
 from .connection import ClientConfig
-from .dataplane import DataPlane, DataPlaneKind
+from .dataplane import DataPlane, DataPlaneKind, DataPlaneMode
 from .engine import KVConnector
 from .kv import ContiguousKV, EngineKV, PagedKV, check_kv, chunk_to_kv, kv_to_chunk
 from .layerwise import LayerwiseLoad, LayerwiseSave
@@ -70,6 +73,7 @@ __all__ = [
     "ContiguousKV",
     "DataPlane",
     "DataPlaneKind",
+    "DataPlaneMode",
     "Endpoint",
     "EngineKV",
     "KVConnector",

@@ -39,10 +39,11 @@ import numpy as np
 import torch
 
 from tiercache.layout import KVLayout
+from tiercache.wire.pieces import cut_parts
 
 from .kv import EngineKV, chunk_to_kv, kv_to_chunk
 from .results import StreamChunk
-from .stream import StreamPiece, cut_parts
+from .stream import StreamPiece
 
 
 def _single_intraop_thread() -> None:

@@ -12,6 +12,8 @@ the store aborted.
 
 Primitives:
     DataPlaneKind: SHARED_MEMORY or BYTE_STREAM.
+    DataPlaneMode: what an engine asks for: ``auto`` (shared memory when the daemon's segment can be mapped
+        here, else the byte stream), ``shm`` or ``stream``.
     DataPlane: load, load_layerwise, store, begin_save, prefill_publisher.
     PrefillPublisher: publish (store and make visible some chunks of a single-flight prefill), abort.
 """
@@ -38,6 +40,14 @@ class DataPlaneKind(Enum):
 
     SHARED_MEMORY = auto()
     BYTE_STREAM = auto()
+
+
+class DataPlaneMode(Enum):
+    """Which data plane an engine asks for (the value is what its options spell)."""
+
+    AUTO = "auto"
+    SHM = "shm"
+    STREAM = "stream"
 
 
 class PrefillPublisher(ABC):
@@ -117,8 +127,15 @@ class DataPlane(ABC):
         """
 
     @abstractmethod
-    def begin_save(self, keys: Sequence[bytes]) -> LayerwiseSave:
-        """Reserve room for the new chunks of ``keys``, to be filled layer by layer and committed.
+    def begin_save(self, keys: Sequence[bytes], cached: int | None = None) -> LayerwiseSave:
+        """Reserve room for the new chunks of ``keys``, to be filled layer by layer (or chunk by chunk) and
+        committed.
+
+        Args:
+            keys: the prompt's chunk keys.
+            cached: the first ``cached`` chunks are known to be cached (an engine that looked the prompt up
+                already): only ``keys[cached:]`` are reserved, and nothing is looked up; None: the plane
+                finds out.
 
         Raises:
             TierCacheError: daemon trouble.

@@ -4,14 +4,15 @@ Two engine layouts are supported:
 
 * :class:`ContiguousKV` — one tensor per layer, ``[2, tokens, kv_heads, head_dim]`` (MLA: ``[tokens, dim]``);
   chunk ``i`` is tokens ``[i * C, (i + 1) * C)``.
-* :class:`PagedKV` — the vLLM layout: one tensor per layer, ``[2, num_blocks, block_size, kv_heads,
-  head_dim]`` (MLA: ``[num_blocks, block_size, dim]``) with ``block_size == layout.page_tokens``, plus the
-  request's block ids; chunk ``i`` covers ``block_ids[i * C/B : (i + 1) * C/B]``.
+* :class:`PagedKV` — a paged cache: one tensor per layer, ``[2, num_blocks, block_size, kv_heads,
+  head_dim]`` (vLLM's GPU layout; MLA: ``[num_blocks, block_size, dim]``) with ``block_size ==
+  layout.page_tokens``, or (:meth:`PagedKV.of_blocks`) any layout whose block of a layer is ``planes``
+  contiguous runs of bytes, given as ``[planes, num_blocks, plane_block_bytes]`` (vLLM's CPU layout: one
+  plane); plus the request's block ids: chunk ``i`` covers ``block_ids[i * C/B : (i + 1) * C/B]`` (the last
+  chunk may have only its first blocks), and a load writes no block before ``first_block``.
 
 Each (chunk, layer) moves with one copy straight between the chunk buffer (e.g. a shared-memory slot) and
-the engine tensor: a slice ``copy_`` when the chunk's blocks are consecutive, one ``index_copy_`` /
-``index_select(out=)`` when they are scattered on the same device, else one copy per run of consecutive
-blocks. No intermediate buffers.
+the engine tensor. A paged layer is moved as block planes (:mod:`.paged`). No intermediate buffers.
 
 A request's chunks usually sit in slots at a constant distance from each other (consecutive slots of one
 store): the data plane views such slots as runs, one strided ``[n, chunk_bytes]`` view each
@@ -22,7 +23,8 @@ a few C-speed copies, not Python per chunk. Between host tensors those copies go
 since one thread reaches only about half of the machine's copy bandwidth.
 
 Primitives:
-    ContiguousKV, PagedKV, EngineKV: the engine's tensors.
+    ContiguousKV, PagedKV, EngineKV: the engine's tensors (``PagedKV.of_blocks``: a paged cache given as
+        block planes).
     check_kv: validate an engine KV against a layout for a number of chunks.
     chunk_to_kv / kv_to_chunk: copy one chunk (all layers, or one layer) in or out.
     chunk_parts: the chunks of a contiguous CPU KV as views of the engine's memory (no copy).
@@ -35,12 +37,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import torch
 
 from tiercache.errors import InvalidArgumentError
 from tiercache.layout import KVLayout
+
+from .paged import check_planes, chunk_layer_planes, copy_blocks, host_bytes, layer_planes
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -59,36 +64,68 @@ class ContiguousKV:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class PagedKV:
-    """A paged KV buffer (vLLM layout) and the blocks of one request.
+    """A paged KV buffer and the blocks of one request.
 
     Attributes:
-        layers: one tensor per layer, ``[2, num_blocks, block_size, kv_heads, head_dim]``
-            (MLA ``[num_blocks, block_size, head_dim]``).
+        layers: one tensor per layer, ``[2, num_blocks, block_size, kv_heads, head_dim]`` (MLA
+            ``[num_blocks, block_size, head_dim]``); from :meth:`of_blocks`, the block planes themselves.
         block_ids: the request's blocks, in token order.
+        first_block: a load writes no block before this one (the engine computed them).
+        planes: each layer as ``[planes, num_blocks, plane_block_bytes]`` uint8 (views of ``layers``; None for a
+            layer without such a view, which :func:`check_kv` refuses).
+        raw: made by :meth:`of_blocks` (``layers`` are byte planes in the engine's own block layout).
     """
 
     layers: tuple[torch.Tensor, ...]
     block_ids: tuple[int, ...]
+    first_block: int
+    planes: tuple[torch.Tensor | None, ...]
+    raw: bool
     _index_cache: dict[tuple[int, str], torch.Tensor] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
 
-    def __init__(self, layers: Sequence[torch.Tensor], block_ids: Sequence[int]) -> None:
+    def __init__(
+        self,
+        layers: Sequence[torch.Tensor],
+        block_ids: Sequence[int],
+        first_block: int = 0,
+        raw: bool = False,
+    ) -> None:
         object.__setattr__(self, "layers", tuple(layers))
         object.__setattr__(self, "block_ids", tuple(int(b) for b in block_ids))
+        object.__setattr__(self, "first_block", int(first_block))
+        object.__setattr__(self, "raw", raw)
+        object.__setattr__(self, "planes", tuple(t if raw else layer_planes(t) for t in self.layers))
         object.__setattr__(self, "_index_cache", {})
 
+    @classmethod
+    def of_blocks(
+        cls, planes: Sequence[torch.Tensor], block_ids: Sequence[int], first_block: int = 0
+    ) -> PagedKV:
+        """A paged cache given as block planes: per layer ``[planes, num_blocks, plane_block_bytes]`` uint8,
+        where block ``b`` of a layer is ``[p, b]`` for every plane ``p`` and a chunk's layer in a chunk buffer
+        is its blocks' planes in order (``[planes, blocks_per_chunk, plane_block_bytes]``)."""
+        return cls(planes, block_ids, first_block, raw=True)
+
     def chunk_blocks(self, layout: KVLayout, chunk: int) -> tuple[int, ...]:
-        """The block ids chunk ``chunk`` covers."""
+        """The block ids chunk ``chunk`` covers (fewer than a chunk's for a last chunk loaded in part)."""
         per = layout.chunk_tokens // layout.page_tokens
         return self.block_ids[chunk * per : (chunk + 1) * per]
 
-    def chunk_index(self, layout: KVLayout, chunk: int, device: torch.device) -> torch.Tensor:
-        """The chunk's block ids as an int64 tensor on ``device`` (cached per chunk and device)."""
-        key = (chunk, str(device))
+    def written_blocks(self, layout: KVLayout, chunk: int) -> tuple[int, tuple[int, ...]]:
+        """The blocks of chunk ``chunk`` a load writes: (the first one's position in the chunk, their ids)."""
+        per = layout.chunk_tokens // layout.page_tokens
+        skip = min(max(0, self.first_block - chunk * per), per)
+        return skip, self.chunk_blocks(layout, chunk)[skip:]
+
+    def chunk_index(self, layout: KVLayout, chunk: int, device: torch.device, into_kv: bool) -> torch.Tensor:
+        """The block ids a copy of the chunk moves, as an int64 tensor on ``device`` (cached)."""
+        key = (chunk * 2 + into_kv, str(device))
         idx = self._index_cache.get(key)
         if idx is None:
-            idx = torch.tensor(self.chunk_blocks(layout, chunk), dtype=torch.int64, device=device)
+            blocks = self.written_blocks(layout, chunk)[1] if into_kv else self.chunk_blocks(layout, chunk)
+            idx = torch.tensor(blocks, dtype=torch.int64, device=device)
             self._index_cache[key] = idx
         return idx
 
@@ -122,10 +159,13 @@ def check_kv(layout: KVLayout, kv: EngineKV, num_chunks: int, field: str = "kv")
         name = f"{field}.layers[{i}]"
         if not isinstance(t, torch.Tensor):
             raise InvalidArgumentError(name, f"must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype != dtype:
-            raise InvalidArgumentError(name, f"has dtype {t.dtype}, the layout {dtype}")
         if t.device != device:
             raise InvalidArgumentError(name, f"is on {t.device}, layer 0 on {device}")
+        if isinstance(kv, PagedKV) and kv.raw:
+            check_planes(layout, name, t)
+            continue
+        if t.dtype != dtype:
+            raise InvalidArgumentError(name, f"has dtype {t.dtype}, the layout {dtype}")
         if isinstance(kv, ContiguousKV):
             _expect_shape(name, t, (None, dim) if layout.mla else (2, None, heads, dim))
             tokens = t.shape[0] if layout.mla else t.shape[1]
@@ -137,42 +177,26 @@ def check_kv(layout: KVLayout, kv: EngineKV, num_chunks: int, field: str = "kv")
             b = layout.page_tokens
             _expect_shape(name, t, (None, b, dim) if layout.mla else (2, None, b, heads, dim))
     if isinstance(kv, PagedKV):
-        num_blocks = kv.layers[0].shape[0 if layout.mla else 1]
-        if any(t.shape[0 if layout.mla else 1] != num_blocks for t in kv.layers):
+        planes = [p for p in kv.planes if p is not None]
+        if len(planes) != len(kv.planes):
+            which = kv.planes.index(None)
+            raise InvalidArgumentError(f"{field}.layers[{which}]", "a block is not contiguous in memory")
+        num_blocks = planes[0].shape[1]
+        if any(t.shape[1] != num_blocks for t in planes):
             raise InvalidArgumentError(f"{field}.layers", "layers differ in their number of blocks")
         need = num_chunks * (c_tokens // layout.page_tokens)
         if len(kv.block_ids) < need:
             raise InvalidArgumentError(
                 f"{field}.block_ids", f"has {len(kv.block_ids)} blocks, {num_chunks} chunks need {need}"
             )
-        bad = [b for b in kv.block_ids[:need] if not 0 <= b < num_blocks]
-        if bad:
-            raise InvalidArgumentError(f"{field}.block_ids", f"block {bad[0]} not in [0, {num_blocks})")
-
-
-def _runs(blocks: Sequence[int]) -> list[tuple[int, int, int]]:
-    """Runs of consecutive block ids: ``(position in chunk, first block, length)``."""
-    runs: list[tuple[int, int, int]] = []
-    for pos, block in enumerate(blocks):
-        if runs and runs[-1][1] + runs[-1][2] == block:
-            start, first, length = runs[-1]
-            runs[-1] = (start, first, length + 1)
-        else:
-            runs.append((pos, block, 1))
-    return runs
+        outside = [b for b in kv.block_ids[:need] if not 0 <= b < num_blocks]
+        if outside:
+            raise InvalidArgumentError(f"{field}.block_ids", f"block {outside[0]} not in [0, {num_blocks})")
 
 
 def _engine_slice(layout: KVLayout, tensor: torch.Tensor, start: int, stop: int) -> torch.Tensor:
     """``tensor[start:stop]`` along the token/block axis (dim 0 for MLA, else dim 1)."""
     return tensor[start:stop] if layout.mla else tensor[:, start:stop]
-
-
-def _paged_chunk_view(layout: KVLayout, layer: torch.Tensor) -> torch.Tensor:
-    """A chunk's layer view reshaped to blocks: ``[2, C/B, B, H, D]`` (MLA ``[C/B, B, D]``)."""
-    per, b = layout.chunk_tokens // layout.page_tokens, layout.page_tokens
-    if layout.mla:
-        return layer.view(per, b, layout.head_dim)
-    return layer.view(2, per, b, layout.num_kv_heads, layout.head_dim)
 
 
 def _copy_layer(
@@ -184,33 +208,22 @@ def _copy_layer(
     into_kv: bool,
     non_blocking: bool = False,
 ) -> None:
+    if isinstance(kv, PagedKV):
+        cache = kv.planes[layer]
+        assert cache is not None, "a PagedKV not checked with check_kv"
+        first, blocks = kv.written_blocks(layout, chunk) if into_kv else (0, kv.chunk_blocks(layout, chunk))
+        if blocks:
+            part = chunk_layer_planes(layout, buf, layer, cache.shape[0])[:, first : first + len(blocks)]
+            index = partial(kv.chunk_index, layout, chunk, cache.device, into_kv)
+            copy_blocks(cache, part, blocks, index, into_kv, non_blocking)
+        return
     src_or_dst = layout.layer_view(buf, layer)
-    engine = kv.layers[layer]
-    if isinstance(kv, ContiguousKV):
-        c = layout.chunk_tokens
-        target = _engine_slice(layout, engine, chunk * c, (chunk + 1) * c)
-        if into_kv:
-            target.copy_(src_or_dst, non_blocking=non_blocking)
-        else:
-            src_or_dst.copy_(target)
-        return
-    blocks = _paged_chunk_view(layout, src_or_dst)
-    runs = _runs(kv.chunk_blocks(layout, chunk))
-    dim = 0 if layout.mla else 1
-    if len(runs) > 1 and engine.device == blocks.device:
-        idx = kv.chunk_index(layout, chunk, engine.device)
-        if into_kv:
-            engine.index_copy_(dim, idx, blocks)
-        else:
-            torch.index_select(engine, dim, idx, out=blocks)
-        return
-    for pos, first, length in runs:
-        part = _engine_slice(layout, blocks, pos, pos + length)
-        target = _engine_slice(layout, engine, first, first + length)
-        if into_kv:
-            target.copy_(part, non_blocking=non_blocking)
-        else:
-            part.copy_(target)
+    c = layout.chunk_tokens
+    target = _engine_slice(layout, kv.layers[layer], chunk * c, (chunk + 1) * c)
+    if into_kv:
+        target.copy_(src_or_dst, non_blocking=non_blocking)
+    else:
+        src_or_dst.copy_(target)
 
 
 def chunk_to_kv(
@@ -242,7 +255,12 @@ def chunk_to_kv(
 
 
 def kv_to_chunk(
-    layout: KVLayout, kv: EngineKV, chunk: int, chunk_buf: torch.Tensor, layers: Sequence[int] | None = None
+    layout: KVLayout,
+    kv: EngineKV,
+    chunk: int,
+    chunk_buf: torch.Tensor,
+    layers: Sequence[int] | None = None,
+    non_blocking: bool = False,
 ) -> None:
     """Copy chunk ``chunk`` of the engine's tensors into a chunk buffer (layer-major).
 
@@ -252,13 +270,15 @@ def kv_to_chunk(
         chunk: position of the chunk in the request.
         chunk_buf: 1-D ``uint8`` tensor of ``layout.chunk_bytes``, e.g. a shared-memory slot.
         layers: the layers to copy (default all).
+        non_blocking: from a CUDA paged cache, queue the device-to-host copies on the current stream without
+            waiting (synchronize it before the chunk is read).
 
     Raises:
         InvalidArgumentError: ``chunk_buf`` has the wrong dtype, rank or size, or a layer is out of range.
     """
     layout.check_buffer(chunk_buf, field="chunk_buf")
     for layer in range(layout.num_layers) if layers is None else layers:
-        _copy_layer(layout, kv, chunk, layer, chunk_buf, into_kv=False)
+        _copy_layer(layout, kv, chunk, layer, chunk_buf, into_kv=False, non_blocking=non_blocking)
 
 
 def chunk_parts(layout: KVLayout, kv: EngineKV) -> Callable[[int], tuple[memoryview, ...]] | None:
@@ -363,14 +383,6 @@ def _move_run(
         other.result()  # never return while the helper still touches the run (its slots may be released)
 
 
-def _host_bytes(tensor: torch.Tensor) -> np.ndarray | None:
-    """A host tensor's bytes as a numpy array of the same layout (a view), or None where there is no such
-    view (not on the CPU, or its last dimension is strided)."""
-    if tensor.device.type != "cpu" or (tensor.dim() > 0 and tensor.stride(-1) != 1):
-        return None
-    return tensor.detach().view(torch.uint8).numpy()
-
-
 def _copy_host(dst: torch.Tensor, src: torch.Tensor) -> None:
     """``dst.copy_(src)`` of same-shape, same-dtype tensors; between host tensors through numpy, one thread.
 
@@ -379,7 +391,7 @@ def _copy_host(dst: torch.Tensor, src: torch.Tensor) -> None:
     load through shared memory); numpy copies the same strided views in one thread at memcpy speed, without
     holding the GIL. The bytes are the same either way.
     """
-    dst_bytes, src_bytes = _host_bytes(dst), _host_bytes(src)
+    dst_bytes, src_bytes = host_bytes(dst), host_bytes(src)
     if dst_bytes is None or src_bytes is None or dst.dtype != src.dtype or dst.shape != src.shape:
         dst.copy_(src)
     else:

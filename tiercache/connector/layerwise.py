@@ -16,8 +16,9 @@ the engine recomputes the whole prefix.
 
 Save (:class:`LayerwiseSave`): slots for the request's new full chunks are reserved up front (invisible to
 everyone); :meth:`LayerwiseSave.save_layer` copies layer l of every reserved chunk out of the engine's
-tensors as soon as the engine has computed it; :meth:`LayerwiseSave.commit` publishes the chunks and is only
-accepted once every layer was saved; :meth:`LayerwiseSave.abort` (also on leaving the ``with`` block without
+tensors as soon as the engine has computed it (or :meth:`LayerwiseSave.save_chunks` every layer of some
+chunks, for an engine that completes a prompt's chunks over several steps); :meth:`LayerwiseSave.commit`
+publishes the chunks and is only accepted once every layer (or every reserved chunk) was saved; :meth:`LayerwiseSave.abort` (also on leaving the ``with`` block without
 a commit) drops the reservation, so that no partial chunk is ever visible. On CUDA the device-to-host copy of
 a layer runs on the engine's current stream (ordered after the compute that produced it).
 
@@ -25,7 +26,8 @@ Primitives:
     ChunkBuffers: the chunk buffers of a load or save, held open while copies run.
     LayerwiseLoad: wait_layer, tokens_loaded, layers_done, timeline, result, close; a context manager;
         ``unleased`` for loads that hold no lease.
-    LayerwiseSave: save_layer, commit, abort; a context manager; ``empty`` for saves that store nothing.
+    LayerwiseSave: save_layer / save_chunks, commit, abort; ``failed``; a context manager; ``empty`` for saves
+        that store nothing.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
 
@@ -81,8 +83,9 @@ class LayerwiseLoad:
         valid: Callable[[], bool],
         release: Callable[[], object],
         on_result: Callable[[LoadResult], None],
+        inline: bool = False,
     ) -> None:
-        """Start copying (internal: made by the connector).
+        """Start copying (internal: made by the connector or an engine adapter).
 
         Args:
             layout: the KV layout.
@@ -90,8 +93,11 @@ class LayerwiseLoad:
             buffers: the chunks to copy; None when there is nothing to load.
             planned: the result once every layer has arrived.
             valid: whether the lease still covers a copy that finished now (local clock).
-            release: ends the lease (best effort, never raises); called once, by the worker.
+            release: ends the lease (best effort, never raises); called once, by the worker; returning False
+                says the lease may not have covered the copies (the load then fails).
             on_result: told the final result once (usage reporting; best effort).
+            inline: into CPU tensors, copy every layer before returning, on the caller's thread (an engine
+                whose cores all run the forward pass gains nothing from a copy thread).
         """
         self.layout = layout
         self._kv = kv
@@ -111,6 +117,9 @@ class LayerwiseLoad:
         device = kv.layers[0].device
         if buffers is None:
             self._finish(ok=True, failed=planned.tokens_loaded == 0)
+            return
+        if inline and device.type == "cpu":
+            self._run(buffers)
             return
         if device.type == "cuda":
             self._stream = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
@@ -228,7 +237,9 @@ class LayerwiseLoad:
         except Exception:
             logger.exception("layerwise load failed; the engine recomputes")
         finally:
-            self._release()
+            if self._release() is False:
+                logger.warning("load lease lapsed during the copy; recomputing")
+                ok = False
             self._finish(ok, failed=not ok)
 
     def _copy_layers(self, chunks: Sequence[tuple[int, torch.Tensor]]) -> bool:
@@ -326,6 +337,8 @@ class LayerwiseSave:
         self._skipped = skipped_chunks
         self._remote = remote
         self._saved: set[int] = set()
+        self._saved_chunks: set[int] = set()
+        self._commit_failed = False
         self._state = "open" if buffers is not None else "empty"
         self._holder = buffers
         self._chunks: Sequence[tuple[int, torch.Tensor]] = ()
@@ -364,6 +377,32 @@ class LayerwiseSave:
             kv_to_chunk(self.layout, kv, index, buf, layers=(layer,))
         self._saved.add(layer)
 
+    @property
+    def failed(self) -> bool:
+        """Whether the reservation or its commit failed (nothing of this save became visible)."""
+        return self._state == "failed" or self._commit_failed
+
+    def save_chunks(self, kv: EngineKV, positions: Iterable[int], non_blocking: bool = False) -> None:
+        """Copy every layer of the reserved chunks at ``positions`` out of the engine's tensors (positions not
+        reserved are skipped: cached, or stored by someone else).
+
+        Args:
+            kv: the engine's tensors, holding at least those chunks (the caller checked them).
+            positions: chunk positions in the prompt.
+            non_blocking: from CUDA tensors, queue the copies on the current stream (synchronize it before
+                the commit).
+
+        Raises:
+            ConflictError: the save was already committed or aborted by the caller.
+        """
+        if self._state in ("committed", "aborted"):
+            raise ConflictError(f"save_chunks: the save was already {self._state}")
+        wanted = set(positions)
+        for index, buf in self._chunks:
+            if index in wanted:
+                kv_to_chunk(self.layout, kv, index, buf, non_blocking=non_blocking)
+                self._saved_chunks.add(index)
+
     def commit(self) -> StoreResult:
         """Publish the chunks (visible to others from now on); only after every layer was saved.
 
@@ -377,9 +416,14 @@ class LayerwiseSave:
         offered = self.num_chunks * c
         if self._state in ("committed", "aborted"):
             raise ConflictError(f"commit: the save was already {self._state}")
-        missing = sorted(set(range(self.layout.num_layers)) - self._saved)
-        if missing:
-            raise ConflictError(f"commit: layers {missing} were not saved yet")
+        if self._saved_chunks:
+            unsaved = sorted({index for index, _ in self._chunks} - self._saved_chunks)
+            if unsaved:
+                raise ConflictError(f"commit: chunks {unsaved} were not saved yet")
+        else:
+            missing = sorted(set(range(self.layout.num_layers)) - self._saved)
+            if missing:
+                raise ConflictError(f"commit: layers {missing} were not saved yet")
         if self._state != "open":
             self._state = "committed"
             return StoreResult(offered, 0, self._skipped * c, self._remote)
@@ -389,6 +433,7 @@ class LayerwiseSave:
         except TierCacheError as exc:
             logger.warning("layerwise save: commit failed (%s); %d tokens not cached", exc, offered)
             self._abort()
+            self._commit_failed = True
             stored = 0
         self._state = "committed"
         return StoreResult(offered, stored * c, self._skipped * c, self._remote)

@@ -209,22 +209,27 @@ class SharedMemoryPlane(DataPlane):
                 self._abort(grant)
         return StoreResult(offered, stored * c_tokens, len(grant.skipped) * c_tokens)
 
-    def begin_save(self, keys: Sequence[bytes]) -> LayerwiseSave:
+    def begin_save(self, keys: Sequence[bytes], cached: int | None = None) -> LayerwiseSave:
         layout = self._layout
-        grant = self.client.begin_store(self.namespace, keys, ttl_s=self.config.store_ttl_s)
-        bad = [r for r in grant.slots if r.nbytes != layout.chunk_bytes or not 0 <= r.index < len(keys)]
+        start = cached or 0
+        grant = self.client.begin_store(
+            self.namespace, keys[start:], ttl_s=self.config.store_ttl_s, start_depth=start
+        )
+        bad = [
+            r for r in grant.slots if r.nbytes != layout.chunk_bytes or not 0 <= r.index < len(keys) - start
+        ]
         if bad or not grant.slots:
             if bad:
                 logger.warning(
-                    "store slot for chunk %d holds %d bytes; not caching", bad[0].index, bad[0].nbytes
+                    "store slot for chunk %d holds %d bytes; not caching", start + bad[0].index, bad[0].nbytes
                 )
             self._abort(grant)
-            return LayerwiseSave.empty(layout, len(keys), len(grant.skipped), remote=False)
+            return LayerwiseSave.empty(layout, len(keys), start + len(grant.skipped), remote=False)
 
         @contextmanager
         def buffers() -> Iterator[list[tuple[int, torch.Tensor]]]:
             with self.mapping().use() as slots:
-                yield [(ref.index, slots.view(ref)) for ref in grant.slots]
+                yield [(start + ref.index, slots.view(ref)) for ref in grant.slots]
 
         return LayerwiseSave(
             layout,
@@ -232,7 +237,7 @@ class SharedMemoryPlane(DataPlane):
             buffers(),
             commit=lambda: self.client.commit_store(self.namespace, grant.ticket_id),
             abort=lambda: self._abort(grant),
-            skipped_chunks=len(grant.skipped),
+            skipped_chunks=start + len(grant.skipped),
             remote=False,
         )
 

@@ -1,10 +1,12 @@
 """Framing of the byte-stream data plane (engines on another host): chunks <-> bounded messages.
 
-A chunk travels as pieces of at most ``piece_bytes`` raw bytes; each piece is compressed on its own (zstd
-level 1) when the codec asks for it and compression pays, so every message stays within the daemon's
-``max_stream_message_bytes`` and ``offset`` always counts raw bytes. A raw piece is never copied here: it
-is a view of the payload until it is written to the wire, and a received piece is read from the view
-into the received message that :func:`~tiercache.wire.framing.split` gives.
+A chunk travels as pieces of at most ``piece_bytes`` raw bytes, cut, coded and checked by the piece codec
+the daemon uses too (:mod:`tiercache.wire.pieces`: per-piece zstd when the codec asks for it and it pays,
+``offset`` counting raw bytes), so every message stays within the daemon's ``max_stream_message_bytes``. A
+raw piece is never copied here: it is a view of the payload until it is written to the wire, and a
+received piece is read from the view into the received message that :func:`~tiercache.wire.framing.split`
+gives. This module adds what only the connector needs: payloads given as parts, a store's first message
+(handle and key chain), and a load's order (the contiguous cached prefix, chunk after chunk).
 
 Primitives:
     Payload, payload_view: one raw chunk to send (a 1-D CPU uint8 tensor or bytes-like) as a memoryview.
@@ -14,7 +16,6 @@ Primitives:
     store_frames: the pieces of a store as :class:`~tiercache.wire.framing.Framed` messages, their data
         views of the payloads (written to the wire in one copy).
     store_messages: the same pieces as whole ``StreamStoreMessage`` objects.
-    cut_parts: the bytes ``[start, stop)`` of a chunk given as parts, as views of the parts.
     StreamPiece: one checked, decoded piece of a StreamLoad.
     PieceReader: checks the pieces of a StreamLoad in order and decodes them, without assembling them
         (the receiver writes each piece where it belongs, e.g. straight into the engine's KV).
@@ -29,13 +30,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import zstandard
 
 from tiercache.codec import Codec
 from tiercache.errors import InvalidArgumentError, TierCacheError
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.wire import CODECS
 from tiercache.wire.framing import BytesLike, Framed
+from tiercache.wire.pieces import PieceDecoder, PieceEncoder, cut_parts, piece_header, piece_spans
 
 from .results import StreamChunk
 
@@ -43,7 +44,6 @@ DEFAULT_MESSAGE_BYTES = 4 * 1024 * 1024
 """Message size limit used when the daemon names none."""
 _OVERHEAD_BYTES = 512
 """Room left in a message for everything but the data (key, offsets, flags, framing)."""
-ZSTD_LEVEL = 1
 
 
 Payload = torch.Tensor | bytes | bytearray | memoryview
@@ -90,36 +90,6 @@ def _flat(view: memoryview) -> memoryview:
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
-def cut_parts(parts: Sequence[memoryview], start: int, stop: int) -> list[memoryview]:
-    """The bytes ``[start, stop)`` of the concatenation of ``parts``, as views of them (no copy; fewer
-    bytes than asked for where the parts end first)."""
-    out: list[memoryview] = []
-    pos = 0
-    for part in parts:
-        end = pos + part.nbytes
-        if end > start and pos < stop:
-            out.append(part[max(start - pos, 0) : min(stop, end) - pos])
-        if end >= stop:
-            break
-        pos = end
-    return out
-
-
-class _Encoder:
-    def __init__(self, codec: Codec) -> None:
-        self.codec = codec
-        self._zstd = zstandard.ZstdCompressor(level=ZSTD_LEVEL) if codec is Codec.ZSTD else None
-
-    def encode(self, raw: list[memoryview]) -> tuple[BytesLike, tuple[BytesLike, ...], Codec]:
-        """A piece's data (its first part and the others, written after it) and codec."""
-        if self._zstd is not None:
-            whole = raw[0] if len(raw) == 1 else b"".join(raw)
-            packed = self._zstd.compress(whole)
-            if len(packed) < len(whole):
-                return packed, (), Codec.ZSTD
-        return raw[0], tuple(raw[1:]), Codec.RAW
-
-
 def store_frames(
     handle: bytes,
     keys: Sequence[bytes],
@@ -149,7 +119,7 @@ def store_frames(
         InvalidArgumentError: naming ``payloads[i]``, when a payload has the wrong size; or ``payloads``
             when their number differs from the keys'.
     """
-    encoder = _Encoder(codec)
+    encoder = PieceEncoder(codec)
     first = True
     count = 0
     for index, (key, payload) in enumerate(zip(keys, payloads)):
@@ -158,23 +128,15 @@ def store_frames(
         nbytes = sum(part.nbytes for part in parts)
         if nbytes != chunk_bytes:
             raise InvalidArgumentError(f"payloads[{index}]", f"has {nbytes} bytes, need {chunk_bytes}")
-        for offset in range(0, chunk_bytes, max_piece_bytes):
-            stop = min(offset + max_piece_bytes, chunk_bytes)
-            data, more, used = encoder.encode(cut_parts(parts, offset, stop))
-            header = pb.StreamStoreMessage(
-                key=key,
-                index=index,
-                offset=offset,
-                codec=CODECS.to_proto(used),
-                last=stop == chunk_bytes,
-                chunk_bytes=chunk_bytes,
-            )
+        for start, stop in piece_spans(chunk_bytes, max_piece_bytes):
+            piece = encoder.encode(cut_parts(parts, start, stop))
+            header = piece_header(pb.StreamStoreMessage, key, index, start, stop, chunk_bytes, piece.codec)
             if first:
                 header.handle = handle
                 header.start_depth = start_depth
                 header.keys.extend(keys)
                 first = False
-            yield Framed(header, data, more)
+            yield Framed(header, piece.data, piece.more)
     if count != len(keys):
         raise InvalidArgumentError("payloads", f"{count} payloads for {len(keys)} keys")
 
@@ -233,7 +195,7 @@ class PieceReader:
         """
         self._keys = keys
         self._chunk_bytes = chunk_bytes
-        self._zstd = zstandard.ZstdDecompressor()
+        self._decoder = PieceDecoder(chunk_bytes)
         self._next_index = 0
         self._open = False
         self._filled = 0
@@ -261,18 +223,19 @@ class PieceReader:
         self._check_chunk(msg)
         if msg.offset != self._filled:
             raise self._fail(f"chunk {msg.index}: piece at offset {msg.offset}, expected {self._filled}")
-        raw, in_message = self._decode(msg, data)
+        codec = CODECS.lookup(msg.codec)
+        if codec is None:
+            raise self._fail(f"chunk {msg.index}: unknown codec {msg.codec}")
         start = self._filled
-        stop = start + memoryview(raw).nbytes
-        if stop > self._chunk_bytes:
-            raise self._fail(f"chunk {msg.index} overflows {self._chunk_bytes} bytes")
-        if msg.last and stop != self._chunk_bytes:
-            raise self._fail(f"chunk {msg.index} ended after {stop} of {self._chunk_bytes} bytes")
-        self._filled = stop
+        try:
+            raw = self._decoder.decode(msg.index, start, data, codec, msg.last)
+        except InvalidArgumentError as exc:
+            raise self._fail(str(exc)) from None
+        self._filled = start + raw.nbytes
         if msg.last:
             self._open = False
             self._next_index += 1
-        return StreamPiece(msg.index, self._keys[msg.index], start, raw, in_message, msg.last)
+        return StreamPiece(msg.index, self._keys[msg.index], start, raw, codec is Codec.RAW, msg.last)
 
     def _check_chunk(self, msg: pb.StreamLoadMessage) -> None:
         """The message's chunk size and key (when it names them) are the request's."""
@@ -282,18 +245,6 @@ class PieceReader:
             )
         if msg.key and msg.key != self._keys[msg.index]:
             raise self._fail(f"chunk {msg.index} carries another key")
-
-    def _decode(self, msg: pb.StreamLoadMessage, data: BytesLike) -> tuple[BytesLike, bool]:
-        codec = CODECS.lookup(msg.codec)
-        if codec is Codec.RAW:
-            return memoryview(data), True
-        if codec is Codec.ZSTD:
-            try:
-                room = self._chunk_bytes - self._filled
-                return self._zstd.decompress(data, max_output_size=room), False
-            except zstandard.ZstdError as exc:
-                raise self._fail(f"chunk {msg.index}: bad zstd data ({exc})") from None
-        raise self._fail(f"chunk {msg.index}: unknown codec {msg.codec}")
 
     def finish(self) -> int:
         """Check that the stream did not stop inside a chunk; returns the number of whole chunks.

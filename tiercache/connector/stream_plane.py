@@ -101,10 +101,11 @@ class ByteStreamPlane(DataPlane):
         skipped = cached + len(result.skipped)
         return StoreResult(offered, result.stored * c_tokens, skipped * c_tokens, remote=True)
 
-    def begin_save(self, keys: Sequence[bytes]) -> LayerwiseSave:
-        """Layers are staged in local buffers; the chunks are sent at commit."""
+    def begin_save(self, keys: Sequence[bytes], cached: int | None = None) -> LayerwiseSave:
+        """Layers are staged in local buffers; the chunks are sent at commit (one StreamStore)."""
         layout = self.namespace.layout
-        cached = self.client.lookup(self.namespace, keys).chunks
+        if cached is None:
+            cached = self.client.lookup(self.namespace, keys).chunks
         staged = [(i, torch.empty(layout.chunk_bytes, dtype=torch.uint8)) for i in range(cached, len(keys))]
 
         def commit() -> int:

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, ParamSpec
 
 import torch
-import zstandard
 
 from tiercache.cache import StoreTicket
 from tiercache.codec import Codec
@@ -34,6 +33,7 @@ from tiercache.errors import InvalidArgumentError
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.wire import CODECS
 from tiercache.wire.framing import Framed
+from tiercache.wire.pieces import PieceEncoder, piece_spans
 
 from . import convert
 from .decode import WireCodec
@@ -41,11 +41,10 @@ from .rpc import Caller, ServicerBase, server_stream, unary_tenant
 from .streams import (
     INLINE_BYTES,
     INLINE_COPY_BYTES,
-    LOAD_ZSTD_LEVEL,
     STREAM_CODECS,
     ChunkAssembler,
     Piece,
-    encode_piece,
+    load_piece,
 )
 
 P = ParamSpec("P")
@@ -194,27 +193,18 @@ class StreamRpcs(ServicerBase):
         piece_bytes = self._deps.stream.stream_chunk_bytes
         if request.max_message_bytes:
             piece_bytes = min(piece_bytes, request.max_message_bytes)
-        cctx = zstandard.ZstdCompressor(level=LOAD_ZSTD_LEVEL) if zstd else None
+        encoder = PieceEncoder(Codec.ZSTD if zstd else Codec.RAW)
         ticket = await self.run(self._rules.lease, caller.namespace_id, keys)
         done = ticket.lease_id == 0
         sent = 0  # whole chunks written, counted in the metrics once (not a counter update per chunk)
         try:
             for chunk in ticket.chunks:
-                for start in range(0, chunk_bytes, piece_bytes):
-                    stop = min(start + piece_bytes, chunk_bytes)
-                    if cctx is not None and stop - start > INLINE_BYTES:
-                        data, packed = await self.run(encode_piece, chunk.view, start, stop, cctx)
+                for start, stop in piece_spans(chunk_bytes, piece_bytes):
+                    piece = (chunk.key, chunk.index, chunk.view, start, stop, chunk_bytes)
+                    if zstd and stop - start > INLINE_BYTES:
+                        yield await self.run(load_piece, encoder, *piece)
                     else:
-                        data, packed = encode_piece(chunk.view, start, stop, cctx)
-                    header = pb.StreamLoadMessage(
-                        index=chunk.index,
-                        key=chunk.key,
-                        offset=start,
-                        codec=CODECS.to_proto(Codec.ZSTD if packed else Codec.RAW),
-                        last=stop == chunk_bytes,
-                        chunk_bytes=chunk_bytes,
-                    )
-                    yield Framed(header, data)
+                        yield load_piece(encoder, *piece)
                 sent += 1
             await self.run(self._manager.release, ticket.lease_id)
             done = True

@@ -1,11 +1,11 @@
-"""The byte-stream data plane: chunks cut into messages and put back together, optionally zstd per message.
+"""The daemon's end of the byte-stream data plane: the pieces of a StreamStore checked and written into slots.
 
-A chunk travels as one or more pieces ``(key, index, offset, data, codec, last, chunk_bytes)``; a piece's
-``offset`` counts raw (decoded) bytes. :class:`ChunkAssembler` checks every piece of a StreamStore against the
-namespace's layout (and against the key chain the stream named up front, when it did) and writes the decoded
-bytes straight into the buffer reserved for the chunk (a shared-memory slot), so a chunk is never staged in
-an extra buffer. :func:`encode_piece` makes the pieces of a StreamLoad. Both are synchronous: the servicer
-runs large pieces in its executor.
+A chunk travels as one or more pieces ``(key, index, offset, data, codec, last, chunk_bytes)``, cut, coded
+and decoded by the piece codec the connector uses too (:mod:`tiercache.wire.pieces`). :class:`ChunkAssembler`
+checks every piece of a StreamStore against the namespace's layout (and against the key chain the stream
+named up front, when it did) and writes the decoded bytes straight into the buffer reserved for the chunk (a
+shared-memory slot), so a chunk is never staged in an extra buffer; :func:`load_piece` makes one piece of a
+StreamLoad. Both are synchronous: the servicer runs large pieces in its executor.
 
 Pieces travel framed (:mod:`tiercache.wire.framing`): a StreamStore piece's data is a view into the
 received message and is copied once, into the slot; a raw StreamLoad piece's data is a view of the leased
@@ -14,7 +14,7 @@ slot, copied once, when gRPC writes the message (before the handler resumes, so 
 Primitives:
     Piece: a validated piece of a StreamStore.
     ChunkAssembler: ``check`` a message, ``open`` the chunk's buffer, ``write`` a piece, ``finish``.
-    encode_piece: the data and codec flag of one StreamLoad piece.
+    load_piece: one framed StreamLoad piece of a leased chunk.
     STREAM_CODECS: the wire codecs of StreamStore and StreamLoad (framed pieces).
     INLINE_BYTES, INLINE_COPY_BYTES: zstd / raw pieces at most this large are handled on the event loop.
 """
@@ -26,13 +26,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import zstandard
 
 from tiercache.codec import Codec
 from tiercache.errors import InvalidArgumentError
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.wire import CODECS
 from tiercache.wire.framing import BytesLike, Framed, split
+from tiercache.wire.pieces import PieceDecoder, PieceEncoder, piece_header
 
 from .convert import check_key_field
 from .decode import WireCodec
@@ -43,8 +43,6 @@ INLINE_COPY_BYTES = 1 << 20
 """Raw StreamStore pieces up to this size are copied inline: the hand-off to the executor (a queue put that
 wakes a worker, which takes the GIL) costs more than the copy of a 512 KiB piece (a stream store of 512 KiB
 pieces on a 2-core host: ~0.5 GB/s through the executor, ~0.85 GB/s inline; 4 MiB pieces: no difference)."""
-LOAD_ZSTD_LEVEL = 1
-"""zstd level of StreamLoad pieces (fast)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +84,7 @@ class ChunkAssembler:
         self._received = 0
         self._target: np.ndarray | None = None  # None: the chunk is skipped (its bytes are dropped)
         self._messages = 0
-        self._dctx = zstandard.ZstdDecompressor()
+        self._decoder = PieceDecoder(chunk_bytes)
 
     @property
     def open_index(self) -> int | None:
@@ -163,29 +161,9 @@ class ChunkAssembler:
             InvalidArgumentError: ``data`` does not decode or overruns the chunk, or the chunk's last piece
                 leaves it short.
         """
-        room = self._chunk_bytes - piece.offset
-        data = memoryview(piece.data)
-        if piece.zstd and data:
-            if room == 0:
-                raise InvalidArgumentError("data", f"chunk index {piece.index} is already complete")
-            try:
-                data = memoryview(self._dctx.decompress(data, max_output_size=room))
-            except zstandard.ZstdError as exc:
-                raise InvalidArgumentError(
-                    "data",
-                    f"chunk index {piece.index} at offset {piece.offset}: not a zstd frame of <= {room} bytes ({exc})",
-                ) from None
+        codec = Codec.ZSTD if piece.zstd else Codec.RAW
+        data = self._decoder.decode(piece.index, piece.offset, piece.data, codec, piece.last)
         end = piece.offset + data.nbytes
-        if end > self._chunk_bytes:
-            raise InvalidArgumentError(
-                "data",
-                f"chunk index {piece.index} overruns: {end} bytes, the layout needs {self._chunk_bytes}",
-            )
-        if piece.last and end != self._chunk_bytes:
-            raise InvalidArgumentError(
-                "data",
-                f"chunk index {piece.index} ended at {end} bytes, the layout needs {self._chunk_bytes}",
-            )
         if self._target is not None and data:
             self._target[piece.offset : end] = np.frombuffer(data, dtype=np.uint8)
         self._received = end
@@ -211,26 +189,23 @@ class ChunkAssembler:
             )
 
 
-def encode_piece(
-    view: torch.Tensor, start: int, stop: int, cctx: zstandard.ZstdCompressor | None
-) -> tuple[BytesLike, bool]:
-    """The data of one StreamLoad piece and whether it is zstd.
+def load_piece(
+    encoder: PieceEncoder,
+    key: bytes,
+    index: int,
+    view: torch.Tensor,
+    start: int,
+    stop: int,
+    chunk_bytes: int,
+) -> Framed[pb.StreamLoadMessage]:
+    """The piece ``[start, stop)`` of the ``chunk_bytes`` chunk ``index`` (its bytes ``view``: a leased 1-D
+    uint8 CPU view).
 
-    Args:
-        view: the chunk's bytes (a leased 1-D uint8 CPU view).
-        start: raw offset of the piece.
-        stop: raw end of the piece.
-        cctx: a compressor when the client accepts zstd; a piece that does not shrink is sent raw.
-
-    Returns:
-        A raw piece is a view of ``view`` (valid while the lease is held: write it before releasing).
+    A raw piece's data is a view of ``view``, valid while the lease is held: write it before releasing.
     """
-    raw = view[start:stop].numpy().data
-    if cctx is not None:
-        packed = cctx.compress(raw)
-        if len(packed) < raw.nbytes:
-            return packed, True
-    return raw, False
+    piece = encoder.encode([view[start:stop].numpy().data])
+    header = piece_header(pb.StreamLoadMessage, key, index, start, stop, chunk_bytes, piece.codec)
+    return Framed(header, piece.data)
 
 
 def _write_load_piece(piece: Framed[pb.StreamLoadMessage]) -> bytes:

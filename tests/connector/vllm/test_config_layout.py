@@ -7,16 +7,11 @@ import torch
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'tiercache[vllm]')")
 
+from tiercache.connector.dataplane import DataPlaneMode
+from tiercache.connector.kv import PagedKV, chunk_to_kv, kv_to_chunk
+from tiercache.connector.paged import block_runs
 from tiercache.connector.vllm.config import VllmConnectorConfig
-from tiercache.connector.vllm.layout import (
-    BackendLayout,
-    block_planes,
-    block_runs,
-    check_cache,
-    chunk_planes,
-    copy_from_cache,
-    copy_into_cache,
-)
+from tiercache.connector.vllm.layout import BackendLayout, block_planes, check_cache
 from tiercache.errors import InvalidArgumentError
 from tiercache.layout import KVDtype, KVLayout
 from tiercache.policies.load import LoadPolicyKind
@@ -29,6 +24,13 @@ def test_defaults_and_chunk_size() -> None:
     assert VllmConnectorConfig.from_extra_config({}, block_size=512).chunk_tokens == 512
     timeout = VllmConnectorConfig.from_extra_config({"load_policy": "timeout", "timeout_s": 0.5}, 16)
     assert (timeout.load_policy, timeout.timeout_s) == (LoadPolicyKind.TIMEOUT, 0.5)
+
+
+@pytest.mark.parametrize("mode", list(DataPlaneMode))
+def test_data_plane_key(mode: DataPlaneMode) -> None:
+    assert VllmConnectorConfig.from_extra_config({}, block_size=32).data_plane is DataPlaneMode.AUTO
+    parsed = VllmConnectorConfig.from_extra_config({"data_plane": mode.value}, block_size=32)
+    assert parsed.data_plane is mode
 
 
 @pytest.mark.parametrize(
@@ -44,6 +46,9 @@ def test_defaults_and_chunk_size() -> None:
         ({"chunk_tokens": True}, "chunk_tokens"),
         ({"load_policy": "cost_aware"}, "prefill_tokens_per_s"),
         ({"load_policy": "cost_aware", "prefill_tokens_per_s": -1}, "prefill_tokens_per_s"),
+        ({"data_plane": "tcp"}, "data_plane"),
+        ({"data_plane": 1}, "data_plane"),
+        ({"data_plane": None}, "data_plane"),
     ],
 )
 def test_bad_options_name_the_key(extra: dict[str, object], field: str) -> None:
@@ -64,19 +69,38 @@ def _roundtrip(kind: BackendLayout, device: str) -> None:
     blocks = [11, 3, 4, 17]  # scattered, with one consecutive run
     index = torch.tensor(blocks, device=device)
     chunk = torch.zeros(layout.chunk_bytes, dtype=torch.uint8)
-    for layer, cache in enumerate(caches):
-        copy_from_cache(block_planes(kind, cache), chunk_planes(kind, layout, chunk, layer), 0, index)
+    kv_to_chunk(layout, PagedKV.of_blocks([block_planes(kind, c) for c in caches], blocks), 0, chunk)
     if device == "cuda":
         torch.cuda.synchronize()
     targets = [torch.zeros_like(c) for c in caches]
-    into = torch.tensor([0, 1, 2, 5], device=device)
-    for layer, cache in enumerate(targets):
-        copy_into_cache(block_planes(kind, cache), chunk_planes(kind, layout, chunk, layer), 1, into[1:])
+    into = [0, 1, 2, 5]
+    # the chunk's first block is below first_block: vLLM computed it, the load must not write it
+    chunk_to_kv(layout, chunk, PagedKV.of_blocks([block_planes(kind, c) for c in targets], into, 1), 0)
     blocks_dim = 0 if kind is BackendLayout.CPU else 1
+    into_t = torch.tensor(into, device=device)
     for src, dst in zip(caches, targets):
         want = src.index_select(blocks_dim, index[1:])
-        assert torch.equal(dst.index_select(blocks_dim, into[1:]), want)  # bit for bit
-        assert not dst.index_select(blocks_dim, into[:1]).any()  # block 0 of the chunk was skipped
+        assert torch.equal(dst.index_select(blocks_dim, into_t[1:]), want)  # bit for bit
+        assert not dst.index_select(blocks_dim, into_t[:1]).any()  # block 0 of the chunk was skipped
+
+
+def test_a_last_chunk_loads_in_part() -> None:
+    layout = KVLayout(2, 2, 64, KVDtype.FLOAT32, chunk_tokens=64, page_tokens=16)
+    caches = [torch.randn(BackendLayout.CPU.expected_shape(8, layout)) for _ in range(2)]
+    chunk = torch.zeros(layout.chunk_bytes, dtype=torch.uint8)
+    kv_to_chunk(
+        layout,
+        PagedKV.of_blocks([block_planes(BackendLayout.CPU, c) for c in caches], [4, 5, 6, 7]),
+        0,
+        chunk,
+    )
+    targets = [torch.zeros_like(c) for c in caches]
+    chunk_to_kv(
+        layout, chunk, PagedKV.of_blocks([block_planes(BackendLayout.CPU, c) for c in targets], [2, 0]), 0
+    )
+    for src, dst in zip(caches, targets):
+        assert torch.equal(dst[2], src[4]) and torch.equal(dst[0], src[5])  # the chunk's first two blocks
+        assert not dst[[1, 3, 4, 5, 6, 7]].any()
 
 
 @pytest.mark.parametrize("kind", list(BackendLayout))
@@ -102,15 +126,12 @@ def test_flash_chunks_are_the_canonical_layout() -> None:
     layout = KVLayout(1, 2, 8, KVDtype.FLOAT32, chunk_tokens=32, page_tokens=16)
     cache = torch.randn(BackendLayout.FLASH.expected_shape(4, layout))
     chunk = torch.zeros(layout.chunk_bytes, dtype=torch.uint8)
-    index = torch.tensor([2, 0])
-    copy_from_cache(
-        block_planes(BackendLayout.FLASH, cache),
-        chunk_planes(BackendLayout.FLASH, layout, chunk, 0),
-        0,
-        index,
-    )
-    expected = cache.index_select(1, index).reshape(2, 32, 2, 8)
+    kv_to_chunk(layout, PagedKV.of_blocks([block_planes(BackendLayout.FLASH, cache)], [2, 0]), 0, chunk)
+    expected = cache.index_select(1, torch.tensor([2, 0])).reshape(2, 32, 2, 8)
     assert torch.equal(layout.layer_view(chunk, 0), expected)
+    generic = torch.zeros_like(chunk)  # the connector's own paged layout is vLLM's flash layout
+    kv_to_chunk(layout, PagedKV([cache], [2, 0]), 0, generic)
+    assert torch.equal(generic, chunk)
 
 
 def test_wrong_cache_shape_names_the_layer() -> None:

@@ -20,8 +20,9 @@ pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'tiercach
 from tests.connector.conftest import connector_daemon
 from tiercache.connector import TierCacheClient
 from tiercache.connector.channel import parse_address
+from tiercache.connector.paged import chunk_layer_planes
 from tiercache.connector.vllm.config import VllmConnectorConfig
-from tiercache.connector.vllm.layout import BackendLayout, chunk_planes
+from tiercache.connector.vllm.layout import BackendLayout
 from tiercache.connector.vllm.metadata import TierCacheMetadata
 from tiercache.connector.vllm.namespace import EngineIdentity
 from tiercache.connector.vllm.scheduler import SchedulerSide
@@ -131,9 +132,7 @@ def test_scheduler_leases_and_the_worker_copies_and_releases(daemon: Daemon, lap
         assert worker.get_block_ids_with_load_errors() == set()
         for layer, cache in enumerate(worker._caches):
             for block, chunk in zip(BLOCKS, chunks):
-                assert torch.equal(
-                    cache[:, block], chunk_planes(BackendLayout.CPU, LAYOUT, chunk, layer)[:, 0]
-                )
+                assert torch.equal(cache[:, block], chunk_layer_planes(LAYOUT, chunk, layer, 1)[:, 0])
             assert not cache[:, [0, 2, 4, 6]].any()
         assert _active_leases(daemon) == (0 if lapsed else 1)  # in time: the release waits for a call
         worker_client.settle()

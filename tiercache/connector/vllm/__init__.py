@@ -11,20 +11,22 @@ vLLM loads it with::
     )
 
 One instance per role and process: the SCHEDULER role (EngineCore) looks prompts up and plans each step
-(:mod:`.scheduler`), the WORKER role moves the bytes between the daemon's shared memory and vLLM's paged KV
-cache (:mod:`.worker`, :mod:`.loads`, :mod:`.layout`). Both build the same namespaces from the engine's
-config (:mod:`.namespace`) and parse the same options (:mod:`.config`); the step's plan travels as
+(:mod:`.scheduler`), the WORKER role turns each step's plan into the connector's transfers between the daemon
+(its shared memory, or its byte stream: ``data_plane``) and vLLM's paged KV cache (:mod:`.worker`,
+:mod:`.loads`, :mod:`.saves`), with the connector's own paged copy, loads and saves
+(:mod:`tiercache.connector.kv`, :mod:`tiercache.connector.layerwise`). Both build the same namespaces from the
+engine's config (:mod:`.namespace`) and parse the same options (:mod:`.config`); the step's plan travels as
 :class:`~.metadata.TierCacheMetadata`.
 
 Modules:
     ahead: registering the namespace (and mapping the segment) at engine start, in the background.
     config: ``VllmConnectorConfig`` from ``kv_connector_extra_config``.
     namespace: the engine's and each request's namespace.
-    layout: block copies for the CPU and the GPU (flash) cache layouts.
+    layout: vLLM's CPU and GPU (flash) cache layouts, each layer viewed as block planes.
     metadata: the per-step plan (loads, saves, preempted saving requests).
     scheduler: ``SchedulerSide``.
-    loads: ``LayerLoader`` (layer-by-layer copies, CUDA stream and per-layer events).
-    saves: ``SaveQueue`` (background copies out of the blocks, two-phase commits).
+    loads: a request's load as a ``LayerwiseLoad`` from leased slots, or a byte-stream receive.
+    saves: ``SaveQueue`` (a background thread filling the data plane's ``LayerwiseSave``, two-phase).
     worker: ``WorkerSide``.
 
 Primitives:

@@ -25,6 +25,9 @@ last partial chunk is never stored). The command: ``tiercache-bench vllm --lengt
 50,100 --repeats 2 --no-peers --no-throughput --chunk-tokens N`` (bench/results/vllm-chunk-sweep.txt).
     prefill_tokens_per_s: the engine's prefill rate, declared to the daemon; required by ``cost_aware``
         (which loads only the prefix whose load beats recomputing it).
+    data_plane: how the bytes move: ``auto`` (default: the daemon's shared memory when it can be mapped in
+        the worker, else the byte stream), ``shm`` (shared memory only: an engine that cannot map it
+        recomputes) or ``stream`` (the daemon's gRPC byte stream, e.g. for a daemon on another host).
 
 An unknown key or a bad value raises :class:`~tiercache.errors.InvalidArgumentError` naming the key, so vLLM
 fails at engine start instead of serving without a cache.
@@ -43,13 +46,22 @@ from tiercache.errors import InvalidArgumentError
 from tiercache.policies.load import LoadPolicyKind, PrefillModel
 from tiercache.policies.registry import parse_kind
 
+from ..dataplane import DataPlaneMode
 from ..local_daemon import default_socket
 
 DEFAULT_MIN_CHUNK_TOKENS = 256
 """Default chunk size: the first multiple of vLLM's block size at or above this many tokens."""
 DEFAULT_TIMEOUT_S = 2.0
 """Default deadline of a daemon call (a slow daemon never stalls the engine longer than this)."""
-_KEYS = ("address", "token", "load_policy", "timeout_s", "chunk_tokens", "prefill_tokens_per_s")
+_KEYS = (
+    "address",
+    "token",
+    "load_policy",
+    "timeout_s",
+    "chunk_tokens",
+    "prefill_tokens_per_s",
+    "data_plane",
+)
 
 
 def _default_chunk_tokens(block_size: int) -> int:
@@ -67,6 +79,7 @@ class VllmConnectorConfig:
         timeout_s: deadline of each daemon call (and of a ``timeout`` load).
         chunk_tokens: tokens per chunk (a multiple of the block size).
         prefill: the engine's prefill model (declared for cost-aware loads), or None.
+        data_plane: shared memory, byte stream, or the first of them that works here.
     """
 
     address: str
@@ -75,6 +88,7 @@ class VllmConnectorConfig:
     timeout_s: float
     chunk_tokens: int
     prefill: PrefillModel | None = None
+    data_plane: DataPlaneMode = DataPlaneMode.AUTO
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, object] | None, block_size: int) -> VllmConnectorConfig:
@@ -112,4 +126,5 @@ class VllmConnectorConfig:
             prefill = PrefillModel(float(rate))
         elif policy is LoadPolicyKind.COST_AWARE:
             raise InvalidArgumentError("prefill_tokens_per_s", "cost_aware needs the engine's prefill rate")
-        return cls(address, token, policy, float(timeout), chunk, prefill)
+        plane = parse_kind(DataPlaneMode, extra.get("data_plane", DataPlaneMode.AUTO.value), "data_plane")
+        return cls(address, token, policy, float(timeout), chunk, prefill, plane)

@@ -1,30 +1,35 @@
-"""The worker's loads: lease the cached chunks of each request, copy them into vLLM's blocks layer by layer.
+"""The worker's loads: one step's load specs turned into the connector's transfers into vLLM's blocks.
 
-``LayerLoader`` takes one step's leased loads and copies layer 0 of every chunk of every request, then
-layer 1, ... On CUDA that runs in a background thread, on a side stream (which first waits for the engine's
-stream) with one event per layer, so that the copy of layer l + 1 overlaps the model's compute of layer l,
-and ``wait(l)`` only makes the engine's current stream wait on event l. Into a CPU cache the copies are
-made at once, in the caller (``start_load_kv``, before the forward pass): the model's compute already keeps
-every core busy, so a copy thread would only compete with it (and cost a thread start per step), and
-``wait(l)`` returns at once. After the last layer each lease is released: when the local clock proves the lease held for the whole
-copy, without waiting (the release rides on the namespace's next AcquireLoad or BeginStore, or goes
-one-way shortly after: :meth:`~tiercache.connector.client.TierCacheClient.defer_release`); otherwise with a
-waited release, and a lease the daemon does not confirm may have had its slots reused, so its blocks are
-reported as load errors and vLLM recomputes them. A failed copy does the same for every block not yet known good.
+Each request's blocks are a :class:`~tiercache.connector.kv.PagedKV` over the registered caches (written from
+the first block vLLM did not compute). From leased shared-memory slots (:class:`LeasedLoad`) the copy is a
+:class:`~tiercache.connector.layerwise.LayerwiseLoad`: layer by layer; on CUDA in a background thread on a
+side stream with one event per layer, so that the copy of layer l + 1 overlaps the model's compute of layer
+l; into a CPU cache at once, in the caller (``start_load_kv``, before the forward pass: the model's compute
+already keeps every core busy, so a copy thread would only compete with it). After the last layer the lease
+is released (:func:`release_lease`): when the local clock proves it held for the whole copy, without
+waiting (the release rides on the namespace's next AcquireLoad or BeginStore, or goes one-way shortly after:
+:meth:`~tiercache.connector.client.TierCacheClient.defer_release`); otherwise with a waited release, and a
+lease the daemon does not confirm may have had its slots reused, so the load fails and its blocks are
+reported as load errors (vLLM recomputes them), as for a failed copy.
+
+Over the byte stream (:func:`receive_into`: no lease, the daemon's StreamLoad leases while it sends) each
+chunk is copied into its blocks as soon as it is whole, before ``start_load_kv`` returns (on CUDA queued on
+the engine's stream, ahead of the forward pass); the blocks of chunks that did not arrive whole are load
+errors.
 
 Primitives:
     leased_prefix: the slots of a lease that hold whole chunks ``0, 1, ...`` in order.
-    LeasedLoad: one request's lease, slots and target blocks.
-    LayerLoader: start, wait(layer), finish() -> the block ids that failed.
+    LeasedLoad: one request's lease, slots and target blocks; ``start`` -> its LayerwiseLoad.
+    release_lease: release a lease after its copy; False when it may not have held.
+    receive_into: a request's chunks over the byte stream into its blocks; the block ids that failed.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import threading
-import time
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -34,9 +39,12 @@ from tiercache.keys import Namespace
 from tiercache.layout import KVLayout
 
 from ..client import TierCacheClient
-from ..results import LoadLease, SlotRef
-from ..segments import SlotAccess, SlotMapping
-from .layout import BackendLayout, chunk_planes, copy_into_cache
+from ..kv import PagedKV, chunk_to_kv
+from ..layerwise import LayerwiseLoad
+from ..outcomes import LoadResult
+from ..results import LoadLease, SlotRef, StreamChunk
+from ..segments import SlotMapping
+from ..stream_plane import ByteStreamPlane
 
 logger = logging.getLogger(__name__)
 
@@ -76,127 +84,79 @@ class LeasedLoad:
         """The blocks this load writes."""
         return set(self.block_ids[self.first_block :])
 
-
-class LayerLoader:
-    """Copies one step's leased loads into vLLM's KV cache, layer by layer (on CUDA in a background thread)."""
-
-    def __init__(
+    def start(
         self,
         client: TierCacheClient,
-        backend: BackendLayout,
         layout: KVLayout,
         caches: Sequence[torch.Tensor],
-        loads: Sequence[LeasedLoad],
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        """Start copying at once (into a CPU cache: copy everything before returning).
+        clock: Callable[[], float],
+    ) -> LayerwiseLoad:
+        """Start copying the leased chunks into the request's blocks (into a CPU cache: done on return)."""
+        kv = PagedKV.of_blocks(caches, self.block_ids, self.first_block)
 
-        Args:
-            client: the daemon client (to release the leases).
-            backend: the KV cache layout.
-            layout: the namespace layout (chunk and block size).
-            caches: per layer, the cache as ``[planes, num_blocks, plane_block_bytes]`` bytes.
-            loads: the leased loads.
-            clock: the local clock the leases' lifetimes are checked with.
-        """
-        self._client = client
-        self._backend = backend
-        self._layout = layout
-        self._caches = caches
-        self._loads = loads
-        self._clock = clock
-        self._cond = threading.Condition()
-        self._done = 0
-        self._finished = False
-        self._failed: set[int] = set()
-        device = caches[0].device
-        self._stream: torch.cuda.Stream | None = None
-        self._events: list[torch.cuda.Event] = []
-        self._thread: threading.Thread | None = None
-        if device.type == "cpu":
-            self._run()  # the cores are the forward pass's: copy now (see the module docstring)
-            return
-        if device.type == "cuda":
-            self._stream = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
-            self._stream.wait_stream(torch.cuda.current_stream(device))
-        self._thread = threading.Thread(target=self._run, name="tiercache-vllm-load", daemon=True)
-        self._thread.start()
+        @contextmanager
+        def buffers() -> Iterator[list[tuple[int, torch.Tensor]]]:
+            # Inside ``use``: a retired mapping is unmapped only when its last user leaves.
+            with self.mapping.use() as slots:
+                yield [(ref.index, slots.view(ref)) for ref in self.refs]
 
-    def wait(self, layer: int) -> None:
-        """Block until layer ``layer`` is in the cache (on CUDA: the current stream waits for it)."""
-        with self._cond:
-            self._cond.wait_for(lambda: self._done > layer or self._finished)
-            event = self._events[layer] if layer < len(self._events) else None
-        if event is not None:
-            torch.cuda.current_stream(self._caches[0].device).wait_event(event)
+        tokens = len(self.refs) * layout.chunk_tokens
+        planned = LoadResult(tokens, tokens, tokens, remote=False, tokens_cached=tokens)
+        return LayerwiseLoad(
+            layout,
+            kv,
+            buffers(),
+            planned,
+            valid=lambda: True,  # proven once, at the release (by the clock, or by the daemon)
+            release=lambda: release_lease(client, self, clock),
+            on_result=lambda _result: None,
+            inline=True,
+        )
 
-    def finish(self) -> set[int]:
-        """Wait for the copies and the lease releases; the block ids whose KV is not trustworthy."""
-        if self._thread is not None:
-            self._thread.join()
-        return set(self._failed)
 
-    # ------------------------------------------------------------------ background thread
+def release_lease(client: TierCacheClient, load: LeasedLoad, clock: Callable[[], float]) -> bool:
+    """Release ``load``'s lease after its copy; False when neither the clock nor the daemon proves it held."""
+    if clock() < load.started + load.lease.expires_in_s:
+        # The local clock proves the lease held (its TTL started after ``started``): no answer is needed, the
+        # release rides on the namespace's next call (or goes one-way shortly).
+        client.defer_release(load.namespace, load.lease.lease_id)
+        return True
+    try:
+        covered = client.release_load(load.namespace, load.lease.lease_id)
+    except TierCacheError as exc:
+        logger.warning("releasing load lease %d failed (%s)", load.lease.lease_id, exc)
+        covered = False  # neither the clock nor the daemon can prove the lease held
+    if not covered:
+        logger.warning("load lease %d lapsed during the copy; vLLM recomputes", load.lease.lease_id)
+    return covered
 
-    def _run(self) -> None:
-        try:
-            with contextlib.ExitStack() as stack:
-                views = [stack.enter_context(load.mapping.use()) for load in self._loads]
-                self._copy(views)
-                if self._events:
-                    # Inside ``use``: from a pinned segment the copies are asynchronous, and a retired
-                    # mapping is unmapped when its last user leaves; the slots may also be reused once the
-                    # leases are released.
-                    self._events[-1].synchronize()
-        except Exception:
-            logger.exception("tiercache load failed; vLLM recomputes the loaded blocks")
-            for load in self._loads:
-                self._failed |= load.target_blocks()
-        finally:
-            self._release_all()
-            with self._cond:
-                self._finished = True
-                self._cond.notify_all()
 
-    def _copy(self, views: Sequence[SlotAccess]) -> None:
-        per = self._layout.chunk_tokens // self._layout.page_tokens
-        device = self._caches[0].device
-        indices: list[list[tuple[int, torch.Tensor, SlotRef]]] = []
-        for load in self._loads:
-            items = []
-            for ref in load.refs:
-                skip = max(0, load.first_block - ref.index * per)
-                blocks = load.block_ids[ref.index * per + skip : (ref.index + 1) * per]
-                if blocks:
-                    items.append((skip, torch.tensor(blocks, dtype=torch.int64, device=device), ref))
-            indices.append(items)
-        for layer, cache in enumerate(self._caches):
-            stream = torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
-            with stream:
-                for slots, items in zip(views, indices):
-                    for skip, index, ref in items:
-                        chunk = chunk_planes(self._backend, self._layout, slots.view(ref), layer)
-                        copy_into_cache(cache, chunk, skip, index)
-                if self._stream is not None:
-                    event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-                    event.record(self._stream)
-                    self._events.append(event)
-            with self._cond:
-                self._done = layer + 1
-                self._cond.notify_all()
+def receive_into(
+    plane: ByteStreamPlane,
+    keys: Sequence[bytes],
+    caches: Sequence[torch.Tensor],
+    block_ids: Sequence[int],
+    first_block: int,
+) -> set[int]:
+    """Receive the cached prefix of ``keys`` over the byte stream into a request's blocks (from
+    ``first_block`` on); returns the target blocks that did not get their KV (vLLM recomputes them)."""
+    layout = plane.namespace.layout
+    per = layout.chunk_tokens // layout.page_tokens
+    kv = PagedKV.of_blocks(caches, block_ids, first_block)
+    on_cpu = caches[0].device.type == "cpu"
 
-    def _release_all(self) -> None:
-        for load in self._loads:
-            if self._clock() < load.started + load.lease.expires_in_s:
-                # The local clock proves the lease held (its TTL started after ``started``): no answer is
-                # needed, the release rides on the namespace's next call (or goes one-way shortly).
-                self._client.defer_release(load.namespace, load.lease.lease_id)
-                continue
-            try:
-                covered = self._client.release_load(load.namespace, load.lease.lease_id)
-            except TierCacheError as exc:
-                logger.warning("releasing load lease %d failed (%s)", load.lease.lease_id, exc)
-                covered = False  # neither the clock nor the daemon can prove the lease held
-            if not covered:
-                logger.warning("load lease %d lapsed during the copy; vLLM recomputes", load.lease.lease_id)
-                self._failed |= load.target_blocks()
+    def consume(chunk: StreamChunk) -> None:
+        with warnings.catch_warnings():  # a lent message is read-only: torch warns that it could write
+            warnings.simplefilter("ignore", UserWarning)
+            buf = torch.frombuffer(chunk.data, dtype=torch.uint8)
+        chunk_to_kv(layout, buf, kv, chunk.index, non_blocking=not on_cpu)
+
+    got = 0
+    try:
+        # Into a CPU cache each copy is done when ``consume`` returns: one assembly buffer serves all.
+        got = plane.receive(keys, consume, reuse_buffer=on_cpu, lend=True)
+    except TierCacheError as exc:
+        logger.warning("tiercache stream load failed (%s); vLLM recomputes its blocks", exc)
+    except Exception:
+        logger.exception("tiercache stream load failed; vLLM recomputes its blocks")
+    return set(block_ids[max(got * per, first_block) :])

@@ -2,10 +2,12 @@
 
 After each forward pass the worker hands :class:`SaveQueue` the step's save work (:class:`~.metadata.SaveSpec`: which
 full chunks of which requests are complete, in which blocks). One background thread runs the work of every
-request in submission order: at a request's first work it reserves slots (one BeginStore: nothing is
-visible yet), copies every layer of the new chunks out of vLLM's blocks into the slots, and after the work
-that completes the prompt's last full chunk it commits the reservation — only if every reserved chunk was
-copied, so a request publishes all of its chunks or none.
+request in submission order: at a request's first work it reserves room through the namespace's data plane
+(a :class:`~tiercache.connector.layerwise.LayerwiseSave`: one BeginStore for shared-memory slots, or local
+buffers for the byte stream; nothing is visible yet), copies every layer of the new chunks out of vLLM's
+blocks into it (``save_chunks``), and after the work that completes the prompt's last full chunk it commits
+the reservation (CommitStore, or one StreamStore that the daemon commits when the stream ends) — only if
+every reserved chunk was copied, so a request publishes all of its chunks or none.
 
 Wrong KV stays impossible because a block is only read while vLLM cannot reuse it:
 
@@ -37,18 +39,17 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 
 import torch
 
-from tiercache.errors import TierCacheError
+from tiercache.errors import ConflictError, TierCacheError
 from tiercache.keys import Namespace, chunk_keys
 from tiercache.layout import KVLayout
 
 from ..client import TierCacheClient
-from ..results import SlotRef, StoreGrant
-from ..segments import SlotMapping
-from .layout import BackendLayout, chunk_planes, copy_from_cache
+from ..dataplane import DataPlane
+from ..kv import PagedKV
+from ..layerwise import LayerwiseSave
 from .metadata import SaveSpec
 from .namespace import EngineIdentity
 
@@ -67,17 +68,6 @@ def _lower_priority() -> None:
         logger.debug("cannot lower the save thread's priority (%s)", exc)
 
 
-@dataclass
-class _Reservation:
-    """A request's store ticket while its chunks are copied (owned by the background thread)."""
-
-    namespace: Namespace
-    grant: StoreGrant
-    mapping: SlotMapping
-    slots: dict[int, SlotRef]
-    copied: set[int] = field(default_factory=set)
-
-
 class SaveQueue:
     """Runs the worker's save work in a background thread (see the module docstring)."""
 
@@ -86,22 +76,24 @@ class SaveQueue:
         client: TierCacheClient,
         identity: EngineIdentity,
         caches: Callable[[], Sequence[torch.Tensor]],
+        plane: Callable[[Namespace], DataPlane],
     ) -> None:
         """Args:
         client: the daemon client (thread-safe).
         identity: the engine's identity (namespaces and layout).
         caches: the registered caches, per layer as ``[planes, num_blocks, plane_block_bytes]`` bytes.
+        plane: a namespace's data plane (shared memory or byte stream; may raise TierCacheError).
         """
         self._client = client
         self._identity = identity
         self._layout: KVLayout = identity.layout
-        self._backend: BackendLayout = identity.backend
         self._caches = caches
+        self._plane = plane
         self._cond = threading.Condition()
         self._jobs: collections.deque[tuple[str, Callable[[], None]]] = collections.deque()
         self._pending: collections.Counter[str] = collections.Counter()
         self._thread: threading.Thread | None = None
-        self._reservations: dict[str, _Reservation] = {}  # the background thread's
+        self._reservations: dict[str, LayerwiseSave] = {}  # the background thread's
         self._owed: set[str] = set()  # requests with work: vLLM holds them when they finish
         self._reporting: set[str] = set()  # finished, reported once their work is done
         self._uncommitted: set[str] = set()
@@ -213,68 +205,48 @@ class SaveQueue:
             self._commit(work.req_id, held)
 
     def _reserve(self, work: SaveSpec) -> None:
-        """Reserve slots for chunks ``start_chunk ..`` of the request (invisible until committed)."""
+        """Reserve room for chunks ``start_chunk ..`` of the request (invisible until committed)."""
         if not self._caches():
             return
         ns = self._identity.namespace(work.adapter, work.cache_salt)
-        keys = chunk_keys(ns, work.tokens)[work.start_chunk :]
-        if not keys:
+        keys = chunk_keys(ns, work.tokens)
+        if len(keys) <= work.start_chunk:
             return
         try:
-            grant = self._client.begin_store(ns, keys, start_depth=work.start_chunk)
-            mapping = self._client.slot_mapping(ns)
+            save = self._plane(ns).begin_save(keys, cached=work.start_chunk)
         except TierCacheError as exc:
             self.failures += 1
             logger.warning("tiercache store of request %s failed (%s); not caching", work.req_id, exc)
             return
-        slots = {work.start_chunk + r.index: r for r in grant.slots if r.nbytes == self._layout.chunk_bytes}
-        if mapping is None or not grant.slots or len(slots) != len(grant.slots):
-            self._abort(ns, grant)
-            return
-        self._reservations[work.req_id] = _Reservation(ns, grant, mapping, slots)
+        if save.open:
+            self._reservations[work.req_id] = save
+        else:  # nothing to fill: cached meanwhile, or the reserved memory is unreachable
+            save.abort()
 
-    def _copy(self, work: SaveSpec, held: _Reservation, event: torch.cuda.Event | None) -> None:
+    def _copy(self, work: SaveSpec, held: LayerwiseSave, event: torch.cuda.Event | None) -> None:
         """Copy every layer of the work's chunks out of vLLM's blocks (finished when this returns)."""
         caches = self._caches()
-        per = self._layout.chunk_tokens // self._layout.page_tokens
-        positions = [pos for pos in work.chunks if pos in held.slots]
-        if not positions:
-            return
         device = caches[0].device
         stream = torch.cuda.Stream(device=device) if event is not None else None  # type: ignore[no-untyped-call]
-        with held.mapping.use() as slots, torch.cuda.stream(stream) if stream else contextlib.nullcontext():
+        with torch.cuda.stream(stream) if stream else contextlib.nullcontext():
             if stream is not None and event is not None:
                 stream.wait_event(event)  # the forward pass wrote the blocks on the engine's stream
-            for pos in positions:
-                index = torch.tensor(
-                    work.block_ids[pos * per : (pos + 1) * per], dtype=torch.int64, device=device
-                )
-                view = slots.view(held.slots[pos])
-                for layer, cache in enumerate(caches):
-                    copy_from_cache(cache, chunk_planes(self._backend, self._layout, view, layer), 0, index)
+            kv = PagedKV.of_blocks(caches, work.block_ids)
+            held.save_chunks(kv, work.chunks, non_blocking=stream is not None)
             if stream is not None:
                 stream.synchronize()
-        held.copied.update(positions)
 
-    def _commit(self, req_id: str, held: _Reservation) -> None:
-        if held.copied != set(held.slots):
-            logger.warning("request %s: a chunk was not copied; not caching", req_id)
-            self._abort(held.namespace, held.grant)
-            return
+    def _commit(self, req_id: str, held: LayerwiseSave) -> None:
         try:
-            self._client.commit_store(held.namespace, held.grant.ticket_id)
-        except TierCacheError as exc:
+            held.commit()
+        except ConflictError:
+            logger.warning("request %s: a chunk was not copied; not caching", req_id)
+            held.abort()
+            return
+        if held.failed:
             self.failures += 1
-            logger.warning("tiercache commit of request %s failed (%s); not caching", req_id, exc)
-            self._abort(held.namespace, held.grant)
 
     def _drop(self, req_id: str) -> None:
         held = self._reservations.pop(req_id, None)
         if held is not None:
-            self._abort(held.namespace, held.grant)
-
-    def _abort(self, ns: Namespace, grant: StoreGrant) -> None:
-        try:
-            self._client.abort_store(ns, grant.ticket_id)
-        except TierCacheError as exc:
-            logger.warning("aborting store ticket %d failed (%s); it lapses at its TTL", grant.ticket_id, exc)
+            held.abort()

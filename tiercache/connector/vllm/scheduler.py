@@ -13,7 +13,10 @@
   prefix cache), when the request is not scheduled in the step that asked (no blocks: it is asked again
   when it is tried again), when it is preempted before its load, and when it finishes.
   With TP or PP > 1 every worker holds its own shard of each chunk: the call is a Lookup that starts
-  promoting the prefix, and each worker leases its shard (:mod:`.worker`).
+  promoting the prefix, and each worker leases its shard (:mod:`.worker`). With the byte stream
+  (``data_plane`` ``stream``, or ``auto`` when the daemon names no shared-memory segment) there are no slots
+  to lease: the call is a Lookup that starts promoting the prefix, and the worker streams it. Under ``auto``
+  the worker may still find that it cannot map the segment; it then releases the lease and streams.
   A daemon that is down or fails is a miss (logged and counted), never an exception.
 * ``update_state_after_alloc`` records which tokens the worker loads; ``build_connector_meta`` turns that
   and the step's block tables into a :class:`~.metadata.TierCacheMetadata`: the blocks to load, and the
@@ -45,6 +48,7 @@ from tiercache.keys import Namespace, chunk_keys
 from tiercache.policies.load import LoadPolicyKind
 
 from ..client import TierCacheClient
+from ..dataplane import DataPlaneMode
 from ..results import LoadLease
 from .ahead import connect_ahead
 from .config import VllmConnectorConfig
@@ -136,7 +140,7 @@ class SchedulerSide:
             ns = self._identity.namespace(adapter, salt)
             keys = chunk_keys(ns, prompt[: full * self._chunk])
             try:
-                if self._lease_here:
+                if self._leases(ns):
                     self._acquire(tracked, ns, keys)
                 else:
                     tracked.cached_chunks = self._client.lookup(ns, keys, prefetch=True).chunks
@@ -149,6 +153,13 @@ class SchedulerSide:
         if tracked.loadable_tokens == 0:
             self._release(tracked)
         return tracked
+
+    def _leases(self, ns: Namespace) -> bool:
+        """Whether the lookup leases the prefix for the worker (TP = PP = 1 and shared memory to lease in)."""
+        plane = self._config.data_plane
+        if not self._lease_here or plane is DataPlaneMode.STREAM:
+            return False
+        return plane is DataPlaneMode.SHM or self._client.registration(ns).segment is not None
 
     def _acquire(self, tracked: _Request, ns: Namespace, keys: list[bytes]) -> None:
         """Lease the cached prefix for the worker (the lookup, the promotion and the lease in one call)."""

@@ -5,11 +5,16 @@
   It then registers the engine's namespace and maps the daemon's segment in the background
   (:mod:`.ahead`), so that the first request does not pay for it.
 * ``start_load_kv`` takes each request's lease — the one the scheduler took when it looked the request up
-  (TP = PP = 1: no call here), or its own (one AcquireLoad per request) — and starts a
-  :class:`~.loads.LayerLoader`, which releases the leases after the copies (proving by the clock that each
-  held, as for its own); ``wait_for_layer_load`` waits for one layer; chunks the daemon no longer offers,
+  (TP = PP = 1: no call here), or its own (one AcquireLoad per request) — and starts the connector's
+  :class:`~tiercache.connector.layerwise.LayerwiseLoad` into the request's blocks (:mod:`.loads`), which
+  releases the lease after the copies (proving by the clock that it held, as for its own);
+  ``wait_for_layer_load`` waits for one layer of every request; chunks the daemon no longer offers,
   leases that lapsed and failed copies become ``get_block_ids_with_load_errors`` (vLLM then recomputes
   those blocks when its ``kv_load_failure_policy`` is ``recompute``).
+* The bytes move through the daemon's shared memory, or over its byte stream (``data_plane`` ``stream``,
+  or ``auto`` when this process cannot map the daemon's segment: the daemon runs on another host): a
+  streamed load needs no lease of its own (a lease the scheduler took is released unused), a streamed save
+  stages the request's chunks in this process and sends them in one StreamStore at its commit.
 * ``wait_for_save`` hands the full chunks the forward pass completed to a :class:`~.saves.SaveQueue`, which
   reserves, copies and commits them in a background thread (two-phase: a request publishes all of its
   chunks or none); ``get_finished`` reports the finished requests whose saves are done (vLLM held their
@@ -38,11 +43,16 @@ from tiercache.keys import Namespace, chunk_keys
 from tiercache.policies.load import LoadPolicyKind
 
 from ..client import TierCacheClient
+from ..config import ConnectorConfig
+from ..dataplane import DataPlane, DataPlaneMode
+from ..layerwise import LayerwiseLoad
 from ..results import LoadLease
+from ..shm_plane import SharedMemoryPlane
+from ..stream_plane import ByteStreamPlane
 from .ahead import connect_ahead
 from .config import VllmConnectorConfig
 from .layout import block_planes, check_cache
-from .loads import LayerLoader, LeasedLoad, leased_prefix
+from .loads import LeasedLoad, leased_prefix, receive_into
 from .metadata import LoadSpec, TierCacheMetadata
 from .namespace import EngineIdentity
 from .saves import SaveQueue
@@ -68,9 +78,11 @@ class WorkerSide:
         self._clock = clock
         self._layers: dict[str, int] = {}
         self._caches: list[torch.Tensor] = []
-        self._loader: LayerLoader | None = None
+        self._loads: list[tuple[LayerwiseLoad, set[int]]] = []
         self._errors: set[int] = set()
-        self._saves = SaveQueue(client, identity, lambda: self._caches)
+        self._streams: dict[Namespace, ByteStreamPlane] = {}
+        self._slots: dict[Namespace, SharedMemoryPlane] = {}
+        self._saves = SaveQueue(client, identity, lambda: self._caches, self.plane)
         self._connecting: threading.Thread | None = None
         self.load_failures = 0
 
@@ -98,22 +110,79 @@ class WorkerSide:
         self._layers = {name: i for i, name in enumerate(kv_caches)}
         self._caches = [block_planes(backend, t) for t in kv_caches.values()]
         self._connecting = connect_ahead(
-            self._client, self._identity.namespace(), map_segment=True, prefill=self._config.prefill
+            self._client,
+            self._identity.namespace(),
+            map_segment=self._config.data_plane is not DataPlaneMode.STREAM,
+            prefill=self._config.prefill,
         )
+
+    def plane(self, ns: Namespace) -> DataPlane:
+        """The data plane of ``ns`` (see ``data_plane``).
+
+        Raises:
+            TierCacheError: under ``auto``, the daemon could not be asked for the registration.
+        """
+        stream = self.stream_plane(ns)
+        if stream is not None:
+            return stream
+        plane = self._slots.get(ns)
+        if plane is None:
+            plane = self._slots.setdefault(
+                ns, SharedMemoryPlane(self._client, ns, ConnectorConfig(), self._clock)
+            )
+        return plane
+
+    def stream_plane(self, ns: Namespace) -> ByteStreamPlane | None:
+        """The byte stream of ``ns`` when its bytes move that way (see ``data_plane``), else None (shared
+        memory).
+
+        Raises:
+            TierCacheError: under ``auto``, the daemon could not be asked for the registration.
+        """
+        mode = self._config.data_plane
+        if mode is DataPlaneMode.SHM:
+            return None
+        if mode is DataPlaneMode.AUTO and self._client.slot_mapping(ns) is not None:
+            return None
+        plane = self._streams.get(ns)
+        if plane is None:
+            plane = self._streams.setdefault(ns, ByteStreamPlane(self._client, ns, ConnectorConfig()))
+        return plane
 
     # ------------------------------------------------------------------ loads
 
     def start_load_kv(self, meta: TierCacheMetadata) -> None:
         """Take every request's lease and copy its chunks (into a CPU cache now; on CUDA layer by layer, in the
-        background)."""
-        self._wait_loader()
-        if not meta.loads:
-            return
-        leased = [load for spec in meta.loads if (load := self._lease(spec)) is not None]
-        if leased:
-            self._loader = LayerLoader(
-                self._client, self._identity.backend, self._layout, self._caches, leased, self._clock
-            )
+        background); a request over the byte stream is received now."""
+        self._finish_loads()
+        for spec in meta.loads:
+            if self._streamed(spec):
+                continue
+            leased = self._lease(spec)
+            if leased is not None:
+                load = leased.start(self._client, self._layout, self._caches, self._clock)
+                self._loads.append((load, leased.target_blocks()))
+
+    def _streamed(self, spec: LoadSpec) -> bool:
+        """Load the request over the byte stream when that is its namespace's data plane (True: done)."""
+        if not self.enabled:
+            return False
+        ns = self._identity.namespace(spec.adapter, spec.cache_salt)
+        try:
+            plane = self.stream_plane(ns)
+        except TierCacheError as exc:
+            logger.debug("no data plane for request %s yet (%s)", spec.req_id, exc)
+            return False  # the shared-memory path meets the same trouble and reports it
+        if plane is None:
+            return False
+        if spec.lease is not None:
+            self._client.defer_release(ns, spec.lease.lease_id)  # the stream leases while it sends
+        keys = chunk_keys(ns, spec.tokens)
+        failed = receive_into(plane, keys, self._caches, spec.block_ids, spec.first_block)
+        if failed:
+            self.load_failures += 1
+            self._errors |= failed
+        return True
 
     def _lease(self, spec: LoadSpec) -> LeasedLoad | None:
         """The request's lease (the scheduler's, or one taken now); blocks it does not cover become load
@@ -165,22 +234,23 @@ class WorkerSide:
         return lease, started
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        """Block until this layer of the step's loads is in the cache."""
-        loader, layer = self._loader, self._layers.get(layer_name)
-        if loader is not None and layer is not None:
-            loader.wait(layer)
+        """Block until this layer of the step's loads is in the cache (on CUDA: the current stream waits)."""
+        layer = self._layers.get(layer_name)
+        if layer is not None:
+            for load, _ in self._loads:
+                load.wait_layer(layer)
 
-    def _wait_loader(self) -> None:
-        loader, self._loader = self._loader, None
-        if loader is not None:
-            failed = loader.finish()
-            if failed:
+    def _finish_loads(self) -> None:
+        loads, self._loads = self._loads, []
+        for load, targets in loads:
+            if load.result().tokens_loaded == 0:
                 self.load_failures += 1
-            self._errors |= failed
+                self._errors |= targets
+            load.close()
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         """Blocks of this step's loads whose KV did not arrive intact (vLLM recomputes them)."""
-        self._wait_loader()
+        self._finish_loads()
         errors, self._errors = self._errors, set()
         return errors
 
@@ -214,5 +284,5 @@ class WorkerSide:
         """Finish the loads and the saves (open reservations are dropped)."""
         if self._connecting is not None:
             self._connecting.join()
-        self._wait_loader()
+        self._finish_loads()
         self._saves.close()
