@@ -60,7 +60,8 @@ def tier_of(path: str) -> Tier | None:
 
 
 def _relative(config: pytest.Config, path: Path) -> str:
-    return path.relative_to(config.rootpath).as_posix()
+    """``path`` relative to the repository root (as it is where the root is elsewhere: under no entry)."""
+    return path.relative_to(config.rootpath).as_posix() if path.is_relative_to(config.rootpath) else str(path)
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
