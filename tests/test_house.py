@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import subprocess
 import sys
@@ -148,6 +149,9 @@ def test_no_hand_written_module_over_the_limit() -> None:
 
 # ------------------------------------------------------------------------------------------------ wheel
 
+OPTIONAL = ("transformers", "vllm")
+"""Packages of optional extras (hf, vllm) that some modules import at the top."""
+
 _IMPORT_ALL = """
 import importlib, json, sys
 names = json.loads(sys.argv[1])
@@ -220,6 +224,11 @@ def test_every_module_imports_from_the_unpacked_wheel(wheel: Path, tmp_path: Pat
         timeout=300,
     )
     failed = json.loads(out.stdout.strip().splitlines()[-1])
+    # Modules of the hf and vllm extras need their package, which only those extras install.
+    absent = [
+        f"ModuleNotFoundError: No module named '{p}'" for p in OPTIONAL if importlib.util.find_spec(p) is None
+    ]
+    failed = {k: v for k, v in failed.items() if v not in absent}
     assert not failed, "modules that do not import from the wheel:\n" + "\n".join(
         f"{k}: {v}" for k, v in failed.items()
     )

@@ -8,7 +8,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tiercache.connector.local_daemon import answers
+
+pytest.importorskip("transformers")  # the demo runs a Hugging Face model
 
 Daemon = Any  # tests/connector/conftest.py:Daemon
 

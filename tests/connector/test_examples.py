@@ -19,6 +19,7 @@ Daemon = Any  # tests/connector/conftest.py:Daemon
 
 @pytest.mark.slow
 def test_hf_generate_hits_the_cache_on_its_second_run(daemon: Daemon) -> None:
+    pytest.importorskip("transformers")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERCACHE_")}
     out = subprocess.run(
         [sys.executable, str(EXAMPLES / "hf_generate.py"), daemon.address],

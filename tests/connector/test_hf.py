@@ -13,6 +13,9 @@ from typing import Any
 
 import pytest
 import torch
+
+pytest.importorskip("transformers")
+
 from transformers import PreTrainedModel
 
 from tiercache.connector import ClientConfig, ConnectorConfig, TierCacheClient, TierLevel

@@ -9,6 +9,7 @@ deadline-adherence ones, with a generous bound (a 0.2 s deadline against 2 s rea
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 import urllib.request
@@ -98,7 +99,7 @@ class ColdL3:
 
 def _cold_l3(tmp: Path, fault: Sequence[str], chains: dict[int, int]) -> Iterator[ColdL3]:
     """Store ``chains`` (seed -> chunks), let them reach L3, restart the daemon with ``fault`` on that L3."""
-    prefix = f"tiercache-test-{tmp.name[-8:]}"
+    prefix = f"tiercache-test-{secrets.token_hex(4)}"  # xdist workers share /dev/shm and tmp names
     first = new_daemon(tmp, prefix=prefix).start()
     keys = {seed: make_keys(n, seed) for seed, n in chains.items()}
     try:

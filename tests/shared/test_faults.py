@@ -4,6 +4,7 @@ the tier tries again after its backoff and comes back with the node."""
 
 from __future__ import annotations
 
+import shutil
 import signal
 import time
 from collections.abc import Iterator
@@ -79,6 +80,8 @@ def test_a_node_that_stops_answering_turns_the_tier_off_until_it_answers(
 def test_a_password_in_the_url_is_used_and_a_wrong_one_is_a_counted_error(
     tmp_path: Path, key_prefix: str
 ) -> None:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (Debian: apt-get install redis-server)")
     with redis_single(tmp_path / "auth", password="s3cret") as server:
         port = server.nodes[0].port
         good = SharedTier(SharedTierConfig(url=f"redis://:s3cret@127.0.0.1:{port}", key_prefix=key_prefix))

@@ -15,6 +15,7 @@ from tiercache.tiers.host import HostTier, HostTierConfig
 
 
 def test_small_run_fills_with_pages_far_better_than_one_page_per_slot(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")  # --plot
     out, png = tmp_path / "c.json", tmp_path / "c.png"
     argv = ["capacity", "--capacity", "64M", "--slot-bytes", "8M", "--churn", "50",
             "--json", str(out), "--plot", str(png), "-q"]  # fmt: skip

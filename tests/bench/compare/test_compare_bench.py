@@ -24,6 +24,8 @@ from tiercache.bench.compare.run import CompareConfig, _measure, _workload
 from tiercache.keys import Namespace
 from tiercache.layout import KVLayout
 
+pytest.importorskip("transformers")  # the reference model
+
 TINY = ["--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--prompts", "2",
         "--prompt-tokens", "96", "--chunk-tokens", "32", "--daemon-l2-bytes", "1M", "-q"]  # fmt: skip
 PEERS = {
@@ -57,6 +59,7 @@ def _check_spread(spread: dict[str, Any], rounds_s: list[float], rounds: int) ->
 
 @needs_redis
 def test_tiny_run_in_rounds_keeps_medians_spreads_and_rotates_the_order(work: Path, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")  # --plot
     out, png = tmp_path / "c.json", tmp_path / "c.png"
     argv = ["compare", *TINY, "--rounds", "3", "--fsync", "--dir", str(work), "--json", str(out),
             "--plot", str(png)]  # fmt: skip

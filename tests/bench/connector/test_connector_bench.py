@@ -21,6 +21,7 @@ TINY = ["--layouts", "tiny,2x4x64", "--chunk-tokens", "64", "--bytes-per-case", 
 
 
 def test_tiny_run_json_is_complete_and_consistent(work: Path, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")  # --plot
     out, png = tmp_path / "c.json", tmp_path / "c.png"
     assert main(["connector", *TINY, "--dir", str(work), "--json", str(out), "--plot", str(png)]) == 0
     doc: dict[str, Any] = json.loads(out.read_text())

@@ -21,6 +21,7 @@ def _args(*argv: str) -> argparse.Namespace:
 def test_engine_bench_prints_the_ttft_table_and_json(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    pytest.importorskip("transformers")  # the reference model
     out = tmp_path / "engine.json"
     args = _args(
         "--prompt-lengths", "32,64", "--chunk-tokens", "16", "--hidden", "64", "--layers", "2",

@@ -12,6 +12,7 @@ from tiercache.bench.scale.run import ScaleConfig
 
 
 def test_tiny_sweep_json_is_complete(work: Path, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")  # --plot
     out, png = tmp_path / "s.json", tmp_path / "s.png"
     argv = ["scale", "--counts", "256,1024", "--prompt-chunks", "32", "--lookups", "20", "--evictions", "4",
             "--dir", str(work), "--json", str(out), "--plot", str(png), "-q"]  # fmt: skip

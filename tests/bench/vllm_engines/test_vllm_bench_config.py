@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tiercache.bench.vllm_engines.columns import VllmBenchConfig, build_model, engine_params, tiercache_daemon
 
 
 def test_the_model_has_positions_for_the_throughput_prompts_longer_than_every_timed_prompt(
     tmp_path: Path,
 ) -> None:
+    pytest.importorskip("transformers")
     # 512-token prompts, a 1024 + 128-token throughput line: vLLM refuses an engine longer than its model.
     config = VllmBenchConfig(lengths=(512,), hidden=128, layers=1, system_tokens=1024, user_tokens=128)
     model = build_model(tmp_path / "model", config)

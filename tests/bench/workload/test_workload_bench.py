@@ -48,6 +48,7 @@ def _check_run(run: dict[str, Any], inproc: bool) -> None:
 
 
 def test_inproc_sweep_json_is_complete_and_consistent(work: Path, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")  # --plot
     out, png = tmp_path / "w.json", tmp_path / "w.png"
     # LRU pinned: the thrash assertion below is the trace's shape under LRU (the adaptive default hits)
     argv = ["workload", "--inproc", *SMALL, "--l2-bytes", "64K,256K", "--prefill-rate", "20000",

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'tiercache[vllm]')")
+
 from tests.connector.conftest import connector_daemon
 from tests.connector.vllm.conftest import CHUNK, RunVllm, extra, prompt, run_engine
 from tiercache.connector import TierCacheClient
@@ -18,8 +20,6 @@ from tiercache.connector.vllm.namespace import EngineIdentity
 from tiercache.keys import chunk_keys
 from tiercache.layout import KVDtype, KVLayout
 from tiercache.testing.daemon import DaemonProcess as Daemon
-
-pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'tiercache[vllm]')")
 
 SHARED_A = prompt(1, 5 * CHUNK)  # 5 full chunks shared by A's and B's first prompts
 SHARED_B = prompt(2, 3 * CHUNK)
