@@ -21,6 +21,7 @@ from tiercache.connector import (
     Codec,
     ConnectorConfig,
     ContiguousKV,
+    DataPlaneMode,
     EngineKV,
     KVConnector,
     PagedKV,
@@ -119,7 +120,7 @@ def exact(loaded: EngineKV, seed: int, n_tokens: int, upto: int) -> bool:
 def connector(p: dict[str, Any]) -> KVConnector:
     """A connector built from the JSON params."""
     client = TierCacheClient.connect(p["address"], token=p.get("token"), config=ClientConfig(timeout_s=10.0))
-    cfg = ConnectorConfig(force_remote=p.get("force_remote", False), codec=Codec[p.get("codec", "RAW")])
+    cfg = ConnectorConfig(DataPlaneMode(p.get("data_plane", "auto")), Codec[p.get("codec", "RAW")])
     return KVConnector(client, namespace(p.get("salt", "")), cfg)
 
 

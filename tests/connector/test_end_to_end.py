@@ -21,6 +21,7 @@ from tiercache.connector import (
     Codec,
     ConnectorConfig,
     ContiguousKV,
+    DataPlaneMode,
     KVConnector,
     TierCacheClient,
     TierLevel,
@@ -46,6 +47,10 @@ def _connector(
 ) -> KVConnector:
     client = TierCacheClient.connect(address, token=token, config=ClientConfig(timeout_s=10.0))
     return KVConnector(client, engine.namespace(salt), ConnectorConfig(**cfg))
+
+
+def _mode(remote: bool) -> DataPlaneMode:
+    return DataPlaneMode.STREAM if remote else DataPlaneMode.AUTO
 
 
 def _wait_for(condition: Callable[[], bool], what: str) -> None:
@@ -139,7 +144,7 @@ def test_daemon_down_means_zero_tokens_not_an_exception(tmp_path: Path, engine_m
         assert conn.lookup(tokens) == 0
     with pytest.raises(UnavailableError):
         conn.client.stats()
-    remote = _connector(f"unix:{tmp_path / 'nobody.sock'}", engine_mod, force_remote=True)
+    remote = _connector(f"unix:{tmp_path / 'nobody.sock'}", engine_mod, data_plane=DataPlaneMode.STREAM)
     assert remote.load(tokens, engine_mod.empty_kv(6, TOKENS, True)).tokens_loaded == 0
     assert remote.store(tokens, engine_mod.source_kv(6, TOKENS, True)).tokens_stored == 0
     conn.client.close()
@@ -157,8 +162,8 @@ def test_byte_stream_round_trip(
 ) -> None:
     seed = 100 + 10 * int(store_remote) + 2 * int(load_remote) + (codec is Codec.ZSTD)
     tokens = engine_mod.prompt(seed, TOKENS)
-    storer = _connector(shared_daemon.address, engine_mod, force_remote=store_remote, codec=codec)
-    loader = _connector(shared_daemon.address, engine_mod, force_remote=load_remote, codec=codec)
+    storer = _connector(shared_daemon.address, engine_mod, data_plane=_mode(store_remote), codec=codec)
+    loader = _connector(shared_daemon.address, engine_mod, data_plane=_mode(load_remote), codec=codec)
     stored = storer.store(tokens, engine_mod.source_kv(seed, TOKENS, True))
     assert (stored.tokens_stored, stored.tokens_skipped, stored.remote) == (FULL, 0, store_remote)
     kv = engine_mod.empty_kv(seed, TOKENS, True)
@@ -170,7 +175,7 @@ def test_byte_stream_round_trip(
 
 
 def test_stream_store_skips_the_cached_prefix(shared_daemon: Daemon, engine_mod: ModuleType) -> None:
-    conn = _connector(shared_daemon.address, engine_mod, force_remote=True, codec=Codec.ZSTD)
+    conn = _connector(shared_daemon.address, engine_mod, data_plane=DataPlaneMode.STREAM, codec=Codec.ZSTD)
     tokens = engine_mod.prompt(8, TOKENS)
     half = ContiguousKV(engine_mod.token_major(8, TOKENS))
     assert conn.store(tokens[:32], half).tokens_stored == 32
@@ -294,7 +299,7 @@ def test_chunks_in_several_pieces_land_straight_in_contiguous_and_paged_kv(
     # 4 KiB chunks in pieces of 1500 bytes: pieces straddle the chunk's per-layer K and V parts
     daemon = daemon_factory("--stream-chunk-bytes", "1500", "--max-message-bytes", "8192")
     daemon.start()
-    conn = _connector(daemon.address, engine_mod, force_remote=True, codec=codec)
+    conn = _connector(daemon.address, engine_mod, data_plane=DataPlaneMode.STREAM, codec=codec)
     tokens = engine_mod.prompt(21, TOKENS)
     assert conn.store(tokens, engine_mod.source_kv(21, TOKENS, False)).tokens_stored == FULL
     for paged in (False, True):  # written piece by piece / assembled, then scattered

@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 
 from transformers import PreTrainedModel
 
-from tiercache.connector import ClientConfig, ConnectorConfig, TierCacheClient, TierLevel
+from tiercache.connector import ClientConfig, ConnectorConfig, DataPlaneMode, TierCacheClient, TierLevel
 from tiercache.connector.hf import HFAdapter, build_reference_model, model_namespace
 from tiercache.connector.hf_cache import ModelRunner, layer_kv, new_cache
 from tiercache.keys import chunk_keys
@@ -151,7 +151,7 @@ def test_float32_reuse_matches_a_full_recompute(
     shared_daemon: Daemon, clients: Callable[[str], TierCacheClient], model: PreTrainedModel, remote: bool
 ) -> None:
     tokens = prompt(10 + remote)
-    config = ConnectorConfig(force_remote=remote)
+    config = ConnectorConfig(DataPlaneMode.STREAM if remote else DataPlaneMode.AUTO)
     adapter = HFAdapter.attach(model, clients(shared_daemon.address), CHUNK, "r1", config=config)
     baseline = HFAdapter(model, None).generate(tokens, NEW_TOKENS)
     first = adapter.generate(tokens, NEW_TOKENS)

@@ -9,7 +9,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from tiercache.connector import ClientConfig, ConnectorConfig, DataPlaneKind, KVConnector, TierCacheClient
+from tiercache.connector import ClientConfig, ConnectorConfig, KVConnector, Medium, TierCacheClient
 
 Daemon = Any  # tests/connector/conftest.py:Daemon
 TOKENS = 64
@@ -34,7 +34,7 @@ def test_each_tenant_loads_its_own_bytes_through_its_own_pool(
         prompt = engine_mod.prompt(901, TOKENS)  # the same prompt and namespace for both tenants
         kv_a, kv_b = engine_mod.source_kv(901, TOKENS, True), engine_mod.source_kv(902, TOKENS, True)
         for conn in (a, b):
-            assert conn.data_plane().kind is DataPlaneKind.SHARED_MEMORY
+            assert conn.data_plane().kind is Medium.SHARED_MEMORY
         seg_a = a.client.registration(a.namespace).segment
         seg_b = b.client.registration(b.namespace).segment
         assert seg_a is not None and seg_b is not None

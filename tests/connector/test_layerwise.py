@@ -16,6 +16,7 @@ from tiercache.connector import (
     ClientConfig,
     ConnectorConfig,
     ContiguousKV,
+    DataPlaneMode,
     KVConnector,
     LoadPolicy,
     TierCacheClient,
@@ -204,7 +205,7 @@ def test_a_save_filled_chunk_by_chunk_after_a_known_cached_prefix(
     conn = KVConnector(
         TierCacheClient.connect(shared_daemon.address, config=ClientConfig(timeout_s=10.0)),
         _namespace(salt),
-        ConnectorConfig(force_remote=force_remote),
+        ConnectorConfig(DataPlaneMode.STREAM if force_remote else DataPlaneMode.AUTO),
     )
     source, prompt = _kv(seed=6), _prompt(6)
     assert conn.store(prompt[:16], source).tokens_stored == 16  # chunk 0 cached

@@ -26,13 +26,15 @@ Modules (one responsibility each):
         the wire.
     outcomes: ``LoadResult`` / ``StoreResult``, token-weighted.
     layerwise: ``LayerwiseLoad`` (wait_layer) and ``LayerwiseSave`` (save_layer, commit, abort).
-    config: ``ConnectorConfig``.
+    config: ``ConnectorConfig`` and ``DataPlaneMode`` (auto, shm, stream: what an engine adapter asks for).
     dataplane: the ``DataPlane`` interface (load, load_layerwise, store, begin_save, prefill_publisher) and
-        ``DataPlaneMode`` (auto, shm, stream: what an engine adapter asks for).
+        ``Medium`` (ENGINE, SHARED_MEMORY, BYTE_STREAM: the ends of a transfer).
     shm_plane: ``SharedMemoryPlane`` — copies straight between shared-memory slots and the engine's KV.
     stream_plane: ``ByteStreamPlane`` — whole chunks over gRPC byte streams.
+    handlers: the data planes registered by (source medium, destination medium), and the one resolution of
+        a ``DataPlaneMode`` against what the daemon offers (used by every engine adapter).
     prefill: ``PrefillLease`` — single-flight prefill (wait, publish, release).
-    choice: ``DataPlaneChoice`` — the one place the data plane is chosen (once per registration).
+    choice: ``DataPlaneChoice`` — a ``KVConnector``'s data plane (chosen again per registration).
     engine: ``KVConnector`` — load / store through the data plane; fall back to recompute.
 
 The connector never imports ``tiercache.daemon``.
@@ -44,9 +46,9 @@ from tiercache.tiers.base import TierLevel
 
 from .channel import ChannelConfig, Endpoint, parse_address
 from .client import TierCacheClient
-from .config import ConnectorConfig
+from .config import ConnectorConfig, DataPlaneMode
 from .connection import ClientConfig
-from .dataplane import DataPlane, DataPlaneKind, DataPlaneMode
+from .dataplane import DataPlane, Medium
 from .engine import KVConnector
 from .kv import ContiguousKV, EngineKV, PagedKV, check_kv, chunk_to_kv, kv_to_chunk
 from .layerwise import LayerwiseLoad, LayerwiseSave
@@ -72,7 +74,6 @@ __all__ = [
     "ConnectorConfig",
     "ContiguousKV",
     "DataPlane",
-    "DataPlaneKind",
     "DataPlaneMode",
     "Endpoint",
     "EngineKV",
@@ -83,6 +84,7 @@ __all__ = [
     "LoadPolicy",
     "LoadResult",
     "LookupInfo",
+    "Medium",
     "PagedKV",
     "PrefetchInfo",
     "PrefillClaimInfo",

@@ -1,9 +1,9 @@
-"""The one place a connector's data plane is chosen (shared memory or byte stream), and chosen again.
+"""A connector's data plane, chosen through the transfer handlers (:mod:`.handlers`), and chosen again.
 
 Primitives:
-    DataPlaneChoice: the data plane of one connector — the byte stream when forced (fixed at once), else
-        chosen from the namespace's registration on first use and again only when the registration changed
-        (the daemon restarted and the client registered the namespace again).
+    DataPlaneChoice: the data plane of one connector — fixed at once under ``shm`` or ``stream``; under
+        ``auto`` chosen from the namespace's registration on first use and again only when the registration
+        changed (the daemon restarted and the client registered the namespace again).
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ from collections.abc import Callable
 from tiercache.keys import Namespace
 
 from .client import TierCacheClient
-from .config import ConnectorConfig
+from .config import ConnectorConfig, DataPlaneMode
 from .dataplane import DataPlane
+from .handlers import daemon_medium, open_plane
 from .results import Registration
-from .shm_plane import SharedMemoryPlane
-from .stream_plane import ByteStreamPlane
 
 logger = logging.getLogger(__name__)
 
@@ -40,30 +39,26 @@ class DataPlaneChoice:
         self._config = config
         self._clock = clock
         self._lock = threading.Lock()
-        self._forced: DataPlane | None = None
+        self._fixed: DataPlane | None = None
         self._plane: DataPlane | None = None
         self._chosen_for: Registration | None = None
-        if config.force_remote:
-            self._forced = ByteStreamPlane(client, namespace, config)
+        if config.data_plane is not DataPlaneMode.AUTO:
+            self._fixed = self._open()
 
     def current(self) -> DataPlane:
-        """The data plane to use now: the forced byte stream; else shared memory when the current
+        """The data plane to use now: the one asked for; under ``auto``, shared memory when the current
         registration's segment can be mapped in this process, else the byte stream.
 
         Raises:
             TierCacheError: the daemon could not be asked for the registration (down, refused it).
         """
-        if self._forced is not None:
-            return self._forced
+        if self._fixed is not None:
+            return self._fixed
         reg = self._client.registration(self._namespace)
         with self._lock:
             if self._plane is not None and self._chosen_for == reg:
                 return self._plane
-        plane: DataPlane
-        if self._client.slot_mapping(self._namespace) is not None:
-            plane = SharedMemoryPlane(self._client, self._namespace, self._config, self._clock)
-        else:
-            plane = ByteStreamPlane(self._client, self._namespace, self._config)
+        plane = self._open()
         with self._lock:
             self._plane, self._chosen_for = plane, reg
         logger.info(
@@ -73,3 +68,10 @@ class DataPlaneChoice:
             reg.segment.shm_segment if reg.segment else None,
         )
         return plane
+
+    def _open(self) -> DataPlane:
+        medium = daemon_medium(self._config.data_plane, self._mappable)
+        return open_plane(medium, self._client, self._namespace, self._config, self._clock)
+
+    def _mappable(self) -> bool:
+        return self._client.slot_mapping(self._namespace) is not None

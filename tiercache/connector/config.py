@@ -2,6 +2,8 @@
 the engine's cost models; and how its channel is secured on TCP.
 
 Primitives:
+    DataPlaneMode: the data plane an engine asks for: ``auto`` (shared memory when the daemon's segment can
+        be mapped here, else the byte stream), ``shm`` or ``stream`` (resolved by :mod:`.handlers`).
     ConnectorConfig: the options of one :class:`~.engine.KVConnector`.
     ClientTls: TLS of a TCP channel: the CA that signs the daemon's certificate, and the client certificate
         and key of mutual TLS (used by :class:`~.channel.ChannelConfig`).
@@ -10,6 +12,7 @@ Primitives:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 import grpc
 
@@ -18,12 +21,22 @@ from tiercache.errors import InvalidArgumentError
 from tiercache.policies.load import DeadlineModel, PrefillModel
 
 
+class DataPlaneMode(Enum):
+    """Which data plane an engine asks for (the value is what its options spell)."""
+
+    AUTO = "auto"
+    SHM = "shm"
+    STREAM = "stream"
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectorConfig:
     """How a connector moves bytes.
 
     Attributes:
-        force_remote: always use the byte stream, even when the shared-memory segment is reachable.
+        data_plane: ``auto`` (default: the daemon's shared memory when its segment can be mapped in this
+            process, else the byte stream), ``shm`` or ``stream`` (the byte stream even when the segment is
+            reachable).
         codec: codec of the byte stream (RAW or ZSTD).
         load_ttl_s: lifetime of a load lease (0: the daemon's default).
         store_ttl_s: lifetime of a store ticket (0: the daemon's default).
@@ -36,7 +49,7 @@ class ConnectorConfig:
             tokens it recomputes (turn off for an engine that reports with ``report_usage`` itself).
     """
 
-    force_remote: bool = False
+    data_plane: DataPlaneMode = DataPlaneMode.AUTO
     codec: Codec = Codec.RAW
     load_ttl_s: float = 0.0
     store_ttl_s: float = 0.0
@@ -46,6 +59,8 @@ class ConnectorConfig:
     report_usage: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.data_plane, DataPlaneMode):
+            raise InvalidArgumentError("data_plane", f"must be a DataPlaneMode, got {self.data_plane!r}")
         if not isinstance(self.codec, Codec):
             raise InvalidArgumentError("codec", f"must be a Codec, got {self.codec!r}")
         for name in ("load_ttl_s", "store_ttl_s", "prefill_ttl_s"):

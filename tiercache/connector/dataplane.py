@@ -1,6 +1,7 @@
 """The data-plane interface: how a connector's bytes move between the daemon and the engine's tensors.
 
-Two implementations, chosen once per connector (and again only when the daemon is re-registered):
+Two implementations (the transfer handlers of :mod:`.handlers`, registered by the media they move bytes
+between), chosen once per connector (and again only when the daemon is re-registered):
 
 * :class:`~.shm_plane.SharedMemoryPlane` — same host: the daemon's shared-memory slots are mapped into the
   engine and copied straight into / out of its KV tensors, under load leases and store grants.
@@ -11,15 +12,14 @@ into "0 tokens, recompute". Exceptions of the engine-side copies propagate after
 the store aborted.
 
 Primitives:
-    DataPlaneKind: SHARED_MEMORY or BYTE_STREAM.
-    DataPlaneMode: what an engine asks for: ``auto`` (shared memory when the daemon's segment can be mapped
-        here, else the byte stream), ``shm`` or ``stream``.
+    Medium: where bytes are: the ENGINE's KV tensors, the daemon's SHARED_MEMORY slots or its BYTE_STREAM.
     DataPlane: load, load_layerwise, store, begin_save, prefill_publisher.
     PrefillPublisher: publish (store and make visible some chunks of a single-flight prefill), abort.
 """
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from enum import Enum, auto
@@ -35,19 +35,15 @@ from .outcomes import LoadResult, StoreResult
 from .policy import WirePolicy
 
 
-class DataPlaneKind(Enum):
-    """Which data plane a connector uses."""
+class Medium(Enum):
+    """Where a transfer's bytes are: its source or its destination (a data plane is named by its daemon end)."""
 
+    ENGINE = auto()
+    """The engine's KV tensors (host or device memory)."""
     SHARED_MEMORY = auto()
+    """The daemon's shared-memory slots, mapped into the engine's process."""
     BYTE_STREAM = auto()
-
-
-class DataPlaneMode(Enum):
-    """Which data plane an engine asks for (the value is what its options spell)."""
-
-    AUTO = "auto"
-    SHM = "shm"
-    STREAM = "stream"
+    """The daemon's framed gRPC byte streams."""
 
 
 class PrefillPublisher(ABC):
@@ -81,19 +77,28 @@ class DataPlane(ABC):
         client: the daemon client.
         namespace: the namespace.
         config: the connector's options (codec, TTLs).
+        clock: the monotonic clock leases are measured with.
     """
 
-    kind: ClassVar[DataPlaneKind]
+    kind: ClassVar[Medium]
+    """The daemon's end of this plane's transfers (the engine's is :attr:`Medium.ENGINE`)."""
 
-    def __init__(self, client: TierCacheClient, namespace: Namespace, config: ConnectorConfig) -> None:
+    def __init__(
+        self,
+        client: TierCacheClient,
+        namespace: Namespace,
+        config: ConnectorConfig,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.client = client
         self.namespace = namespace
         self.config = config
+        self.clock = clock
 
     @property
     def remote(self) -> bool:
         """True for the byte stream (what results report as ``remote``)."""
-        return self.kind is DataPlaneKind.BYTE_STREAM
+        return self.kind is Medium.BYTE_STREAM
 
     @abstractmethod
     def load(self, keys: Sequence[bytes], kv: EngineKV, policy: WirePolicy, prompt_tokens: int) -> LoadResult:

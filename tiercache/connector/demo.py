@@ -34,7 +34,7 @@ import torch
 from tiercache.errors import TierCacheError
 
 from .client import TierCacheClient
-from .config import ConnectorConfig
+from .config import ConnectorConfig, DataPlaneMode
 from .connection import ClientConfig
 from .hf import HFAdapter, RequestReport
 from .hf_model import build_reference_model, kv_layout
@@ -240,7 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             client = stack.enter_context(
                 TierCacheClient.connect(f"unix:{socket}", config=ClientConfig(timeout_s=10.0))
             )
-            config = ConnectorConfig(force_remote=args.force_remote)
+            config = ConnectorConfig(DataPlaneMode.STREAM if args.force_remote else DataPlaneMode.AUTO)
             cached = HFAdapter.attach(model, client, args.chunk_tokens, f"seed{args.seed}", config=config)
             assert cached.connector is not None
             if not args.keep:

@@ -5,10 +5,11 @@ restarting, out of space, bad state): they log a warning and report 0 tokens loa
 engine recomputes. They do raise on the engine's own mistakes (KV tensors that do not match the layout) and
 let exceptions of the engine-side copy propagate — after releasing the lease or aborting the store.
 
-The data plane (:mod:`.dataplane`) is chosen once, in :mod:`.choice`: the byte stream at construction with
-``ConnectorConfig.force_remote``; otherwise, at the first call that moves bytes, the daemon's shared-memory
-slots when its segment can be mapped in this process (:mod:`.shm_plane`), else the byte stream
-(:mod:`.stream_plane`). It is chosen again only when the namespace was registered again (a daemon restart).
+The data plane (:mod:`.dataplane`) is chosen once, in :mod:`.choice`, through the transfer handlers of
+:mod:`.handlers`: at construction under ``ConnectorConfig.data_plane`` ``shm`` or ``stream``; under ``auto``,
+at the first call that moves bytes, the daemon's shared-memory slots when its segment can be mapped in this
+process (:mod:`.shm_plane`), else the byte stream (:mod:`.stream_plane`), chosen again only when the
+namespace was registered again (a daemon restart).
 
 A load takes a policy (:mod:`.policy`: wait_complete by default, best_effort, timeout, cost_aware) and says
 how many tokens arrived and from which tiers; afterwards the connector reports to the daemon what the load

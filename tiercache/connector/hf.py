@@ -37,7 +37,7 @@ from tiercache.keys import chunk_keys
 from tiercache.tiers.base import TierLevel
 
 from .client import TierCacheClient
-from .config import ConnectorConfig
+from .config import ConnectorConfig, DataPlaneMode
 from .engine import KVConnector
 from .hf_cache import ModelRunner, PrefixBuffers, cache_from_prefix, new_cache, prompt_kv
 from .hf_model import build_reference_model, kv_layout, model_namespace
@@ -252,7 +252,7 @@ class HFAdapter:
         else:
             to_load, tiers = self._lookup(tokens)
         if to_load == 0:
-            remote = conn.config.force_remote
+            remote = conn.config.data_plane is DataPlaneMode.STREAM
             return PrefixLoad(new_cache(self.model), full, 0, 0, 0, tiers, remote, self._clock() - started)
         buffers = PrefixBuffers.allocate(layout, to_load, self._runner.device)
         result = conn.load(tokens[:to_load], buffers.engine_kv())

@@ -37,7 +37,7 @@ from tiercache.tiers.base import TierLevel
 
 from .client import TierCacheClient
 from .config import ConnectorConfig
-from .dataplane import DataPlane, DataPlaneKind, PrefillPublisher
+from .dataplane import DataPlane, Medium, PrefillPublisher
 from .kv import EngineKV, kv_to_chunk, kv_to_run, run_to_kv
 from .layerwise import LayerwiseLoad, LayerwiseSave
 from .outcomes import LoadResult, StoreResult
@@ -82,7 +82,7 @@ class _Round:
 class SharedMemoryPlane(DataPlane):
     """Loads and stores through the daemon's shared-memory slots (the daemon runs on this host)."""
 
-    kind = DataPlaneKind.SHARED_MEMORY
+    kind = Medium.SHARED_MEMORY
 
     def __init__(
         self,
@@ -91,9 +91,8 @@ class SharedMemoryPlane(DataPlane):
         config: ConnectorConfig,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__(client, namespace, config)
+        super().__init__(client, namespace, config, clock)
         self._layout = namespace.layout
-        self._clock = clock
         # Copies half of each large run's layers (kv.SPLIT_MIN_BYTES) while the caller copies the rest. Its
         # idle thread ends with the plane (the executor's finalizer) or at interpreter exit.
         self._helper = (
@@ -126,7 +125,7 @@ class SharedMemoryPlane(DataPlane):
         """One lease of the cached prefix of ``keys`` (chain positions ``offset, offset + 1, ...``), copied
         into ``kv`` and released."""
         looked_up = (offset + len(keys)) * self._layout.chunk_tokens
-        started = self._clock()
+        started = self.clock()
         lease = self._acquire(keys, policy, prompt_tokens)
         refs = self._checked(_prefix(lease.slots))
         planned = self._planned(lease, refs, looked_up)
@@ -140,7 +139,7 @@ class SharedMemoryPlane(DataPlane):
                     run_to_kv(self._layout, run, kv, offset + first, helper=self._helper)
                     copied += run.shape[0]
             # The lease's TTL started at the daemon after ``started``: by the local clock it held throughout.
-            in_time = self._clock() < started + lease.expires_in_s
+            in_time = self.clock() < started + lease.expires_in_s
         finally:
             released = self._release(lease, wait=not in_time)
         if released is False or (released is None and not in_time):
@@ -160,7 +159,7 @@ class SharedMemoryPlane(DataPlane):
         on_result: Callable[[LoadResult], None],
     ) -> LayerwiseLoad:
         looked_up = len(keys) * self._layout.chunk_tokens
-        started = self._clock()
+        started = self.clock()
         lease = self._acquire(keys, policy, prompt_tokens)
         refs = self._checked(_prefix(lease.slots))
         planned = self._planned(lease, refs, looked_up)
@@ -180,7 +179,7 @@ class SharedMemoryPlane(DataPlane):
             kv,
             buffers(),
             planned,
-            valid=lambda: self._clock() < deadline,  # per layer, so the release needs no answer: deferred
+            valid=lambda: self.clock() < deadline,  # per layer, so the release needs no answer: deferred
             release=lambda: self._release(lease, wait=False),
             on_result=on_result,
         )

@@ -1,4 +1,4 @@
-"""The byte-stream data plane (engines on another host, or ``ConnectorConfig(force_remote=True)``).
+"""The byte-stream data plane (engines on another host, or ``data_plane`` ``stream``).
 
 Whole chunks travel over gRPC streams, framed by :mod:`.stream` into messages within both ends' size limit
 (per-piece zstd when the codec asks for it). A store first looks up the cached prefix and sends only what
@@ -29,7 +29,7 @@ from tiercache.proto import tiercache_pb2 as pb
 from tiercache.wire.framing import Framed
 
 from .copier import ChunkCopier, PieceCopier, staged_chunks
-from .dataplane import DataPlane, DataPlaneKind, PrefillPublisher
+from .dataplane import DataPlane, Medium, PrefillPublisher
 from .kv import EngineKV, chunk_parts
 from .layerwise import LayerwiseLoad, LayerwiseSave
 from .outcomes import LoadResult, StoreResult
@@ -53,7 +53,7 @@ logger = logging.getLogger(__name__)
 class ByteStreamPlane(DataPlane):
     """Loads and stores whole chunks over the daemon's byte-stream RPCs."""
 
-    kind = DataPlaneKind.BYTE_STREAM
+    kind = Medium.BYTE_STREAM
 
     # ------------------------------------------------------------------ load
 

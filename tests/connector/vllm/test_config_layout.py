@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'tiercache[vllm]')")
 
-from tiercache.connector.dataplane import DataPlaneMode
+from tiercache.connector.config import DataPlaneMode
 from tiercache.connector.kv import PagedKV, chunk_to_kv, kv_to_chunk
 from tiercache.connector.paged import block_runs
 from tiercache.connector.vllm.config import VllmConnectorConfig

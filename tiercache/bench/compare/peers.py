@@ -28,6 +28,7 @@ import torch
 from tiercache.connector import (
     ConnectorConfig,
     ContiguousKV,
+    DataPlaneMode,
     KVConnector,
     TierCacheClient,
     chunk_to_kv,
@@ -196,7 +197,9 @@ class TierCacheStore:
         self._c = namespace.layout.chunk_tokens
         self._client = client
         self._ns = namespace
-        self._conn = KVConnector(client, namespace, ConnectorConfig(force_remote=force_remote))
+        self._conn = KVConnector(
+            client, namespace, ConnectorConfig(DataPlaneMode.STREAM if force_remote else DataPlaneMode.AUTO)
+        )
 
     def store(self, tokens: np.ndarray, kv: ContiguousKV) -> int:
         """``KVConnector.store``; chunks stored (already cached ones count as stored)."""

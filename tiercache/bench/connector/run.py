@@ -11,7 +11,7 @@ For each layout case (a model-like KV layout at a chunk size) the bench, in one 
    purged after each round so that no round evicts another;
 3. times ``Lookup`` of the stored chain against ``Diagnostics.Echo`` of a message of the same size, over
    the transport the lookup took (the daemon's control socket when it has one, else gRPC);
-4. stores and loads through the byte stream (``ConnectorConfig(force_remote=True)``), verified the same
+4. stores and loads through the byte stream (``ConnectorConfig(data_plane=DataPlaneMode.STREAM)``), verified the same
    way, against the bare one-way streams ``Diagnostics.SinkStream`` / ``SourceStream`` of the same bytes in
    messages of the path's own piece size (a store against the stream to the daemon, a load against the
    stream from it), both measured right before every timed round and paired with it like memcpy (a bare
@@ -50,6 +50,7 @@ from tiercache.connector import (
     ClientConfig,
     ConnectorConfig,
     ContiguousKV,
+    DataPlaneMode,
     KVConnector,
     TierCacheClient,
 )
@@ -292,7 +293,7 @@ def _measure_case(
         ceilings = [memcpy]
         if config.stream:
             store_piece, load_piece = _stream_pieces(client, ns, layout.chunk_bytes)
-            remote = KVConnector(client, ns, ConnectorConfig(force_remote=True))
+            remote = KVConnector(client, ns, ConnectorConfig(DataPlaneMode.STREAM))
             stream_prompts = distinct_prompts(config.rounds + 1, tokens, config.seed + 1)
             bare = partial(_bare_streams_gbps, probe, store_piece, load_piece, total)
             st = _run_path(remote, stream_prompts, src, dst, bar, bare)

@@ -109,7 +109,7 @@ class EngineBench:
     """The model, the adapters and the measurements of one run."""
 
     def __init__(self, args: argparse.Namespace, address: str) -> None:
-        from tiercache.connector import ClientConfig, ConnectorConfig, TierCacheClient
+        from tiercache.connector import ClientConfig, ConnectorConfig, DataPlaneMode, TierCacheClient
         from tiercache.connector.hf import HFAdapter, build_reference_model
         from tiercache.connector.hf_cache import ModelRunner
 
@@ -125,7 +125,7 @@ class EngineBench:
         client_config = ClientConfig(timeout_s=30.0, control_socket=not (args.grpc_only or args.force_remote))
         self.client = TierCacheClient.connect(address, config=client_config)
         salt = f"bench-{uuid.uuid4().hex[:12]}"  # a fresh namespace: nothing cached from earlier runs
-        config = ConnectorConfig(force_remote=args.force_remote)
+        config = ConnectorConfig(DataPlaneMode.STREAM if args.force_remote else DataPlaneMode.AUTO)
         self.cached = HFAdapter.attach(
             self.model, self.client, args.chunk_tokens, "bench", salt, config=config
         )

@@ -46,7 +46,7 @@ from tiercache.errors import InvalidArgumentError
 from tiercache.policies.load import LoadPolicyKind, PrefillModel
 from tiercache.policies.registry import parse_kind
 
-from ..dataplane import DataPlaneMode
+from ..config import DataPlaneMode
 from ..local_daemon import default_socket
 
 DEFAULT_MIN_CHUNK_TOKENS = 256

@@ -48,7 +48,8 @@ from tiercache.keys import Namespace, chunk_keys
 from tiercache.policies.load import LoadPolicyKind
 
 from ..client import TierCacheClient
-from ..dataplane import DataPlaneMode
+from ..dataplane import Medium
+from ..handlers import daemon_medium
 from ..results import LoadLease
 from .ahead import connect_ahead
 from .config import VllmConnectorConfig
@@ -156,10 +157,13 @@ class SchedulerSide:
 
     def _leases(self, ns: Namespace) -> bool:
         """Whether the lookup leases the prefix for the worker (TP = PP = 1 and shared memory to lease in)."""
-        plane = self._config.data_plane
-        if not self._lease_here or plane is DataPlaneMode.STREAM:
+        if not self._lease_here:
             return False
-        return plane is DataPlaneMode.SHM or self._client.registration(ns).segment is not None
+
+        def offered() -> bool:  # asked under auto only
+            return self._client.registration(ns).segment is not None
+
+        return daemon_medium(self._config.data_plane, offered) is Medium.SHARED_MEMORY
 
     def _acquire(self, tracked: _Request, ns: Namespace, keys: list[bytes]) -> None:
         """Lease the cached prefix for the worker (the lookup, the promotion and the lease in one call)."""

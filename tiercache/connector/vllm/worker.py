@@ -43,11 +43,11 @@ from tiercache.keys import Namespace, chunk_keys
 from tiercache.policies.load import LoadPolicyKind
 
 from ..client import TierCacheClient
-from ..config import ConnectorConfig
-from ..dataplane import DataPlane, DataPlaneMode
+from ..config import ConnectorConfig, DataPlaneMode
+from ..dataplane import DataPlane, Medium
+from ..handlers import daemon_medium, open_plane
 from ..layerwise import LayerwiseLoad
 from ..results import LoadLease
-from ..shm_plane import SharedMemoryPlane
 from ..stream_plane import ByteStreamPlane
 from .ahead import connect_ahead
 from .config import VllmConnectorConfig
@@ -80,8 +80,7 @@ class WorkerSide:
         self._caches: list[torch.Tensor] = []
         self._loads: list[tuple[LayerwiseLoad, set[int]]] = []
         self._errors: set[int] = set()
-        self._streams: dict[Namespace, ByteStreamPlane] = {}
-        self._slots: dict[Namespace, SharedMemoryPlane] = {}
+        self._planes: dict[tuple[Namespace, Medium], DataPlane] = {}
         self._saves = SaveQueue(client, identity, lambda: self._caches, self.plane)
         self._connecting: threading.Thread | None = None
         self.load_failures = 0
@@ -117,37 +116,28 @@ class WorkerSide:
         )
 
     def plane(self, ns: Namespace) -> DataPlane:
-        """The data plane of ``ns`` (see ``data_plane``).
+        """The data plane of ``ns``: the handler of the medium ``data_plane`` resolves to (under ``auto``,
+        shared memory when this process can map the daemon's segment), one per namespace and medium.
 
         Raises:
             TierCacheError: under ``auto``, the daemon could not be asked for the registration.
         """
-        stream = self.stream_plane(ns)
-        if stream is not None:
-            return stream
-        plane = self._slots.get(ns)
+        medium = daemon_medium(self._config.data_plane, lambda: self._client.slot_mapping(ns) is not None)
+        plane = self._planes.get((ns, medium))
         if plane is None:
-            plane = self._slots.setdefault(
-                ns, SharedMemoryPlane(self._client, ns, ConnectorConfig(), self._clock)
-            )
+            built = open_plane(medium, self._client, ns, ConnectorConfig(), self._clock)
+            plane = self._planes.setdefault((ns, medium), built)
         return plane
 
     def stream_plane(self, ns: Namespace) -> ByteStreamPlane | None:
-        """The byte stream of ``ns`` when its bytes move that way (see ``data_plane``), else None (shared
+        """The byte stream of ``ns`` when its bytes move that way (see :meth:`plane`), else None (shared
         memory).
 
         Raises:
             TierCacheError: under ``auto``, the daemon could not be asked for the registration.
         """
-        mode = self._config.data_plane
-        if mode is DataPlaneMode.SHM:
-            return None
-        if mode is DataPlaneMode.AUTO and self._client.slot_mapping(ns) is not None:
-            return None
-        plane = self._streams.get(ns)
-        if plane is None:
-            plane = self._streams.setdefault(ns, ByteStreamPlane(self._client, ns, ConnectorConfig()))
-        return plane
+        plane = self.plane(ns)
+        return plane if isinstance(plane, ByteStreamPlane) else None
 
     # ------------------------------------------------------------------ loads
 
