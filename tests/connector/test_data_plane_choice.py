@@ -5,8 +5,6 @@ namespace was registered again. Loads through each are bit-exact."""
 from __future__ import annotations
 
 import signal
-import time
-from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -24,6 +22,7 @@ from tiercache.connector import (
 from tiercache.connector.shm_plane import SharedMemoryPlane
 from tiercache.connector.stream_plane import ByteStreamPlane
 from tiercache.errors import UnavailableError
+from tiercache.testing.waits import wait_until
 
 Daemon = Any  # tests/connector/conftest.py:Daemon
 TOKENS = 64
@@ -33,14 +32,6 @@ WAIT_S = 30.0
 def _connector(address: str, engine: ModuleType, salt: str, **cfg: Any) -> KVConnector:
     client = TierCacheClient.connect(address, config=ClientConfig(timeout_s=10.0))
     return KVConnector(client, engine.namespace(salt), ConnectorConfig(**cfg))
-
-
-def _wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_force_remote_fixes_the_byte_stream_at_construction(tmp_path: Path, engine_mod: ModuleType) -> None:
@@ -98,7 +89,7 @@ def test_the_plane_is_chosen_again_after_a_daemon_restart(daemon: Daemon, engine
         kvs.append(kv)
         return conn.load(tokens, kv).tokens_loaded == TOKENS
 
-    _wait_for(loaded, "a load from the restarted daemon (L3)")
+    wait_until(loaded, WAIT_S, "a load from the restarted daemon (L3)")
     assert engine_mod.exact(kvs[-1], 710, TOKENS, TOKENS)
     assert conn.client.registration(conn.namespace).segment != old_segment
     after = conn.data_plane()
