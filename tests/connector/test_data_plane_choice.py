@@ -6,8 +6,6 @@ bit-exact."""
 from __future__ import annotations
 
 import signal
-import time
-from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -27,6 +25,7 @@ from tiercache.connector.dataplane import DataPlane
 from tiercache.connector.shm_plane import SharedMemoryPlane
 from tiercache.connector.stream_plane import ByteStreamPlane
 from tiercache.errors import UnavailableError
+from tiercache.testing.waits import wait_until
 
 Daemon = Any  # tests/connector/conftest.py:Daemon
 TOKENS = 64
@@ -36,14 +35,6 @@ WAIT_S = 30.0
 def _connector(address: str, engine: ModuleType, salt: str, **cfg: Any) -> KVConnector:
     client = TierCacheClient.connect(address, config=ClientConfig(timeout_s=10.0))
     return KVConnector(client, engine.namespace(salt), ConnectorConfig(**cfg))
-
-
-def _wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.mark.parametrize(
@@ -109,7 +100,7 @@ def test_the_plane_is_chosen_again_after_a_daemon_restart(daemon: Daemon, engine
         kvs.append(kv)
         return conn.load(tokens, kv).tokens_loaded == TOKENS
 
-    _wait_for(loaded, "a load from the restarted daemon (L3)")
+    wait_until(loaded, WAIT_S, "a load from the restarted daemon (L3)")
     assert engine_mod.exact(kvs[-1], 710, TOKENS, TOKENS)
     assert conn.client.registration(conn.namespace).segment != old_segment
     after = conn.data_plane()

@@ -7,7 +7,6 @@ No test asserts wall-clock timings; waits are bounded loops on observable state.
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -32,6 +31,7 @@ from tiercache.errors import PermissionDeniedError, UnavailableError
 from tiercache.keys import chunk_keys
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.proto.tiercache_pb2_grpc import KVCacheServiceStub
+from tiercache.testing.waits import wait_until
 
 Daemon = Any  # tests/connector/conftest.py:Daemon (conftest modules are not importable here)
 
@@ -51,14 +51,6 @@ def _connector(
 
 def _mode(remote: bool) -> DataPlaneMode:
     return DataPlaneMode.STREAM if remote else DataPlaneMode.AUTO
-
-
-def _wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
@@ -101,7 +93,7 @@ def test_a_restarted_daemon_serves_l3_after_the_client_reconnects(
         results.append((res, kv))
         return res.tokens_loaded > 0
 
-    _wait_for(loaded, "the client to reconnect and load")
+    wait_until(loaded, WAIT_S, "the client to reconnect and load")
     res, kv = results[-1]
     assert res.tokens_loaded == FULL
     assert engine_mod.exact(kv, 3, TOKENS, FULL)
@@ -120,7 +112,7 @@ def test_a_killed_engine_loses_its_lease_at_the_ttl(
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
     client = TierCacheClient.connect(daemon.address)
-    _wait_for(lambda: client.stats().active_leases == 0, "the dead engine's lease to expire")
+    wait_until(lambda: client.stats().active_leases == 0, WAIT_S, "the dead engine's lease to expire")
     stats = client.stats()
     assert stats.expired_leases >= 1
     # Every L2 slot is reclaimable: one store that needs all of them succeeds.

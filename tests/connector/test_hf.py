@@ -7,7 +7,6 @@ against a full recompute with the cache off.
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -22,6 +21,7 @@ from tiercache.connector import ClientConfig, ConnectorConfig, DataPlaneMode, Ti
 from tiercache.connector.hf import HFAdapter, build_reference_model, model_namespace
 from tiercache.connector.hf_cache import ModelRunner, layer_kv, new_cache
 from tiercache.keys import chunk_keys
+from tiercache.testing.waits import wait_until
 
 Daemon = Any  # tests/connector/conftest.py:Daemon
 
@@ -79,14 +79,6 @@ def assert_bit_identical(got: list[tuple[torch.Tensor, torch.Tensor]], want: Any
             )
 
 
-def _wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def _written_down(client: TierCacheClient) -> bool:
     return client.stats().pending_writes == 0
 
@@ -119,11 +111,11 @@ def test_loaded_kv_is_bit_identical_from_each_tier(
         warm = HFAdapter.attach(model, clients(d.address), chunk_tokens=CHUNK, revision="r1")
         assert warm.load_prefix(tokens).tokens_loaded == FULL
         client = warm.connector.client  # type: ignore[union-attr]
-        _wait_for(lambda: _tier_chunks(client, TierLevel.L1) >= FULL // CHUNK, "promotion into L1")
+        wait_until(lambda: _tier_chunks(client, TierLevel.L1) >= FULL // CHUNK, WAIT_S, "promotion into L1")
         assert storer.generate(prompt(2), 1).report.tokens_stored == FULL
         expect_tier = TierLevel.L1
     elif where == "L3-evicted":
-        _wait_for(lambda: _written_down(storer.connector.client), "write-down to L3")  # type: ignore[union-attr]
+        wait_until(lambda: _written_down(storer.connector.client), WAIT_S, "write-down to L3")  # type: ignore[union-attr]
         assert storer.generate(prompt(2), 1).report.tokens_stored == FULL
         expect_tier = TierLevel.L3
     elif where == "L3-restart":

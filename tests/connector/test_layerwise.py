@@ -4,7 +4,6 @@ without a leaked lease, invisibility of a save before its commit, and a CUDA str
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +24,7 @@ from tiercache.connector import (
 from tiercache.errors import ConflictError
 from tiercache.keys import Namespace, chunk_keys
 from tiercache.layout import KVDtype, KVLayout
+from tiercache.testing.waits import wait_until
 
 Daemon = Any  # tests/connector/conftest.py:Daemon
 
@@ -59,14 +59,6 @@ def _kv(seed: int | None, device: str = "cpu") -> ContiguousKV:
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.cpu().view(torch.int16), b.cpu().view(torch.int16))
-
-
-def _wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 class Gate:
@@ -112,7 +104,7 @@ def test_wait_layer_returns_each_layer_complete_and_in_order(
         result = load.result(timeout_s=WAIT_S)
     assert gate.order == [(layer, chunk) for layer in range(4) for chunk in range(3)]
     assert result.tokens_loaded == TOKENS and dict(result.sources) == {TierLevel.L2: TOKENS}
-    _wait_for(lambda: conn.client.stats().active_leases == 0, "the lease to be released")
+    wait_until(lambda: conn.client.stats().active_leases == 0, WAIT_S, "the lease to be released")
 
 
 def test_a_failed_layer_copy_reports_zero_and_releases_the_lease(
@@ -128,7 +120,7 @@ def test_a_failed_layer_copy_reports_zero_and_releases_the_lease(
     assert load.result(timeout_s=WAIT_S).tokens_loaded == 0
     assert load.wait_layer(3) == 0 and load.tokens_loaded == 0
     load.close()
-    _wait_for(lambda: conn.client.stats().active_leases == 0, "the lease to be released")
+    wait_until(lambda: conn.client.stats().active_leases == 0, WAIT_S, "the lease to be released")
 
 
 def test_a_miss_and_a_dead_daemon_give_zero_tokens(shared_daemon: Daemon, tmp_path: Any) -> None:

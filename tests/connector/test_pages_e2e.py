@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import secrets
 import socket
-import time
 import urllib.request
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +27,7 @@ from tiercache.errors import TierCacheError
 from tiercache.keys import Namespace
 from tiercache.layout import KVDtype, KVLayout
 from tiercache.shm import SharedSegment
+from tiercache.testing.waits import wait_until
 
 Daemon = Any  # tests/connector/conftest.py:Daemon
 WAIT_S = 30.0
@@ -38,14 +38,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def _namespace(layout: KVLayout) -> Namespace:
@@ -97,8 +89,10 @@ def test_chunks_of_two_sizes_round_trip_through_pages(daemon_factory: Callable[.
         assert segment is not None and segment.slot_bytes == PAGE and segment.max_chunk_bytes == 64 * 1024
         assert segment.num_slots == (16 << 20) // PAGE
         payload = chunks[SMALL] * SMALL.chunk_bytes + chunks[LARGE] * LARGE.chunk_bytes
-        _wait_for(
-            lambda: client.stats().tier(TierLevel.L2).chunks == sum(chunks.values()), "L2 to hold the chunks"
+        wait_until(
+            lambda: client.stats().tier(TierLevel.L2).chunks == sum(chunks.values()),
+            WAIT_S,
+            "L2 to hold the chunks",
         )
         l2 = client.stats().tier(TierLevel.L2)
         assert l2.payload_bytes == payload

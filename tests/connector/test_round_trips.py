@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import socket
-import time
 import urllib.request
 from collections.abc import Callable
 from types import ModuleType
@@ -17,6 +16,7 @@ from typing import Any
 
 from tiercache.connector import ClientConfig, ConnectorConfig, KVConnector, TierCacheClient, TierLevel
 from tiercache.connector.channel import parse_address
+from tiercache.testing.waits import wait_until
 
 Daemon = Any  # tests/connector/conftest.py:Daemon
 N = 4 * 16  # four full chunks of the test layout
@@ -49,14 +49,6 @@ class _Metrics:
     def since(self, before: dict[str, int]) -> dict[str, int]:
         now = self.rpcs()
         return {k: v - before.get(k, 0) for k, v in now.items() if v != before.get(k, 0)}
-
-
-def _wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def _setup(
@@ -107,8 +99,18 @@ def test_a_store_carries_the_release_and_an_idle_client_settles_alone(
     # A load with no call after it: the background thread sends its release and usage within 0.2 s.
     before = metrics.rpcs()
     assert conn.load(other, engine_mod.empty_kv(802, N, False)).tokens_loaded == N
-    _wait_for(lambda: metrics.since(before).get("ReportUsage", 0) == 1, "the idle client's settlement")
-    _wait_for(lambda: metrics.since(before).get("ReleaseLoad", 0) == 1, "the idle client's release")
+    wait_until(
+        lambda: metrics.since(before).get("ReportUsage", 0) == 1,
+        WAIT_S,
+        "the idle client's settlement",
+        poll_s=0.02,
+    )
+    wait_until(
+        lambda: metrics.since(before).get("ReleaseLoad", 0) == 1,
+        WAIT_S,
+        "the idle client's release",
+        poll_s=0.02,
+    )
     assert conn.client.stats().active_leases == 0
     conn.client.close()
 
@@ -133,7 +135,9 @@ def test_a_call_of_another_namespace_sends_the_queued_settlement_at_once(
     # one-way at once instead of waiting 60 s for A's next call.
     assert other.load(tokens, engine_mod.empty_kv(801, N, False)).tokens_loaded == N
     want = {"AcquireLoad": 2, "ReleaseLoad": 1, "ReportUsage": 1}
-    _wait_for(lambda: metrics.since(before) == want, "A's settlement, sent with B's load")
+    wait_until(
+        lambda: metrics.since(before) == want, WAIT_S, "A's settlement, sent with B's load", poll_s=0.02
+    )
     conn.client.close()
 
 

@@ -34,17 +34,10 @@ from tests.daemon.conftest import (
 )
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.proto import tiercache_pb2_grpc as pb_grpc
+from tiercache.testing.waits import wait_until
 
 WAIT_S = 30.0
 CHUNK_TOKENS = NAMESPACE.layout.chunk_tokens
-
-
-def _wait_for(what: str, condition: object) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def _stats(stub: pb_grpc.KVCacheServiceStub) -> pb.StatsResponse:
@@ -108,7 +101,7 @@ def _cold_l3(tmp: Path, fault: Sequence[str], chains: dict[int, int]) -> Iterato
         for seed, ks in keys.items():
             assert shm_store(stub, reg, ks, [payload(i, seed) for i in range(len(ks))]) == len(ks)
         total = sum(chains.values())
-        _wait_for("write-down to L3", lambda: _tier(_stats(stub), pb.TIER_L3).chunks == total)
+        wait_until(lambda: _tier(_stats(stub), pb.TIER_L3).chunks == total, WAIT_S, "write-down to L3")
         assert first.terminate() == 0
     finally:
         first.cleanup()
@@ -209,7 +202,7 @@ def test_deadlines_are_honoured_while_l3_reads_take_2s(slow_reads: ColdL3) -> No
     assert (len(modelled.slots), modelled.cached) == (0, 1)
 
     # Promotions started by the timed-out loads went on in the background: the chain arrives in L2.
-    _wait_for("background promotion", lambda: len(_held(stub, reg.handle, keys)) == 2)
+    wait_until(lambda: len(_held(stub, reg.handle, keys)) == 2, WAIT_S, "background promotion")
 
     # wait_complete waits for the slow read and says where the chunk came from.
     full = _acquire(stub, reg.handle, slow_reads.chains[3], pb.LOAD_POLICY_WAIT_COMPLETE)
@@ -267,7 +260,9 @@ def test_cancel_prefetch_drops_promotions_not_started(half_second_reads: ColdL3)
     assert 0 < cancelled < len(keys)  # the daemon runs 4 promotions at once; the rest had not started
     assert stub.CancelPrefetch(cancel, timeout=RPC_TIMEOUT_S).cancelled == 0  # gone from the table
     promoted = len(keys) - cancelled
-    _wait_for("running promotions", lambda: _tier(_stats(stub), pb.TIER_L3).hits - before == promoted)
+    wait_until(
+        lambda: _tier(_stats(stub), pb.TIER_L3).hits - before == promoted, WAIT_S, "running promotions"
+    )
     assert len(_held(stub, reg.handle, keys)) == promoted
 
 
@@ -365,7 +360,7 @@ def test_followers_wait_for_incremental_publication(shared_daemon: DaemonProc) -
     ]
     for t in threads:
         t.start()
-    _wait_for("both waits", lambda: _stats(stub).prefill.waits - waits_before >= 2)
+    wait_until(lambda: _stats(stub).prefill.waits - waits_before >= 2, WAIT_S, "both waits")
     ticket = _begin(stub, reg, keys, seed=401)
     assert _commit(stub, reg.handle, ticket, [0]) == 1
     threads[1].join(timeout=WAIT_S)
@@ -397,7 +392,7 @@ def test_an_aborted_leader_is_taken_over(shared_daemon: DaemonProc) -> None:
     )
     before = _stats(stub).prefill
     waiter.start()
-    _wait_for("the wait", lambda: _stats(stub).prefill.waits > before.waits)
+    wait_until(lambda: _stats(stub).prefill.waits > before.waits, WAIT_S, "the wait")
     other = register(shared_daemon.stub())  # same tenant, same handle: owner checks are per handle
     release = pb.ReleasePrefillRequest(handle=other.handle, claim_id=lead.claim_id + 10_000)
     assert stub.ReleasePrefill(release, timeout=RPC_TIMEOUT_S).released == 0  # not a claim of ours

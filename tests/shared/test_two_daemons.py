@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +19,7 @@ from tiercache.connector import ConnectorConfig, ContiguousKV, KVConnector, Tier
 from tiercache.keys import Namespace, chunk_id, chunk_keys
 from tiercache.layout import KVDtype, KVLayout
 from tiercache.testing.redis import RedisDeployment
+from tiercache.testing.waits import wait_until
 from tiercache.tiers.shared import store_key
 
 LAYOUT = KVLayout(2, 2, 16, KVDtype.BFLOAT16, chunk_tokens=16, page_tokens=4)
@@ -48,14 +48,6 @@ def empty() -> list[torch.Tensor]:
 
 def connector(host: Any) -> KVConnector:
     return KVConnector(TierCacheClient.connect(host.address), NAMESPACE, ConnectorConfig())
-
-
-def wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def stored_in_cluster(conn: KVConnector, chunks: int) -> Callable[[], bool]:
@@ -97,7 +89,7 @@ def test_a_prompt_stored_on_one_host_loads_on_the_other_and_after_a_restart(
     c1, c2 = connector(h1), connector(h2)
     try:
         assert c1.store(prompt(1), ContiguousKV(source(1))).tokens_stored == TOKENS
-        wait_for(stored_in_cluster(c1, TOKENS // 16), "host 1's write-through into the cluster")
+        wait_until(stored_in_cluster(c1, TOKENS // 16), WAIT_S, "host 1's write-through into the cluster")
         res, exact = load(c2, 1)
         assert res.tokens_loaded == TOKENS and exact
         assert dict(res.sources) == {TierLevel.SHARED: TOKENS}  # the load report names the shared tier
@@ -126,7 +118,7 @@ def test_a_killed_cluster_node_is_counted_local_hits_carry_on_and_the_tier_comes
         on_dead = seed_on_node(cluster, c1.client.registration(NAMESPACE).handle, 1)
         for seed in (1, on_dead):
             assert c1.store(prompt(seed), ContiguousKV(source(seed))).tokens_stored == TOKENS
-        wait_for(stored_in_cluster(c1, 2 * TOKENS // 16), "host 1's write-through into the cluster")
+        wait_until(stored_in_cluster(c1, 2 * TOKENS // 16), WAIT_S, "host 1's write-through into the cluster")
         res, exact = load(c2, 1)  # now in host 2's own L2 too
         assert res.tokens_loaded == TOKENS and exact
         cluster.kill(1)
@@ -143,14 +135,16 @@ def test_a_killed_cluster_node_is_counted_local_hits_carry_on_and_the_tier_comes
         finally:
             cluster.restart(1)  # it comes back empty (no persistence): it rejoins with its slots
         assert c1.store(prompt(3), ContiguousKV(source(3))).tokens_stored == TOKENS
-        wait_for(stored_in_cluster(c1, 3 * TOKENS // 16), "host 1's write-through after the node came back")
+        wait_until(
+            stored_in_cluster(c1, 3 * TOKENS // 16), WAIT_S, "host 1's write-through after the node came back"
+        )
 
         def shared_hit() -> bool:
             res, exact = load(c2, 3)
             assert exact
             return res.tokens_loaded == TOKENS
 
-        wait_for(shared_hit, "host 2 to use the shared tier again")
+        wait_until(shared_hit, WAIT_S, "host 2 to use the shared tier again")
     finally:
         c1.client.close()
         c2.client.close()
@@ -161,7 +155,7 @@ def test_two_hosts_share_through_a_single_server(single: RedisDeployment, hosts:
     c1, c2 = connector(h1), connector(h2)
     try:
         assert c1.store(prompt(7), ContiguousKV(source(7))).tokens_stored == TOKENS
-        wait_for(stored_in_cluster(c1, TOKENS // 16), "host 1's write-through into the server")
+        wait_until(stored_in_cluster(c1, TOKENS // 16), WAIT_S, "host 1's write-through into the server")
         res, exact = load(c2, 7)
         assert res.tokens_loaded == TOKENS and exact and dict(res.sources) == {TierLevel.SHARED: TOKENS}
     finally:

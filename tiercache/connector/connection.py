@@ -52,6 +52,7 @@ from .backoff import Backoff, BackoffConfig
 from .channel import ChannelConfig, Endpoint, auth_metadata, open_channel
 from .control import ControlSocket, ControlUnreachable
 from .errors import error_from_rpc, is_lost_handle
+from .feed import RequestFeed
 from .results import Registration
 from .rpcs import REGISTER, Metadata, Req, Resp, StreamUnaryRpc, UnaryRpc, UnaryStreamRpc
 from .stub import ServiceStub
@@ -285,25 +286,20 @@ class Connection:
         """Send the request stream ``requests(handle)`` under ``config.stream_timeout_s``; never retried.
 
         An exception raised by the request iterator itself (the engine's payloads) is re-raised as is, not
-        as the CANCELLED status gRPC turns it into.
+        as the CANCELLED status gRPC turns it into. gRPC pulls the requests on its own daemon thread: when
+        this returns or raises, that thread is out of them for good and they are closed (:mod:`.feed`).
         """
-        failures: list[BaseException] = []
-
-        def watched(handle: bytes) -> Iterator[Req | Framed[Req]]:
-            try:
-                yield from requests(handle)
-            except BaseException as exc:
-                failures.append(exc)
-                raise
 
         def run(stub: KVCacheServiceStub, reg: Registration | None) -> Resp:
-            handle = reg.handle if reg is not None else b""
+            feed = RequestFeed(requests(reg.handle if reg is not None else b""))
             try:
-                return rpc.invoke(stub, watched(handle), self.config.stream_timeout_s, self._metadata)
+                return rpc.invoke(stub, feed, self.config.stream_timeout_s, self._metadata)
             except grpc.RpcError:
-                if failures:
-                    raise failures[0] from None
+                if feed.failure is not None:
+                    raise feed.failure from None
                 raise
+            finally:
+                feed.shut()
 
         return self._call(rpc.name, namespace, run, retry=False)
 

@@ -124,9 +124,9 @@ class LayerwiseLoad:
         if device.type == "cuda":
             self._stream = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
             self._stream.wait_stream(torch.cuda.current_stream(device))
-        self._thread = threading.Thread(
-            target=self._run, args=(buffers,), name="tiercache-layerwise-load", daemon=True
-        )
+        # Not a daemon thread: a load nobody closed is waited for at interpreter exit (its copies are
+        # bounded by the lease), never killed inside a torch copy, which aborts the process.
+        self._thread = threading.Thread(target=self._run, args=(buffers,), name="tiercache-layerwise-load")
         self._thread.start()
 
     @classmethod

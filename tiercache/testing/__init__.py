@@ -11,4 +11,5 @@ Modules:
     plugin: the pytest plugin with the shared fixtures (daemons, Redis, engines).
     faults: kill -9 on one L3, corrupted L3 values, engines killed while holding, garbage RPCs.
     soak: many engines against one daemon, its footprint measured between two phases.
+    waits: wait_until, polling with a deadline for what a daemon or a background thread does on its own.
 """
