@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from tiercache.testing.waits import WaitTimeout, wait_until
@@ -19,18 +17,3 @@ def test_a_predicate_that_never_holds_fails_naming_what_was_awaited() -> None:
     with pytest.raises(WaitTimeout, match=r"timed out after 0.1 s waiting for the lease to be released"):
         wait_until(lambda: False, 0.1, "the lease to be released", poll_s=0.02)
     assert issubclass(WaitTimeout, AssertionError)  # a test failure, not an error
-
-
-def test_a_wake_ends_the_pause_when_another_thread_makes_it_true() -> None:
-    done = threading.Event()
-    wake = threading.Event()
-
-    def work() -> None:
-        done.set()
-        wake.set()
-
-    worker = threading.Thread(target=work)
-    worker.start()
-    wait_until(done.is_set, 30.0, "the worker", poll_s=30.0, wake=wake)
-    worker.join()
-    assert done.is_set()

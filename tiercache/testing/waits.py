@@ -3,8 +3,7 @@
 A test that needs a daemon's background work done (a lease released at its TTL, a write-down, a promotion,
 a reconnect) asks for it through the daemon's API until it holds. The state lives in another process, so
 there is nothing to wait on but that answer: :func:`wait_until` asks again after a short pause, and fails
-with what was awaited once the deadline has passed. Where the work is done in this process and something
-signals it (``wake``: a ``threading.Event`` set on every change), the pause ends at the signal.
+with what was awaited once the deadline has passed.
 
 Primitives:
     wait_until: poll a predicate until it holds or a deadline passes.
@@ -13,7 +12,6 @@ Primitives:
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 
@@ -30,7 +28,6 @@ def wait_until(
     timeout_s: float,
     what: str,
     poll_s: float = POLL_S,
-    wake: threading.Event | None = None,
 ) -> None:
     """Return once ``predicate()`` is true; raise :class:`WaitTimeout` naming ``what`` after ``timeout_s``.
 
@@ -39,18 +36,13 @@ def wait_until(
         timeout_s: how long to wait in all.
         what: what is awaited, for the failure message ("the lease to be released").
         poll_s: the pause between two polls.
-        wake: set by whoever changes the state: ends a pause early (cleared before each poll).
 
     Raises:
         WaitTimeout: the predicate was still false at the deadline.
     """
-    pause = wake if wake is not None else threading.Event()
     deadline = time.monotonic() + timeout_s
-    while True:
-        pause.clear()
-        if predicate():
-            return
+    while not predicate():
         left = deadline - time.monotonic()
         if left <= 0:
             raise WaitTimeout(f"timed out after {timeout_s:g} s waiting for {what}")
-        pause.wait(min(poll_s, left))
+        time.sleep(min(poll_s, left))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from tiercache.errors import CapacityError, InvalidArgumentError, NotFoundError
 from tiercache.keys import Namespace, chunk_id, chunk_keys
 from tiercache.policies import EvictionPolicyKind, WritePolicyKind
 from tiercache.stats import ChunkEvent, EventKind
+from tiercache.testing.waits import wait_until
 from tiercache.tiers.base import StorageTier, TierLevel, WriteSlot
 from tiercache.tiers.hbm import HbmTier, HbmTierConfig
 from tiercache.tiers.host import HostTier, HostTierConfig
@@ -542,13 +542,6 @@ class GatedLmdbTier(LmdbTier):
         return super().read_into(chunk_ids, dsts)
 
 
-def _wait_for(predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.01)
-
-
 @pytest.mark.parametrize("mode", ["get", "acquire"])
 def test_concurrent_reads_of_one_l3_chunk_do_one_read(make: Callable[..., Harness], mode: str) -> None:
     GatedLmdbTier.gate = threading.Event()
@@ -570,7 +563,9 @@ def test_concurrent_reads_of_one_l3_chunk_do_one_read(make: Callable[..., Harnes
     threads = [threading.Thread(target=reader) for _ in range(8)]
     for t in threads:
         t.start()
-    _wait_for(lambda: h.cache.stats().single_flight_joins == 7)
+    wait_until(
+        lambda: h.cache.stats().single_flight_joins == 7, 20.0, "seven joins of the flight", poll_s=0.01
+    )
     GatedLmdbTier.gate.set()
     for t in threads:
         t.join(timeout=30)
