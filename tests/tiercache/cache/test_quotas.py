@@ -169,7 +169,7 @@ def test_a_commit_does_not_trim_the_copies_its_own_write_downs_just_made(
     tenants = s.cache._tenants
     gate = threading.Event()
     s.cache._writeback._executor.submit(gate.wait)  # the worker is busy: b's write-downs queue behind
-    trim_tier = tenants._trim_tier
+    trim_tier = tenants.trim_tier
     calls = []
 
     def trim_tier_after_the_write_downs(*args: object) -> None:
@@ -179,7 +179,7 @@ def test_a_commit_does_not_trim_the_copies_its_own_write_downs_just_made(
             assert s.cache._writeback.settle(30.0)  # the worker writes b's chunks down now
         trim_tier(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(tenants, "_trim_tier", trim_tier_after_the_write_downs)
+    monkeypatch.setattr(tenants, "trim_tier", trim_tier_after_the_write_downs)
     keys = s.keys(4, seed=50)
     assert s.put("b", keys) == 4
     assert len(calls) == 2
