@@ -74,6 +74,6 @@ def test_a_tenant_cannot_fill_the_shared_tier(
     for seed in range(10, 14):  # b writes 16 chunks through to the store: 4 times its share
         _put(cache, ids["b"], namespace, seed=seed, n=SHARE)
     assert cache.stats("b").tier(SHARED).used_bytes <= SHARE * charge
-    assert 1 <= _records(redis_single, ids["b"]) <= SHARE  # bounded in the store itself, not only in the books
+    assert 1 <= _records(redis_single, ids["b"]) <= SHARE  # in the store itself, not only in the books
     assert cache.lookup(ids["a"], a_keys).by_tier[SHARED] == 2  # a, within its share, keeps its chunks
     assert _records(redis_single, ids["a"]) == 2
