@@ -36,9 +36,9 @@ from tiercache.keys import Namespace
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.testing.plugin import StartDaemon
 
-WAITS, SUBSCRIPTIONS, NAMESPACES = 8, 16, 256
+WAITS, SUBSCRIPTIONS, NAMESPACES = 32, 16, 256
 """The daemon's default caps per tenant (tiercache.daemon.fairness.FairShares)."""
-B_WAITS = 32  # as many as the old shared pool had threads
+B_WAITS = WAITS + 8  # more than the old shared pool had threads (32)
 
 
 @pytest.fixture(scope="session")

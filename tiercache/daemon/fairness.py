@@ -4,7 +4,7 @@ Byte quotas (:mod:`tiercache.cache.quotas`) bound what a tenant stores; these bo
 waits or streams*: threads blocked in long waits, open streams, event subscriptions, prefill claims,
 running prefetches and registered namespaces. Each is capped per tenant (without tokens, every caller is
 tenant ``""``), and a call beyond a cap is refused at once with RESOURCE_EXHAUSTED naming it (``quota
-waits = 8 of tenant 'team-b' reached``), so the tenant learns it holds too much instead of waiting behind
+waits = 32 of tenant 'team-b' reached``), so the tenant learns it holds too much instead of waiting behind
 itself.
 
 Long waits (WaitPrefill, an AcquireLoad that waits for promotions) hold a thread each. They run in a pool of
@@ -45,7 +45,8 @@ class FairShares:
     """What one tenant may hold at once (each at least 1).
 
     Attributes:
-        waits: calls blocked in a long wait (WaitPrefill, AcquireLoad waiting for promotions).
+        waits: calls blocked in a long wait (WaitPrefill, AcquireLoad waiting for promotions): as many as
+            the one pool all tenants shared had threads, so that a lone tenant waits as it did.
         streams: open streams (StreamStore, StreamLoad, WatchEvents, Diagnostics streams).
         subscriptions: open WatchEvents subscriptions.
         prefill_claims: prefill claims remembered (the oldest of the tenant's are forgotten first).
@@ -53,7 +54,7 @@ class FairShares:
         namespaces: handles registered.
     """
 
-    waits: int = 8
+    waits: int = 32
     streams: int = 64
     subscriptions: int = 16
     prefill_claims: int = 4096
