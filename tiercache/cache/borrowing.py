@@ -54,6 +54,9 @@ class Promotions:
         promotions in flight while it runs (they count as held: concurrent promotions cannot overrun the
         quota together); copies down, chunks already there and chunks of tenants without a quota pass.
         """
+        if not self._tenants.limited:  # no quotas: no lock taken per move
+            yield True
+            return
         admitted: tuple[str, TierLevel] | None = None
         with self._lock:
             entry = self._index.get(cid)

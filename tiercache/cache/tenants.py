@@ -96,6 +96,7 @@ class Tenants:
         self._space = space
         self._default_ttl_s = default_ttl_s
         self._quotas = QuotaTable()
+        self._limited = False
         self._tenant: dict[bytes, str] = {}
         self._charge: dict[bytes, dict[TierLevel, int]] = {}
         self._chunk_bytes: dict[bytes, int] = {}
@@ -111,7 +112,13 @@ class Tenants:
         """Replace the quota table (takes the lock)."""
         with self._lock:
             self._quotas = quotas
+            self._limited = quotas.active
         logger.info("tenant quotas: %s", "on" if quotas.active else "off")
+
+    @property
+    def limited(self) -> bool:
+        """Whether any tenant has a limit (no lock: the flag is replaced whole)."""
+        return self._limited
 
     def quota(self, tenant: str) -> TenantQuota:
         """The quota of a tenant."""
