@@ -149,7 +149,7 @@ class TenantWaits:
 
 
 class Holdings:
-    """Per-tenant counts of what calls hold while they run (streams, subscriptions), capped. Event loop only."""
+    """Per-tenant counts of what calls hold while they run (streams, subscriptions), capped (event loop)."""
 
     def __init__(self, shares: FairShares | None = None) -> None:
         """Args: shares: the caps (default :class:`FairShares`)."""

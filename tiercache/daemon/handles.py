@@ -2,8 +2,9 @@
 
 A handle is the cache manager's tenant-scoped namespace id. The daemon remembers which tenant registered it
 so that a handle presented by another tenant is refused (NOT_FOUND, as one nobody registered), and which
-handle each ticket or lease was taken under so that one engine cannot commit or release another namespace's work. The maps live in memory: after a
-restart engines register again (and get the same handle bytes, since ids are deterministic).
+handle each ticket or lease was taken under so that one engine cannot commit or release another namespace's
+work. The maps live in memory: after a restart engines register again (and get the same handle bytes, since
+ids are deterministic).
 
 A handle also carries the cost models its engines declared at registration (the prefill model for cost-aware
 loads, the deadline model for timeout loads). Engines of one namespace share a handle: a registration that

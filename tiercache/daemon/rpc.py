@@ -4,13 +4,15 @@ A handler only translates: request -> core call -> response. Everything before a
 decorators authenticate the call (the tenant of its bearer token), resolve the request's ``handle`` to the
 caller's namespace id — refusing a malformed handle (INVALID_ARGUMENT), and one the caller did not register
 (NOT_FOUND: another tenant's handle gets the answer of one nobody registered) — and only then call the
-handler with the resolved :class:`Caller`, so that no handler runs for an unauthenticated call or with a handle that is not its caller's. An exception
-escaping a handler becomes the status of a tiercache error (:mod:`.status`), anything else INTERNAL; every
-RPC's latency and status code is recorded (:meth:`ServicerBase.observe`).
+handler with the resolved :class:`Caller`, so that no handler runs for an unauthenticated call or with a
+handle that is not its caller's. An exception escaping a handler becomes the status of a tiercache error
+(:mod:`.status`), anything else INTERNAL; every RPC's latency and status code is recorded
+(:meth:`ServicerBase.observe`).
 
 Blocking cache calls run in the executor, never on the event loop; calls that may block for long (promotion
 waits, prefill waits) in their tenant's capped wait pool, so that they cannot take every thread the short
-calls need, nor another tenant's (:mod:`.fairness`). A tenant's open response streams are capped the same way.
+calls need, nor another tenant's (:mod:`.fairness`). A tenant's open response streams are capped the same
+way.
 
 Primitives:
     DataPlaneInfo: the shared-memory segment engines map.
