@@ -88,7 +88,8 @@ def test_a_tenants_long_waits_do_not_hold_another_tenants_call(daemon: DaemonPro
         assert len(refused) == B_WAITS - WAITS
         for fut in refused:
             assert _code(fut) == grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert f"quota waits = {WAITS} of tenant 'team-b' reached" in fut.exception().details()  # type: ignore[union-attr]
+            details = fut.exception().details()  # type: ignore[union-attr]
+            assert f"quota waits = {WAITS} of tenant 'team-b' reached" in details
         assert not any(f.done() for f in b_waits if f not in refused)  # B still holds its share of waits
     finally:
         stub.ReleasePrefill(

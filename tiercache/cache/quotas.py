@@ -1,8 +1,8 @@
 """Per-tenant quotas: what one tenant of a shared cache may hold and ask for.
 
-A quota bounds one tenant's bytes in L2, in L3 and in the shared (Redis) tier, its pinned bytes, its open load leases and store tickets,
-the lifetime it may ask for a lease, ticket or prefill claim, and its RPC rate (a token bucket the daemon
-applies; the core only carries the figures). Every limit is off at 0. The operator sets quotas next to the
+A quota bounds one tenant's bytes in L2, in L3 and in the shared (Redis) tier, its pinned bytes, its open
+load leases and store tickets, the lifetime it may ask for a lease, ticket or prefill claim, and its RPC rate
+(a token bucket the daemon applies; the core only carries the figures). Every limit is off at 0. The operator sets quotas next to the
 tokens (``[quotas.default]`` and ``[quotas."tenant"]`` of the tokens file, read by the daemon); without a
 quota table the cache behaves exactly as a single-tenant one.
 
@@ -79,8 +79,8 @@ class TenantQuota:
     shared_bytes: int = option(
         "shared_bytes",
         parse=parse_size,
-        help="bytes the tenant's chunks may take in the shared (Redis) tier, as this daemon counts them (what it "
-        "wrote or found there); also its guaranteed share of it",
+        help="bytes the tenant's chunks may take in the shared (Redis) tier, as this daemon counts them "
+        "(what it wrote or found there); also its guaranteed share of it",
         metavar="SIZE",
         default=0,
         note="off",

@@ -70,7 +70,7 @@ class HandleRegistry:
         self._count: dict[str, int] = {}
 
     def admit(self, handle: bytes, tenant: str) -> None:
-        """Check, before it registers, that ``tenant`` may hold ``handle`` (one it holds already, or one more).
+        """Check, before a registration, that ``tenant`` may hold ``handle`` (one it holds, or one more).
 
         Raises:
             QuotaExceededError: the tenant holds its cap of namespaces (``namespaces``).
