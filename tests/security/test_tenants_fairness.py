@@ -10,6 +10,7 @@ is generous, only the old code runs into one (B's waits outlast A's 30 s deadlin
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -31,7 +32,9 @@ from tests.daemon.conftest import (
     register,
     write_tokens,
 )
+from tiercache.cache import Prefetch
 from tiercache.daemon.handles import Owners
+from tiercache.daemon.prefetches import PrefetchTable
 from tiercache.keys import Namespace
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.testing.plugin import StartDaemon
@@ -157,3 +160,14 @@ def test_a_tenant_flooding_a_bounded_table_forgets_only_its_own_entries() -> Non
         owners.add(ident, b"b" * 16, "team-b")
     assert owners.owned(1, b"a" * 16)  # old code: A's claim forgotten, oldest first across tenants
     assert not owners.owned(100, b"b" * 16) and owners.owned(109, b"b" * 16)
+
+
+async def test_a_tenant_flooding_the_prefetch_table_forgets_only_its_own_entries() -> None:
+    def running() -> Prefetch:
+        return Prefetch([Future()], threading.Event())  # a promotion that has not finished
+
+    table = PrefetchTable(capacity=4)
+    a_id = table.add(b"a" * 16, running(), "team-a")
+    b_ids = [table.add(b"b" * 16, running(), "team-b") for _ in range(10)]  # B floods the table
+    assert table.cancel(a_id, b"a" * 16) == 1  # old code: A's prefetch forgotten, oldest first
+    assert table.cancel(b_ids[0], b"b" * 16) is None and table.cancel(b_ids[-1], b"b" * 16) == 1
