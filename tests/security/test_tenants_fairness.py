@@ -39,8 +39,9 @@ from tiercache.keys import Namespace
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.testing.plugin import StartDaemon
 
-WAITS, SUBSCRIPTIONS, NAMESPACES = 32, 16, 256
+WAITS, SUBSCRIPTIONS = 32, 16
 """The daemon's default caps per tenant (tiercache.daemon.fairness.FairShares)."""
+NAMESPACES = 8  # --tenant-namespaces of the daemon (the default, 1024, takes long to register)
 B_WAITS = WAITS + 8  # more than the old shared pool had threads (32)
 
 
@@ -51,7 +52,8 @@ def daemon_args() -> tuple[str, ...]:
 
 @pytest.fixture
 def daemon(start_daemon: StartDaemon, tmp_path: Path) -> DaemonProc:
-    return start_daemon("--tokens-file", str(write_tokens(tmp_path / "tokens.toml")))
+    tokens = write_tokens(tmp_path / "tokens.toml")
+    return start_daemon("--tokens-file", str(tokens), "--tenant-namespaces", str(NAMESPACES))
 
 
 def _code(fut: Future[Any]) -> grpc.StatusCode:

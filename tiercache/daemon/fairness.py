@@ -35,14 +35,16 @@ from typing import ParamSpec, TypeVar
 
 from tiercache.cache.quotas import QuotaExceededError
 from tiercache.errors import InvalidArgumentError
+from tiercache.options import option
+from tiercache.parsers import parse_int
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class FairShares:
-    """What one tenant may hold at once (each at least 1).
+    """What one tenant may hold at once (each at least 1); each a daemon option (``--tenant-waits``, ...).
 
     Attributes:
         waits: calls blocked in a long wait (WaitPrefill, AcquireLoad waiting for promotions): as many as
@@ -51,15 +53,54 @@ class FairShares:
         subscriptions: open WatchEvents subscriptions.
         prefill_claims: prefill claims remembered (the oldest of the tenant's are forgotten first).
         prefetches: running prefetches remembered for CancelPrefetch (the tenant's oldest go first).
-        namespaces: handles registered.
+        namespaces: handles registered (a model, revision or LoRA adapter each).
     """
 
-    waits: int = 32
-    streams: int = 64
-    subscriptions: int = 16
-    prefill_claims: int = 4096
-    prefetches: int = 1024
-    namespaces: int = 256
+    waits: int = option(
+        "tenant_waits",
+        parse=parse_int,
+        help="long waits (WaitPrefill, loads waiting for promotions) one tenant may have running at once, each "
+        "on a thread of the tenant's own pool; more are refused with RESOURCE_EXHAUSTED",
+        metavar="INT",
+        default=32,
+    )
+    streams: int = option(
+        "tenant_streams",
+        parse=parse_int,
+        help="streams (StreamStore, StreamLoad, WatchEvents, Diagnostics) one tenant may have open at once",
+        metavar="INT",
+        default=256,
+    )
+    subscriptions: int = option(
+        "tenant_subscriptions",
+        parse=parse_int,
+        help="WatchEvents subscriptions one tenant may have open at once",
+        metavar="INT",
+        default=16,
+    )
+    prefill_claims: int = option(
+        "tenant_prefill_claims",
+        parse=parse_int,
+        help="prefill claims remembered per tenant (beyond it the tenant's oldest are forgotten: their waits "
+        "and releases answer as for an unknown claim)",
+        metavar="INT",
+        default=4096,
+    )
+    prefetches: int = option(
+        "tenant_prefetches",
+        parse=parse_int,
+        help="running prefetches remembered per tenant for CancelPrefetch (beyond it the tenant's oldest can "
+        "no longer be cancelled)",
+        metavar="INT",
+        default=1024,
+    )
+    namespaces: int = option(
+        "tenant_namespaces",
+        parse=parse_int,
+        help="namespaces (model, revision, LoRA adapter) one tenant may register",
+        metavar="INT",
+        default=1024,
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -45,7 +45,7 @@ class NamespaceRpcs(ServicerBase):
     def __init__(self, deps: ServiceDeps) -> None:
         """Args: deps: what the servicer works with."""
         super().__init__(deps)
-        self._prefetches = PrefetchTable()
+        self._prefetches = PrefetchTable(deps.holdings.shares.prefetches)
 
     @unary_tenant
     async def Register(self, request: pb.RegisterRequest, tenant: str, context: Any) -> pb.RegisterResponse:

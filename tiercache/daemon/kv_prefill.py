@@ -32,7 +32,7 @@ class PrefillRpcs(ServicerBase):
     def __init__(self, deps: ServiceDeps) -> None:
         """Args: deps: what the servicer works with."""
         super().__init__(deps)
-        self._claims = Owners()
+        self._claims = Owners(deps.holdings.shares.prefill_claims)
 
     @unary
     async def ClaimPrefill(

@@ -47,7 +47,7 @@ from .control import ControlServer
 from .decode import add_servicer
 from .diagnostics import DiagnosticsServicer
 from .events import EventHub
-from .fairness import TenantWaits
+from .fairness import Holdings, TenantWaits
 from .fdserver import TenantPools
 from .handles import HandleRegistry
 from .limits import RateLimiter
@@ -127,7 +127,7 @@ class Daemon:
         executor = ThreadPoolExecutor(
             max_workers=min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="tiercache-rpc"
         )
-        waits = TenantWaits()  # a capped pool of wait threads per tenant
+        waits = TenantWaits(self._config.fairness)  # a capped pool of wait threads per tenant
         manager: CacheManager | None = None
         try:
             built, host = await loop.run_in_executor(
@@ -156,7 +156,7 @@ class Daemon:
     ) -> None:
         assert self._stop is not None
         cfg = self._config
-        handles = HandleRegistry()
+        handles = HandleRegistry(cfg.fairness)
         hub = EventHub(loop, scope=handles.owner if self._auth.enabled else None)  # a stream per tenant
         detach = hub.attach(manager)
         manager.set_quotas(self._quotas)
@@ -177,6 +177,7 @@ class Daemon:
             stream=cfg.stream,
             lease_ttl_s=cfg.cache.lease_ttl_s,
             wait_executor=waits,
+            holdings=Holdings(cfg.fairness),
             max_ttl_s=cfg.cache.max_ttl_s,
             control_socket=self._control_path(),
             quotas_active=self._quotas.active,
