@@ -32,7 +32,7 @@ Primitives:
     needs_resync: whether a resume point cannot be served without a gap.
     EventHubConfig: replay buffer and per-subscriber queue bounds.
     EventHub: ``attach(manager)``, ``publish``, ``subscribe(after, accept, epoch, scope)``, ``latest(scope)``,
-        ``subscribers(scope)``, ``close``.
+        ``close``.
     Subscription: an async iterator of HubEvents.
 """
 
@@ -342,11 +342,6 @@ class EventHub:
                 sub._offer(event, replay=True)
         stream.subscribers.add(sub)
         return sub
-
-    def subscribers(self, scope: str) -> int:
-        """Live subscriptions of a stream."""
-        stream = self._streams.get(scope)
-        return len(stream.subscribers) if stream is not None else 0
 
     def close(self) -> None:
         """End every subscription; later events are dropped (idempotent)."""

@@ -18,9 +18,9 @@ tenant by the same figures: a tenant that fills its part forgets its own oldest 
 Everything but the wait pools runs on the event loop (no locks); the pools' counts are thread-safe.
 
 Primitives:
-    FairShares: the per-tenant caps (frozen; the daemon's defaults).
+    FairShares: the per-tenant caps (frozen; daemon options ``--tenant-waits``, ...).
     TenantWaits: ``executor(tenant)`` (capped, one pool per tenant), ``shutdown``.
-    Holdings: ``hold(tenant, what)`` (a context: one stream or subscription), ``held``.
+    Holdings: ``hold(tenant, what)`` (a context: one stream or subscription).
 """
 
 from __future__ import annotations
@@ -124,12 +124,6 @@ class _TenantPool(Executor):
         name = f"tiercache-wait-{tenant or 'default'}"
         self._pool = ThreadPoolExecutor(max_workers=shares.waits, thread_name_prefix=name)
 
-    @property
-    def running(self) -> int:
-        """Waits submitted and not finished."""
-        with self._lock:
-            return self._running
-
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
         """Run ``fn`` on one of the tenant's threads.
 
@@ -175,12 +169,6 @@ class TenantWaits:
                 pool = self._pools[tenant] = _TenantPool(tenant, self.shares)
             return pool
 
-    def running(self, tenant: str) -> int:
-        """The tenant's waits running now."""
-        with self._lock:
-            pool = self._pools.get(tenant)
-        return pool.running if pool is not None else 0
-
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Shut every pool down (the executor protocol's shutdown)."""
         with self._lock:
@@ -196,10 +184,6 @@ class Holdings:
         """Args: shares: the caps (default :class:`FairShares`)."""
         self.shares = shares or FairShares()
         self._held: dict[tuple[str, str], int] = defaultdict(int)
-
-    def held(self, tenant: str, what: str) -> int:
-        """How many of ``what`` the tenant holds."""
-        return self._held.get((tenant, what), 0)
 
     @contextlib.contextmanager
     def hold(self, tenant: str, what: str) -> Iterator[None]:
