@@ -11,7 +11,7 @@ Primitives:
     ExpiredError: a store ticket used after its TTL passed (a NotFoundError that says so; names the field).
     CapacityError: a tier cannot make room (everything left is leased, pinned or too young).
     ConflictError: the operation clashes with the current state (e.g. a ticket already committed).
-    PermissionDeniedError: missing, unknown or insufficient credentials, or another tenant's handle.
+    PermissionDeniedError: missing, unknown or insufficient credentials.
     UnavailableError: the daemon is down, restarting or shutting down (retry later; recompute now).
     DeadlineExceededError: a call did not finish within its deadline.
 """
@@ -63,7 +63,8 @@ class ConflictError(TierCacheError):
 
 
 class PermissionDeniedError(TierCacheError):
-    """Missing, unknown or insufficient credentials, or a handle that belongs to another tenant."""
+    """Missing, unknown or insufficient credentials (another tenant's handle is a NotFoundError: the daemon
+    does not tell whether another tenant registered a namespace)."""
 
 
 class UnavailableError(TierCacheError):

@@ -19,7 +19,6 @@ Primitives:
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 from collections import OrderedDict
@@ -27,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tiercache.errors import InvalidArgumentError
+from tiercache.ids import fresh_id
 from tiercache.stats import PrefillStats
 
 logger = logging.getLogger(__name__)
@@ -74,7 +74,6 @@ class PrefillCoordinator:
         self._owner: dict[bytes, int] = {}
         self._claims: dict[int, _Claim] = {}
         self._orphans: OrderedDict[bytes, None] = OrderedDict()
-        self._ids = itertools.count(1)
         self._generation = 0
         self._waits = 0
         self._takeovers = 0
@@ -104,7 +103,7 @@ class PrefillCoordinator:
             lead = [cid for cid in chunk_ids[i:] if cid not in self._owner]
             if not lead:
                 return PrefillClaim(0, cached, i - cached, 0, 0, now)
-            claim_id = next(self._ids)
+            claim_id = fresh_id(self._claims.__contains__)  # unguessable: tiercache.ids
             self._claims[claim_id] = _Claim(set(lead), now + ttl_s, ttl_s)
             takeovers = 0
             for cid in lead:

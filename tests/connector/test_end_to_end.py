@@ -27,7 +27,7 @@ from tiercache.connector import (
 )
 from tiercache.connector.channel import ChannelConfig, auth_metadata, open_channel, parse_address
 from tiercache.connector.errors import error_from_rpc
-from tiercache.errors import PermissionDeniedError, UnavailableError
+from tiercache.errors import NotFoundError, PermissionDeniedError, UnavailableError
 from tiercache.keys import chunk_keys
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.proto.tiercache_pb2_grpc import KVCacheServiceStub
@@ -222,7 +222,7 @@ def test_tenant_isolation(
     assert b.client.acquire_load(b.namespace, chunk_keys(b.namespace, prompt)).lease_id == 0
     kv = engine_mod.empty_kv(10, TOKENS, False)
     assert a.load(prompt, kv).tokens_loaded == FULL and engine_mod.exact(kv, 10, TOKENS, FULL)
-    # B's handle differs from A's, and A's handle is refused to B.
+    # B's handle differs from A's, and A's handle is refused to B (as if nobody had registered it).
     handle_a = a.client.registration(a.namespace).handle
     assert b.client.registration(b.namespace).handle != handle_a
     channel = open_channel(parse_address(d.address), ChannelConfig())
@@ -231,7 +231,7 @@ def test_tenant_isolation(
         request = pb.LookupRequest(handle=handle_a, keys=chunk_keys(a.namespace, prompt))
         with pytest.raises(grpc.RpcError) as info:
             stub.Lookup(request, timeout=10, metadata=auth_metadata("token-b"))
-        assert isinstance(error_from_rpc(info.value), PermissionDeniedError)
+        assert isinstance(error_from_rpc(info.value), NotFoundError)  # as an unknown handle: nothing leaks
     finally:
         channel.close()
     for bad in (None, "not-a-token"):

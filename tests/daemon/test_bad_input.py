@@ -489,10 +489,10 @@ BAD_HANDLES: dict[str, tuple[grpc.StatusCode, Callable[[bytes], bytes], Callable
         lambda own: b"\x01" * 16,
         lambda h: f"handle: {h.hex()} is not registered",
     ),
-    "foreign": (
-        grpc.StatusCode.PERMISSION_DENIED,
+    "foreign": (  # the answer of an unknown handle: another tenant's namespaces are not B's to learn
+        grpc.StatusCode.NOT_FOUND,
         lambda own: own,
-        lambda h: f"handle: {h.hex()} belongs to another tenant",
+        lambda h: f"handle: {h.hex()} is not registered",
     ),
 }
 """Case -> (status, the handle tenant B sends given tenant A's, the message that names it)."""

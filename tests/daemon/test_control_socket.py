@@ -103,9 +103,7 @@ def test_stores_and_loads_over_the_control_socket_match_grpc_and_keep_tenants_ap
         miss = control.Lookup(pb.LookupRequest(handle=reg_b.handle, keys=keys), RPC_TIMEOUT_S, TENANT_B)
         assert miss.chunks == 0  # tenant B does not see A's chunks
         request = pb.LookupRequest(handle=reg_a.handle, keys=keys)
-        _fails(
-            lambda: control.Lookup(request, RPC_TIMEOUT_S, TENANT_B), grpc.StatusCode.PERMISSION_DENIED, ""
-        )
+        _fails(lambda: control.Lookup(request, RPC_TIMEOUT_S, TENANT_B), grpc.StatusCode.NOT_FOUND, "")
         _fails(
             lambda: control.Lookup(request, RPC_TIMEOUT_S), grpc.StatusCode.UNAUTHENTICATED, "authorization"
         )

@@ -160,7 +160,7 @@ def test_tenant_b_cannot_reach_tenant_a_chunks_by_any_route(engines: Engines, da
     assert b["handle"] != a["handle"] and b["segment"] != a["segment"]
     assert attack["own_pool_has_victim_bytes"] is False and attack["own_segment_is_victims"] is False
     assert attack["lookup_chunks"] == 0 and attack["own_load_slots"] == 0
-    assert attack["victim_handle_codes"] == dict.fromkeys(attack["victim_handle_codes"], "PERMISSION_DENIED")
+    assert attack["victim_handle_codes"] == dict.fromkeys(attack["victim_handle_codes"], "NOT_FOUND")
     assert len(attack["victim_handle_codes"]) == 7
     assert attack["fd_socket"] == {
         "victim_grant": "PermissionDeniedError",

@@ -23,6 +23,7 @@ import heapq
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from tiercache.ids import fresh_id
 from tiercache.tiers.base import TierLevel, WriteSlot
 
 LAPSED_REMEMBERED = 65_536
@@ -59,14 +60,13 @@ class LeaseTable:
         self._leases: dict[int, Lease] = {}
         self._stores: dict[int, StoreReservation] = {}
         self._expiries: list[tuple[float, int]] = []
-        self._next_id = 1
         self._lapsed: OrderedDict[int, float] = OrderedDict()
         self.expired = 0
 
     def new_id(self) -> int:
-        """A fresh id for a lease or a ticket (never 0)."""
-        self._next_id += 1
-        return self._next_id
+        """A fresh, unguessable id for a lease or a ticket (never 0, never one live or remembered as lapsed:
+        :func:`~tiercache.ids.fresh_id`)."""
+        return fresh_id(lambda i: i in self._leases or i in self._stores or i in self._lapsed)
 
     @property
     def active_leases(self) -> int:

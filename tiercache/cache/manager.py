@@ -391,7 +391,7 @@ class CacheManager:
         if keys is None:
             self.namespace(namespace_id)
         cids = None if keys is None else self._namespaces.chunk_ids(namespace_id, keys)
-        return self._tenants.pin(namespace_id, cids, pinned)
+        return self._tenants.pins.pin(namespace_id, cids, pinned)
 
     # ------------------------------------------------------------------ single-flight prefill
 

@@ -29,11 +29,13 @@ Primitives:
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 
 import torch
 
@@ -47,6 +49,11 @@ from tiercache.tiers.base import SlotTier, StorageTier, TierLevel, WriteSlot
 from tiercache.tiers.slots import SlotPoolTier
 
 logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _admitted(cid: bytes, dst: TierLevel) -> Iterator[bool]:
+    yield True
 
 
 class MoveOutcome(enum.Enum):
@@ -90,6 +97,9 @@ class Mover:
         self._flights: SingleFlight[MoveOutcome] = SingleFlight()
         self._copying: set[tuple[bytes, TierLevel]] = set()
         self.storing: set[bytes] = set()
+        self.admit: Callable[[bytes, TierLevel], AbstractContextManager[bool]] = _admitted
+        """Admission of a move (no lock held): a context whose value says whether to make it, held while
+        the move runs (:mod:`tiercache.cache.borrowing`: promotions count against their tenant's quota)."""
 
     @property
     def joins(self) -> int:
@@ -280,10 +290,14 @@ class Mover:
     def move(self, cid: bytes, dst: TierLevel, observe: bool = True) -> bool:
         """Bring a cached chunk into ``dst`` from the fastest tier holding it. True when it is there now.
 
+        A promotion first passes :attr:`admit` (the chunk's tenant's quota of ``dst``): one it refuses is
+        not made (False).
+
         Args:
             observe: time the read of the source and feed it to the rate estimator.
         """
-        return self.move_outcome(cid, dst, observe) is MoveOutcome.DONE
+        with self.admit(cid, dst) as admitted:
+            return admitted and self.move_outcome(cid, dst, observe) is MoveOutcome.DONE
 
     def move_many(self, cids: Sequence[bytes], dst: TierLevel, check_open: Callable[[], None]) -> int:
         """Bring chunks into ``dst`` as one cache operation (one tick); returns how many are there now."""

@@ -1,8 +1,8 @@
 """Per-tenant quotas: what one tenant of a shared cache may hold and ask for.
 
-A quota bounds one tenant's bytes in L2 and in L3, its pinned bytes, its open load leases and store tickets,
-the lifetime it may ask for a lease, ticket or prefill claim, and its RPC rate (a token bucket the daemon
-applies; the core only carries the figures). Every limit is off at 0. The operator sets quotas next to the
+A quota bounds one tenant's bytes in L2, in L3 and in the shared (Redis) tier, its pinned bytes, its open
+load leases and store tickets, the lifetime it may ask for a lease, ticket or prefill claim, and its RPC rate
+(a token bucket the daemon applies; the core only carries the figures). Every limit is off at 0. The operator sets quotas next to the
 tokens (``[quotas.default]`` and ``[quotas."tenant"]`` of the tokens file, read by the daemon); without a
 quota table the cache behaves exactly as a single-tenant one.
 
@@ -16,6 +16,10 @@ quota:
       space through promotions or write-downs) and chunks of tenants without a quota in that tier are
       evictable as before. With quotas summing to at most a tier's capacity, a greedy tenant can neither
       push another below its share nor hold more than its own quota for long (its next store trims it).
+
+The shared tier's quota counts what this daemon knows of the tenant's chunks there (what it wrote, and
+found on lookups): with several daemons on one store, each bounds what its own engines put there, and the
+store's own eviction (``allkeys-lru``) bounds the rest; a fleet-wide count would need counters in the store.
 
 Primitives:
     QuotaExceededError: a limit was hit (a ``CapacityError``: RESOURCE_EXHAUSTED), naming the limit.
@@ -68,6 +72,15 @@ class TenantQuota:
         "l3_bytes",
         parse=parse_size,
         help="bytes the tenant's chunks may take in L3; also its guaranteed L3 share",
+        metavar="SIZE",
+        default=0,
+        note="off",
+    )
+    shared_bytes: int = option(
+        "shared_bytes",
+        parse=parse_size,
+        help="bytes the tenant's chunks may take in the shared (Redis) tier, as this daemon counts them "
+        "(what it wrote or found there); also its guaranteed share of it",
         metavar="SIZE",
         default=0,
         note="off",
@@ -132,6 +145,8 @@ class TenantQuota:
             return self.l2_bytes
         if level == TierLevel.L3:
             return self.l3_bytes
+        if level == TierLevel.SHARED:
+            return self.shared_bytes
         return 0
 
     @property

@@ -16,8 +16,9 @@ Every method runs under the cache's index lock unless it says otherwise.
 Primitives:
     WRITE_DOWN_WAIT_S: how long a store at its quota waits for write-downs holding its chunks.
     Tenants: set_quotas, register, on_event (the listener), on_found (a warm start's counts), protected
-        (the eviction guard), placing, ttl, storing / leasing (admission of a store / an acquire), pin /
-        check_pin, trim, committed, opened_lease / opened_ticket, count_lookup / count_usage, stats, tenants.
+        (the eviction guard), placing, ttl, storing / leasing (admission of a store / an acquire), pins
+        (:mod:`.pins`), trim / trim_tier (of promotions too: :mod:`.borrowing`), committed, opened_lease /
+        opened_ticket, count_lookup / count_usage, stats, tenants, namespaces_of.
 """
 
 from __future__ import annotations
@@ -27,11 +28,13 @@ import contextvars
 import dataclasses
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from tiercache.cache.borrowing import Promotions
 from tiercache.cache.index import ChunkEntry
 from tiercache.cache.parts import Parts
+from tiercache.cache.pins import Pins
 from tiercache.cache.quotas import NO_QUOTA, QuotaExceededError, QuotaTable, TenantQuota
 from tiercache.cache.results import LoadTicket
 from tiercache.cache.space import Space
@@ -93,12 +96,15 @@ class Tenants:
         self._space = space
         self._default_ttl_s = default_ttl_s
         self._quotas = QuotaTable()
+        self._limited = False
         self._tenant: dict[bytes, str] = {}
         self._charge: dict[bytes, dict[TierLevel, int]] = {}
         self._chunk_bytes: dict[bytes, int] = {}
         self._ns_chunks: dict[bytes, dict[TierLevel, int]] = defaultdict(lambda: defaultdict(int))
         self._books: dict[str, TenantBooks] = defaultdict(TenantBooks)
         self._ticket_cids: dict[int, tuple[bytes, list[bytes]]] = {}
+        parts.mover.admit = Promotions(parts, self).admitting  # promotions count against their tenant
+        self.pins = Pins(parts, self)
 
     # ------------------------------------------------------------------ setup and books
 
@@ -106,7 +112,13 @@ class Tenants:
         """Replace the quota table (takes the lock)."""
         with self._lock:
             self._quotas = quotas
+            self._limited = quotas.active
         logger.info("tenant quotas: %s", "on" if quotas.active else "off")
+
+    @property
+    def limited(self) -> bool:
+        """Whether any tenant has a limit (no lock: the flag is replaced whole)."""
+        return self._limited
 
     def quota(self, tenant: str) -> TenantQuota:
         """The quota of a tenant."""
@@ -163,6 +175,10 @@ class Tenants:
                 tier.used_bytes += chunks * self._charge[namespace_id][level]
                 tier.payload_bytes += chunks * self._chunk_bytes[namespace_id]
 
+    def namespaces_of(self, tenant: str) -> set[bytes]:
+        """The namespace ids a tenant registered."""
+        return self._books[tenant].namespaces
+
     def used_bytes(self, tenant: str, level: TierLevel) -> int:
         """Bytes a tenant's chunks take in a tier."""
         return self._books[tenant].tiers[level].used_bytes if tenant in self._books else 0
@@ -209,9 +225,9 @@ class Tenants:
             return
         quota = self.quota(tenant)
         for lv in [lv for lv in self._levels if lv >= level and quota.tier_bytes(lv)]:
-            self._trim_tier(tenant, namespace_id, lv, quota.tier_bytes(lv), pending, settle_s)
+            self.trim_tier(tenant, namespace_id, lv, quota.tier_bytes(lv), pending, settle_s)
 
-    def _trim_tier(
+    def trim_tier(
         self,
         tenant: str,
         namespace_id: bytes,
@@ -309,7 +325,7 @@ class Tenants:
                     )
                 if quota.pinned_bytes and namespace_id in self._index.pinned_namespaces:
                     new = sum(1 for c in cids if not self._mover.known(c))
-                    self._check_pinned(tenant, quota.pinned_bytes, new * self._chunk_bytes[namespace_id])
+                    self.pins.check_pinned(tenant, quota.pinned_bytes, new * self._chunk_bytes[namespace_id])
                 books.pending_tickets += 1
         try:
             with self.placing(namespace_id):
@@ -339,44 +355,6 @@ class Tenants:
             if books is not None:
                 with self._lock:
                     books.pending_leases -= 1
-
-    def pin(self, namespace_id: bytes, cids: Sequence[bytes] | None, pinned: bool) -> int:
-        """Pin or unpin chunks (``cids`` None: the whole namespace), a pin first checked against the tenant's
-        pinned bytes (:meth:`check_pin`); returns how many chunks changed."""
-        if pinned:
-            self.check_pin(namespace_id, cids)
-        with self._lock:
-            if cids is None:
-                return self._index.pin_namespace(namespace_id, pinned)
-            return self._index.pin(cids, pinned)
-
-    def check_pin(self, namespace_id: bytes, cids: Iterable[bytes] | None) -> None:
-        """Refuse a pin that would take the tenant over its pinned bytes (``cids`` None: the namespace)."""
-        tenant = self._tenant.get(namespace_id)
-        quota = self.quota(tenant) if tenant is not None else NO_QUOTA
-        if tenant is None or not quota.pinned_bytes:
-            return
-        with self._lock:
-            if cids is None:
-                if namespace_id in self._index.pinned_namespaces:
-                    return
-                entries = [e for _, e in self._index.of_namespace(namespace_id)]
-            else:
-                entries = [e for e in (self._index.visible(c) for c in cids) if e is not None]
-            extra = sum(e.nbytes for e in entries if not self._index.is_pinned(e))
-            self._check_pinned(tenant, quota.pinned_bytes, extra)
-
-    def _check_pinned(self, tenant: str, cap: int, extra: int) -> None:
-        books = self._books[tenant]
-        pinned = sum(
-            e.nbytes
-            for e in self._index.entries.values()
-            if e.namespace_id in books.namespaces and not e.purged and self._index.is_pinned(e)
-        )
-        if pinned + extra > cap:
-            raise QuotaExceededError(
-                tenant, "pinned_bytes", cap, f"{pinned} bytes pinned, {extra} more would be"
-            )
 
     @staticmethod
     def _open(ids: set[int], lookup: Callable[[int], object | None]) -> int:

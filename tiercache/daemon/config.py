@@ -31,6 +31,7 @@ from tiercache.tiers.lmdb import LmdbTierConfig
 from tiercache.tiers.shared import SharedTierConfig
 from tiercache.tiers.values import HEADER_BYTES
 
+from .fairness import FairShares
 from .parsers import L1Device, parse_device, parse_log_level, parse_tcp
 from .tls import TlsConfig
 
@@ -225,6 +226,7 @@ class DaemonConfig:
         cache: the cache manager's policies and timing (core dataclass).
         stream: message size limits.
         metrics: the Prometheus endpoint.
+        fairness: what one tenant may hold at once (waits, streams, subscriptions, table entries).
         torch_threads: torch intra-op threads of the daemon process.
         log_level: logging level name.
     """
@@ -234,6 +236,7 @@ class DaemonConfig:
     cache: CacheConfig = nested(CacheConfig)
     stream: StreamConfig = nested(StreamConfig)
     metrics: MetricsConfig = nested(MetricsConfig)
+    fairness: FairShares = nested(FairShares)
     torch_threads: int = option(
         "torch_threads",
         parse=parse_int,
@@ -281,6 +284,7 @@ class DaemonConfig:
                 cache=cache,
                 stream=build(StreamConfig, values),
                 metrics=build(MetricsConfig, values),
+                fairness=build(FairShares, values),
             )
         except ConfigError:
             raise

@@ -1,5 +1,10 @@
 """The event hub: chunk stored / removed / namespace cleared, numbered, retained and fanned out.
 
+Each tenant has a stream of its own (the hub's ``scope`` of an event's handle: with tokens, the tenant that
+registered it): its own sequence numbers, replay buffer and subscribers. One counter for everybody would
+tell a tenant how much every other tenant does (a subscriber probing resume points for RESYNC could count
+another tenant's events one by one); a stream of its own tells it of its own events only.
+
 Every hub draws a random 63-bit ``epoch`` when it is made (once per daemon process): sequence numbers
 restart at 1 with a new epoch, so a (epoch, sequence) pair names one event for good. A subscriber resumes
 with the last pair it saw; when the hub cannot give it every event after that point (another epoch: the
@@ -26,7 +31,8 @@ Primitives:
     new_epoch: a random non-zero epoch.
     needs_resync: whether a resume point cannot be served without a gap.
     EventHubConfig: replay buffer and per-subscriber queue bounds.
-    EventHub: ``attach(manager)``, ``publish``, ``subscribe(after, accept)``, ``close``.
+    EventHub: ``attach(manager)``, ``publish``, ``subscribe(after, accept, epoch, scope)``, ``latest(scope)``,
+        ``close``.
     Subscription: an async iterator of HubEvents.
 """
 
@@ -39,7 +45,7 @@ import secrets
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tiercache.cache import CacheManager
 from tiercache.errors import CapacityError
@@ -66,8 +72,8 @@ class HubEvent:
     """A numbered cache event.
 
     Attributes:
-        sequence: 1, 2, 3, ... in the order the cache changed (per epoch); for RESYNC, the last sequence the
-            subscriber will not receive.
+        sequence: 1, 2, 3, ... in the order the cache changed (per epoch and stream); for RESYNC, the last
+            sequence the subscriber will not receive.
         kind: stored, removed, cleared (a namespace was purged) or resync.
         level: the tier, None for CLEARED.
         handle: the namespace id.
@@ -185,16 +191,35 @@ class Subscription:
             await self._wake.wait()
 
 
-class EventHub:
-    """Numbers cache events, keeps the latest ones and fans them out to subscribers."""
+def _one_scope(handle: bytes) -> str:
+    return ""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, config: EventHubConfig | None = None) -> None:
-        """Args: loop: the event loop every method but the manager listener runs on; config: bounds."""
+
+@dataclass(slots=True)
+class _Stream:
+    """The events of one scope (tenant): its numbering, replay buffer and subscribers."""
+
+    retained: deque[HubEvent]
+    sequence: int = 0
+    subscribers: set[Subscription] = field(default_factory=set)
+
+
+class EventHub:
+    """Numbers cache events per stream (tenant), keeps the latest ones and fans them out to subscribers."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        config: EventHubConfig | None = None,
+        scope: Callable[[bytes], str | None] | None = None,
+    ) -> None:
+        """Args: loop: the event loop every method but the manager listener runs on; config: bounds; scope:
+        the stream an event of a handle belongs to (its tenant; None: the event is nobody's and is dropped);
+        None: one stream, ``""``, for every event."""
         self._loop = loop
         self._config = config or EventHubConfig()
-        self._retained: deque[HubEvent] = deque(maxlen=self._config.replay_events)
-        self._subscribers: set[Subscription] = set()
-        self._sequence = 0
+        self._scope = scope or _one_scope
+        self._streams: dict[str, _Stream] = {}
         self._closed = False
         self._inbox: list[ChunkEvent] = []  # handed over by the manager, not yet published
         self._inbox_lock = threading.Lock()
@@ -207,8 +232,19 @@ class EventHub:
 
     @property
     def sequence(self) -> int:
-        """The sequence number of the latest event (0 before the first)."""
-        return self._sequence
+        """The sequence number of the latest event of stream ``""`` (0 before the first)."""
+        return self.latest("")
+
+    def latest(self, scope: str) -> int:
+        """The sequence number of the latest event of a stream (0 before the first)."""
+        stream = self._streams.get(scope)
+        return stream.sequence if stream is not None else 0
+
+    def _stream(self, scope: str) -> _Stream:
+        stream = self._streams.get(scope)
+        if stream is None:
+            stream = self._streams[scope] = _Stream(deque(maxlen=self._config.replay_events))
+        return stream
 
     def attach(self, manager: CacheManager) -> Callable[[], None]:
         """Listen to the manager's chunk events; returns the function that stops listening."""
@@ -251,20 +287,23 @@ class EventHub:
         evicted: bool = False,
         source: TierLevel | None = None,
     ) -> HubEvent | None:
-        """Number an event, retain it and queue it for every subscriber that accepts it (None once closed)."""
-        if self._closed:
+        """Number an event in its stream, retain it there and queue it for every subscriber of the stream that
+        accepts it (None once closed, or when the handle's event is nobody's)."""
+        scope = self._scope(bytes(handle))
+        if self._closed or scope is None:
             return None
-        self._sequence += 1
+        stream = self._stream(scope)
+        stream.sequence += 1
         event = HubEvent(
-            self._sequence, kind, level, bytes(handle), bytes(key), evicted, epoch=self.epoch, source=source
+            stream.sequence, kind, level, bytes(handle), bytes(key), evicted, epoch=self.epoch, source=source
         )
-        self._retained.append(event)
-        for sub in list(self._subscribers):
+        stream.retained.append(event)
+        for sub in list(stream.subscribers):
             sub._offer(event)
         return event
 
     def subscribe(
-        self, after_sequence: int, accept: Callable[[HubEvent], bool], epoch: int = 0
+        self, after_sequence: int, accept: Callable[[HubEvent], bool], epoch: int = 0, scope: str = ""
     ) -> Subscription:
         """A subscription that first replays the retained events numbered above ``after_sequence``.
 
@@ -275,35 +314,39 @@ class EventHub:
             after_sequence: the last sequence number the subscriber has seen (0 for everything retained).
             accept: which events the subscriber may see (its tenant's namespaces); RESYNC always passes.
             epoch: the epoch of ``after_sequence`` (0: not known).
+            scope: the stream (the subscriber's tenant): its numbers, its retained events, its RESYNC.
         """
-        sub = Subscription(accept, self._config.queue_events, self._subscribers.discard)
+        stream = self._stream(scope)
+        sub = Subscription(accept, self._config.queue_events, stream.subscribers.discard)
         if self._closed:
             sub._end()
             return sub
-        oldest = self._retained[0].sequence if self._retained else None
-        if needs_resync(epoch, after_sequence, self.epoch, self._sequence, oldest):
-            first = oldest if oldest is not None else self._sequence + 1
+        retained = stream.retained
+        oldest = retained[0].sequence if retained else None
+        if needs_resync(epoch, after_sequence, self.epoch, stream.sequence, oldest):
+            first = oldest if oldest is not None else stream.sequence + 1
             logger.info(
                 "events: a subscriber resumes after (epoch %#x, sequence %d); hub is at (%#x, %d), "
                 "oldest retained %s: sending RESYNC",
                 epoch,
                 after_sequence,
                 self.epoch,
-                self._sequence,
+                stream.sequence,
                 oldest,
             )
             sub._pending.append(HubEvent(first - 1, HubEventKind.RESYNC, None, b"", b"", False, self.epoch))
             sub._wake.set()
             after_sequence = 0
-        for event in self._retained:
+        for event in retained:
             if event.sequence > after_sequence:
                 sub._offer(event, replay=True)
-        self._subscribers.add(sub)
+        stream.subscribers.add(sub)
         return sub
 
     def close(self) -> None:
         """End every subscription; later events are dropped (idempotent)."""
         self._closed = True
-        for sub in list(self._subscribers):
-            sub._end()
-        self._subscribers.clear()
+        for stream in self._streams.values():
+            for sub in list(stream.subscribers):
+                sub._end()
+            stream.subscribers.clear()

@@ -1,9 +1,10 @@
 """Who owns what: the tenant of each handle, and the handle of each store ticket, load lease and prefill claim.
 
 A handle is the cache manager's tenant-scoped namespace id. The daemon remembers which tenant registered it
-so that a handle presented by another tenant is refused, and which handle each ticket or lease was taken
-under so that one engine cannot commit or release another namespace's work. The maps live in memory: after a
-restart engines register again (and get the same handle bytes, since ids are deterministic).
+so that a handle presented by another tenant is refused (NOT_FOUND, as one nobody registered), and which
+handle each ticket or lease was taken under so that one engine cannot commit or release another namespace's
+work. The maps live in memory: after a restart engines register again (and get the same handle bytes, since
+ids are deterministic).
 
 A handle also carries the cost models its engines declared at registration (the prefill model for cost-aware
 loads, the deadline model for timeout loads). Engines of one namespace share a handle: a registration that
@@ -13,10 +14,12 @@ Both classes are used from the event loop only (no locks).
 
 Primitives:
     HandleInfo: the tenant, chunk size and declared cost models of a handle.
-    HandleRegistry: ``add(handle, tenant, chunk_bytes, ...)``, ``owner(handle)``, ``check(handle, tenant)``.
+    HandleRegistry: ``admit(handle, tenant)`` (the tenant's cap of namespaces), ``add(handle, tenant,
+        chunk_bytes, ...)``, ``owner(handle)``, ``check(handle, tenant)``.
     Claims: ticket or lease id -> (handle, expiry); ``add``, ``take``, ``owned``, ``lapsed`` (a claim
         forgotten after its expiry, remembered for a clear refusal of a late commit).
-    Owners: id -> handle for ids without a fixed expiry (prefill claims), bounded, oldest forgotten first.
+    Owners: id -> handle for ids without a fixed expiry (prefill claims), bounded per tenant, each tenant's
+        oldest forgotten first (one tenant's claims never push out another's).
 """
 
 from __future__ import annotations
@@ -26,9 +29,11 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tiercache.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
+from tiercache.errors import InvalidArgumentError, NotFoundError
 from tiercache.keys import NAMESPACE_ID_BYTES
 from tiercache.policies.load import DeadlineModel, PrefillModel
+
+from .fairness import FairShares
 
 EXPIRY_GRACE_S = 5.0
 """A claim is forgotten this long after the manager's own expiry of the ticket or lease."""
@@ -56,11 +61,24 @@ class HandleInfo:
 
 
 class HandleRegistry:
-    """The tenant of every handle registered since the daemon started."""
+    """The tenant of every handle registered since the daemon started, at most ``shares.namespaces`` each."""
 
-    def __init__(self) -> None:
-        """Start empty."""
+    def __init__(self, shares: FairShares | None = None) -> None:
+        """Args: shares: the per-tenant caps (default :class:`~.fairness.FairShares`)."""
+        self._shares = shares or FairShares()
         self._owners: dict[bytes, HandleInfo] = {}
+        self._count: dict[str, int] = {}
+
+    def admit(self, handle: bytes, tenant: str) -> None:
+        """Check, before a registration, that ``tenant`` may hold ``handle`` (one it holds, or one more).
+
+        Raises:
+            QuotaExceededError: the tenant holds its cap of namespaces (``namespaces``).
+        """
+        info = self._owners.get(handle)
+        held = self._count.get(tenant, 0)
+        if (info is None or info.tenant != tenant) and held >= self._shares.namespaces:
+            raise self._shares.refuse(tenant, "namespaces", f"the tenant registered {held} already")
 
     def add(
         self,
@@ -80,6 +98,8 @@ class HandleRegistry:
             prefill = prefill or old.prefill
             deadline = deadline or old.deadline
         info = HandleInfo(tenant, chunk_bytes, chunk_tokens, prefill, deadline)
+        if old is None or old.tenant != tenant:
+            self._count[tenant] = self._count.get(tenant, 0) + 1
         self._owners[handle] = info
         return info
 
@@ -96,8 +116,9 @@ class HandleRegistry:
 
         Raises:
             InvalidArgumentError: not a handle (wrong length).
-            NotFoundError: nobody registered it since the daemon started.
-            PermissionDeniedError: another tenant registered it.
+            NotFoundError: ``tenant`` has not registered it since the daemon started (another tenant's
+                handle gets the very same answer as one nobody registered: whether another tenant
+                registered a namespace, such as a model or LoRA, is not the caller's to learn).
         """
         if len(handle) != NAMESPACE_ID_BYTES:
             raise InvalidArgumentError(
@@ -105,13 +126,11 @@ class HandleRegistry:
                 f"must be the {NAMESPACE_ID_BYTES}-byte handle Register returned, got {len(handle)} bytes",
             )
         info = self._owners.get(handle)
-        if info is None:
+        if info is None or info.tenant != tenant:  # one answer: another tenant's handle tells nothing
             raise NotFoundError(
                 field,
                 f"{handle.hex()} is not registered (call Register first; after a daemon restart, register again)",
             )
-        if info.tenant != tenant:
-            raise PermissionDeniedError(f"{field}: {handle.hex()} belongs to another tenant")
         return info
 
 
@@ -163,26 +182,33 @@ class Claims:
 
 class Owners:
     """Ids taken under a handle whose lifetime the daemon does not know (a prefill claim is renewed by each
-    publication); at most ``capacity`` are remembered, the oldest are forgotten first."""
+    publication); at most ``capacity`` per tenant are remembered, each tenant's oldest forgotten first."""
 
-    def __init__(self, capacity: int = 65_536) -> None:
-        """Args: capacity: ids remembered at most."""
+    def __init__(self, capacity: int = FairShares().prefill_claims) -> None:
+        """Args: capacity: ids remembered at most per tenant."""
         self._capacity = capacity
-        self._owners: OrderedDict[int, bytes] = OrderedDict()
+        self._owners: dict[str, OrderedDict[int, bytes]] = {}
+        self._tenant: dict[int, str] = {}
 
-    def add(self, ident: int, handle: bytes) -> None:
-        """Record that ``ident`` was taken under ``handle``."""
-        self._owners[ident] = handle
-        while len(self._owners) > self._capacity:
-            self._owners.popitem(last=False)
+    def add(self, ident: int, handle: bytes, tenant: str = "") -> None:
+        """Record that ``ident`` was taken under ``handle`` by ``tenant``."""
+        own = self._owners.setdefault(tenant, OrderedDict())
+        own[ident] = handle
+        self._tenant[ident] = tenant
+        while len(own) > self._capacity:
+            old, _ = own.popitem(last=False)
+            del self._tenant[old]
 
     def owned(self, ident: int, handle: bytes) -> bool:
         """Whether ``ident`` is remembered as taken under ``handle``."""
-        return self._owners.get(ident) == handle
+        tenant = self._tenant.get(ident)
+        return tenant is not None and self._owners[tenant].get(ident) == handle
 
     def discard(self, ident: int) -> None:
         """Forget ``ident``."""
-        self._owners.pop(ident, None)
+        tenant = self._tenant.pop(ident, None)
+        if tenant is not None:
+            del self._owners[tenant][ident]
 
     def __len__(self) -> int:
-        return len(self._owners)
+        return len(self._tenant)

@@ -45,7 +45,7 @@ class NamespaceRpcs(ServicerBase):
     def __init__(self, deps: ServiceDeps) -> None:
         """Args: deps: what the servicer works with."""
         super().__init__(deps)
-        self._prefetches = PrefetchTable()
+        self._prefetches = PrefetchTable(deps.holdings.shares.prefetches)
 
     @unary_tenant
     async def Register(self, request: pb.RegisterRequest, tenant: str, context: Any) -> pb.RegisterResponse:
@@ -56,6 +56,7 @@ class NamespaceRpcs(ServicerBase):
         """
         args = convert.register_from_proto(request)
         ns, prefill, deadline = args.namespace, args.prefill, args.deadline
+        self._deps.handles.admit(ns.scoped_id(tenant), tenant)  # the tenant's cap of namespaces
         try:
             handle = await self.run(self._manager.register_namespace, ns, tenant)
         except InvalidArgumentError as exc:
@@ -112,7 +113,7 @@ class NamespaceRpcs(ServicerBase):
             found = LookupOutcome(result, started)
         prefetch_id = 0
         if found.prefetch is not None:
-            prefetch_id = self._prefetches.add(caller.namespace_id, found.prefetch)
+            prefetch_id = self._prefetches.add(caller.namespace_id, found.prefetch, caller.tenant)
         return convert.lookup_to_proto(found.result, prefetch_id)
 
     @unary
@@ -137,7 +138,8 @@ class NamespaceRpcs(ServicerBase):
                 logger.debug("Prefetch cancelled by its client: %d promotions dropped", dropped)
                 raise
         return pb.PrefetchResponse(
-            ready=prefetch.ready(), prefetch_id=self._prefetches.add(caller.namespace_id, prefetch)
+            ready=prefetch.ready(),
+            prefetch_id=self._prefetches.add(caller.namespace_id, prefetch, caller.tenant),
         )
 
     @unary
@@ -198,15 +200,17 @@ class NamespaceRpcs(ServicerBase):
         Initial metadata is sent as soon as the subscription is in place: a client that waits for it knows
         that every later change reaches it.
         """
-        handles = self._deps.handles
+        handles, auth = self._deps.handles, self._deps.auth.enabled
 
         def mine(event: HubEvent) -> bool:
-            return not self._deps.auth.enabled or handles.owner(event.handle) == tenant
+            return not auth or handles.owner(event.handle) == tenant
 
-        subscription = self._deps.events.subscribe(request.after_sequence, mine, request.epoch)
-        try:
-            await context.send_initial_metadata(())  # tells the client the subscription is live
-            async for event in subscription:
-                yield convert.event_to_proto(event)
-        finally:
-            subscription.close()
+        with self._deps.holdings.hold(tenant, "subscriptions"):
+            scope = tenant if auth else ""  # the tenant's own stream: its own sequence numbers
+            subscription = self._deps.events.subscribe(request.after_sequence, mine, request.epoch, scope)
+            try:
+                await context.send_initial_metadata(())  # tells the client the subscription is live
+                async for event in subscription:
+                    yield convert.event_to_proto(event)
+            finally:
+                subscription.close()

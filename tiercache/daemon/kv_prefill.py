@@ -32,7 +32,7 @@ class PrefillRpcs(ServicerBase):
     def __init__(self, deps: ServiceDeps) -> None:
         """Args: deps: what the servicer works with."""
         super().__init__(deps)
-        self._claims = Owners()
+        self._claims = Owners(deps.holdings.shares.prefill_claims)
 
     @unary
     async def ClaimPrefill(
@@ -43,7 +43,7 @@ class PrefillRpcs(ServicerBase):
         ttl = convert.ttl_from_proto(request.ttl_s)
         claim = await self.run(self._manager.claim_prefill, caller.namespace_id, keys, ttl)
         if claim.claim_id:
-            self._claims.add(claim.claim_id, caller.namespace_id)
+            self._claims.add(claim.claim_id, caller.namespace_id, caller.tenant)
         return convert.claim_to_proto(claim)
 
     @unary
@@ -59,7 +59,9 @@ class PrefillRpcs(ServicerBase):
         timeout = min(convert.timeout_from_proto(request.timeout_s), MAX_PREFILL_WAIT_S)
         if request.claim_id and not self._claims.owned(request.claim_id, handle):
             raise NotFoundError("claim_id", f"{request.claim_id} is not a prefill claim of this handle")
-        cached = await self.run_long(self._manager.wait_prefill, handle, keys, timeout, request.claim_id)
+        cached = await self.run_long(
+            caller.tenant, self._manager.wait_prefill, handle, keys, timeout, request.claim_id
+        )
         return pb.WaitPrefillResponse(cached=cached)
 
     @unary

@@ -145,7 +145,7 @@ class SharedMemoryRpcs(ServicerBase):
         timeout = convert.timeout_from_proto(request.timeout_s)
         policy = resolve_policy(kind, timeout, info)
         wait_s = policy.wait_s(request.prompt_tokens or len(keys) * info.chunk_tokens)
-        executor = self._deps.executor if wait_s == 0 else self.long_executor
+        executor = self._deps.executor if wait_s == 0 else self.long_executor(caller.tenant)
         level = self._rules.shared_level
         settled = self._settled(request.settle, caller) if request.HasField("settle") else None
         outcome = run_load_now(self._manager, handle, keys, level, ttl, policy, settled)

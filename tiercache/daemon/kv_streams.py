@@ -90,7 +90,14 @@ class StreamRpcs(ServicerBase):
         A piece's write runs in the executor while the next message is received (the write is waited for
         before that message is checked: the checks follow the writes' progress). A stream whose first
         message names its keys is reserved in one call, with the first piece, and committed in one call.
+        The stream counts among the tenant's open streams (:mod:`.fairness`).
         """
+        with self._deps.holdings.hold(tenant, "streams"):
+            return await self._stream_store(request_iterator, tenant)
+
+    async def _stream_store(
+        self, request_iterator: AsyncIterator[Framed[pb.StreamStoreMessage]], tenant: str
+    ) -> pb.StreamStoreResponse:
         handle = b""
         start_depth = 0
         assembler: ChunkAssembler | None = None

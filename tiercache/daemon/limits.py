@@ -8,6 +8,7 @@ parser and help, and says how capacity is shared under pressure)::
     [quotas.default]
     l2_bytes = "2G"
     l3_bytes = "16G"
+    shared_bytes = "8G"
     pinned_bytes = "512M"
     leases = 256
     tickets = 256

@@ -3,48 +3,48 @@
 A Prefetch RPC (or a Lookup with ``prefetch``) whose promotions have not all finished gets an id; the
 promotions' core :class:`~tiercache.cache.Prefetch` object is kept under it, owned by the caller's handle
 (handles are tenant-scoped). An entry is dropped as soon as its last promotion finishes (a done callback on
-the event loop), when it is cancelled, or — the table being bounded — when it is the oldest of a full table
-(its promotions then run to completion but can no longer be cancelled).
+the event loop), when it is cancelled, or — the table being bounded per tenant — when it is its tenant's
+oldest and the tenant has a full share of the table (its promotions then run to completion but can no longer
+be cancelled): one tenant's prefetches never push another's out. Ids are unguessable (:mod:`tiercache.ids`).
 
 Used from the event loop only (no locks).
 
 Primitives:
-    PrefetchTable: ``add(handle, prefetch) -> id``, ``cancel(id, handle)``, ``len``.
-    MAX_PREFETCHES: the default bound.
+    PrefetchTable: ``add(handle, prefetch, tenant) -> id``, ``cancel(id, handle)``, ``len``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from tiercache.cache import Prefetch
+from tiercache.ids import fresh_id
+
+from .fairness import FairShares
 
 logger = logging.getLogger(__name__)
-
-MAX_PREFETCHES = 4096
-"""Prefetches remembered at most (all tenants together)."""
 
 
 @dataclass(frozen=True, slots=True)
 class _Entry:
     handle: bytes
     prefetch: Prefetch
+    tenant: str
 
 
 class PrefetchTable:
     """Running prefetches by id."""
 
-    def __init__(self, capacity: int = MAX_PREFETCHES) -> None:
-        """Args: capacity: entries kept at most."""
+    def __init__(self, capacity: int = FairShares().prefetches) -> None:
+        """Args: capacity: entries kept at most per tenant."""
         self._capacity = capacity
-        self._entries: OrderedDict[int, _Entry] = OrderedDict()
-        self._ids = itertools.count(1)
+        self._entries: dict[int, _Entry] = {}
+        self._by_tenant: dict[str, OrderedDict[int, None]] = {}
 
-    def add(self, handle: bytes, prefetch: Prefetch) -> int:
+    def add(self, handle: bytes, prefetch: Prefetch, tenant: str = "") -> int:
         """Keep a prefetch under a new id; 0 (nothing kept) when all its promotions have finished.
 
         Must be called on the event loop: the entry is dropped there when the last promotion finishes.
@@ -52,14 +52,23 @@ class PrefetchTable:
         pending = [f for f in prefetch.futures if not f.done()]
         if not pending:
             return 0
-        ident = next(self._ids)
-        self._entries[ident] = _Entry(handle, prefetch)
-        while len(self._entries) > self._capacity:
-            old, _ = self._entries.popitem(last=False)
-            logger.debug("prefetch table full: prefetch %d can no longer be cancelled", old)
+        ident = fresh_id(self._entries.__contains__)  # unguessable: tiercache.ids
+        self._entries[ident] = _Entry(handle, prefetch, tenant)
+        own = self._by_tenant.setdefault(tenant, OrderedDict())
+        own[ident] = None
+        while len(own) > self._capacity:
+            old, _ = own.popitem(last=False)
+            del self._entries[old]
+            logger.debug("prefetch share of %r full: prefetch %d can no longer be cancelled", tenant, old)
         done = asyncio.gather(*(asyncio.wrap_future(f) for f in pending), return_exceptions=True)
-        done.add_done_callback(lambda _f: self._entries.pop(ident, None))
+        done.add_done_callback(lambda _f: self._drop(ident))
         return ident
+
+    def _drop(self, ident: int) -> _Entry | None:
+        entry = self._entries.pop(ident, None)
+        if entry is not None:
+            self._by_tenant[entry.tenant].pop(ident, None)
+        return entry
 
     def cancel(self, ident: int, handle: bytes) -> int | None:
         """Cancel the promotions of prefetch ``ident`` that have not started.
@@ -70,7 +79,7 @@ class PrefetchTable:
         entry = self._entries.get(ident)
         if entry is None or entry.handle != handle:
             return None
-        del self._entries[ident]
+        self._drop(ident)
         return entry.prefetch.cancel()
 
     def __len__(self) -> int:

@@ -2,15 +2,17 @@
 
 A handler only translates: request -> core call -> response. Everything before and around it is here. The
 decorators authenticate the call (the tenant of its bearer token), resolve the request's ``handle`` to the
-caller's namespace id — refusing a malformed handle (INVALID_ARGUMENT), one nobody registered (NOT_FOUND) and
-another tenant's (PERMISSION_DENIED) — and only then call the handler with the resolved :class:`Caller`, so
-that no handler runs for an unauthenticated call or with a handle that is not its caller's. An exception
-escaping a handler becomes the status of a tiercache error (:mod:`.status`), anything else INTERNAL; every
-RPC's latency and status code is recorded (:meth:`ServicerBase.observe`).
+caller's namespace id — refusing a malformed handle (INVALID_ARGUMENT), and one the caller did not register
+(NOT_FOUND: another tenant's handle gets the answer of one nobody registered) — and only then call the
+handler with the resolved :class:`Caller`, so that no handler runs for an unauthenticated call or with a
+handle that is not its caller's. An exception escaping a handler becomes the status of a tiercache error
+(:mod:`.status`), anything else INTERNAL; every RPC's latency and status code is recorded
+(:meth:`ServicerBase.observe`).
 
 Blocking cache calls run in the executor, never on the event loop; calls that may block for long (promotion
-waits, prefill waits) in the bounded wait executor, so that they cannot take every thread the short calls
-need.
+waits, prefill waits) in their tenant's capped wait pool, so that they cannot take every thread the short
+calls need, nor another tenant's (:mod:`.fairness`). A tenant's open response streams are capped the same
+way.
 
 Primitives:
     DataPlaneInfo: the shared-memory segment engines map.
@@ -29,7 +31,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Executor, Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NoReturn, ParamSpec, Protocol, TypeVar
 
 import grpc
@@ -41,6 +43,7 @@ from tiercache.errors import TierCacheError
 from .auth import Authenticator
 from .config import StreamConfig
 from .events import EventHub
+from .fairness import Holdings, TenantWaits
 from .fdserver import TenantPools
 from .handles import HandleInfo, HandleRegistry
 from .metrics import DaemonMetrics
@@ -92,8 +95,9 @@ class ServiceDeps:
         stream: message limits.
         lease_ttl_s: the default lease and ticket lifetime.
         clock: the manager's clock (expiry times are in its seconds).
-        wait_executor: where calls that may block for long run (promotion waits, prefill waits); None:
-            ``executor``.
+        wait_executor: where calls that may block for long run (promotion waits, prefill waits): a capped
+            pool per tenant (:mod:`.fairness`).
+        holdings: what each tenant's calls hold (streams, subscriptions), capped per tenant.
         max_ttl_s: the longest lease and ticket lifetime a request may ask for (0: not known).
         control_socket: where the unary calls are also served without gRPC (:mod:`.control`); "": nowhere.
         quotas_active: whether any tenant has quotas (a commit may then trim, and so demote: never on the loop).
@@ -109,7 +113,8 @@ class ServiceDeps:
     stream: StreamConfig
     lease_ttl_s: float
     clock: Callable[[], float] = time.monotonic
-    wait_executor: Executor | None = None
+    wait_executor: TenantWaits = field(default_factory=TenantWaits)
+    holdings: Holdings = field(default_factory=Holdings)
     max_ttl_s: float = 0.0
     control_socket: str = ""
     quotas_active: bool = False
@@ -162,8 +167,7 @@ class ServicerBase:
 
         Raises:
             InvalidArgumentError: not a handle (``handle``: wrong length).
-            NotFoundError: nobody registered it since the daemon started.
-            PermissionDeniedError: another tenant registered it.
+            NotFoundError: ``tenant`` did not register it (nobody did, or another tenant did).
         """
         return Caller(tenant, handle, self._deps.handles.check(handle, tenant))
 
@@ -176,15 +180,18 @@ class ServicerBase:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._deps.executor, functools.partial(fn, *args, **kwargs))
 
-    async def run_long(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run a call that may block for long in the wait executor and wait for it."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.long_executor, functools.partial(fn, *args, **kwargs))
+    async def run_long(self, tenant: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run a call that may block for long in the tenant's wait pool and wait for it.
 
-    @property
-    def long_executor(self) -> Executor:
-        """Where calls that may block for long run."""
-        return self._deps.wait_executor or self._deps.executor
+        Raises:
+            QuotaExceededError: the tenant has its cap of waits running (:mod:`.fairness`).
+        """
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.long_executor(tenant), functools.partial(fn, *args, **kwargs))
+
+    def long_executor(self, tenant: str) -> Executor:
+        """Where a tenant's calls that may block for long run (its submit refuses beyond the tenant's cap)."""
+        return self._deps.wait_executor.executor(tenant)
 
     def fire(self, fn: Callable[P, object], *args: P.args, **kwargs: P.kwargs) -> Future[Any]:
         """Start a blocking call in the executor without waiting; failures are logged."""
@@ -261,8 +268,11 @@ def _server_stream(
     async def handler(self: S, request: Req, context: Any) -> AsyncIterator[Resp]:
         start, code = time.perf_counter(), grpc.StatusCode.OK
         try:
-            async for item in method(self, request, who(self, request, context), context):
-                yield item
+            caller = who(self, request, context)
+            tenant = caller.tenant if isinstance(caller, Caller) else str(caller)
+            with self._deps.holdings.hold(tenant, "streams"):
+                async for item in method(self, request, caller, context):
+                    yield item
         except (asyncio.CancelledError, GeneratorExit):
             code = grpc.StatusCode.CANCELLED
             raise

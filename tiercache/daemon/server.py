@@ -17,7 +17,7 @@ the socket files are removed.
 Primitives:
     build_daemon_cache: the tiers and the cache manager of a config (through ``tiercache.cache.build_cache``).
     Daemon: ``run()`` until a signal or ``stop()``; returns the exit code.
-    DRAIN_GRACE_S, HEALTH_SERVICES, WAIT_WORKERS.
+    DRAIN_GRACE_S, HEALTH_SERVICES.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from .control import ControlServer
 from .decode import add_servicer
 from .diagnostics import DiagnosticsServicer
 from .events import EventHub
+from .fairness import Holdings, TenantWaits
 from .fdserver import TenantPools
 from .handles import HandleRegistry
 from .limits import RateLimiter
@@ -58,8 +59,6 @@ from .tls import server_credentials
 
 logger = logging.getLogger(__name__)
 
-WAIT_WORKERS = 32
-"""Threads of the executor for calls that may block for long (promotion waits, prefill waits)."""
 DRAIN_GRACE_S = 10.0
 """How long in-flight calls may take to finish once a stop is requested."""
 HEALTH_SERVICES = ("", "tiercache.v1.KVCacheService", "tiercache.v1.Diagnostics")
@@ -128,7 +127,7 @@ class Daemon:
         executor = ThreadPoolExecutor(
             max_workers=min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="tiercache-rpc"
         )
-        waits = ThreadPoolExecutor(max_workers=WAIT_WORKERS, thread_name_prefix="tiercache-wait")
+        waits = TenantWaits(self._config.fairness)  # a capped pool of wait threads per tenant
         manager: CacheManager | None = None
         try:
             built, host = await loop.run_in_executor(
@@ -153,11 +152,12 @@ class Daemon:
         manager: CacheManager,
         host: HostTier,
         executor: ThreadPoolExecutor,
-        waits: ThreadPoolExecutor,
+        waits: TenantWaits,
     ) -> None:
         assert self._stop is not None
         cfg = self._config
-        hub = EventHub(loop)
+        handles = HandleRegistry(cfg.fairness)
+        hub = EventHub(loop, scope=handles.owner if self._auth.enabled else None)  # a stream per tenant
         detach = hub.attach(manager)
         manager.set_quotas(self._quotas)
         metrics = DaemonMetrics(
@@ -168,7 +168,7 @@ class Daemon:
             manager=manager,
             executor=executor,
             auth=self._auth,
-            handles=HandleRegistry(),
+            handles=handles,
             events=hub,
             metrics=metrics,
             data_plane=DataPlaneInfo(
@@ -177,6 +177,7 @@ class Daemon:
             stream=cfg.stream,
             lease_ttl_s=cfg.cache.lease_ttl_s,
             wait_executor=waits,
+            holdings=Holdings(cfg.fairness),
             max_ttl_s=cfg.cache.max_ttl_s,
             control_socket=self._control_path(),
             quotas_active=self._quotas.active,

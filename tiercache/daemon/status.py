@@ -9,7 +9,7 @@ NotFoundError                    NOT_FOUND            unknown handle, ticket or 
 CapacityError                    RESOURCE_EXHAUSTED   no room in the shared-memory tier
 ConflictError                    FAILED_PRECONDITION  the request clashes with the current state
 UnauthenticatedError             UNAUTHENTICATED      missing, malformed or unknown bearer token
-PermissionDeniedError            PERMISSION_DENIED    another tenant's handle
+PermissionDeniedError            PERMISSION_DENIED    credentials not good enough for the call
 UnavailableError                 UNAVAILABLE          the daemon is draining or closed
 DeadlineExceededError            DEADLINE_EXCEEDED    a server-side wait ran out
 =============================== ==================== =========================================

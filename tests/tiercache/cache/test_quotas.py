@@ -147,6 +147,26 @@ def test_an_l2_quota_full_of_leased_chunks_refuses_the_store(
     assert s.put("a", s.keys(1, seed=2)) == 1  # now one of its own can go
 
 
+def test_a_promotion_counts_against_the_promoting_tenants_quota(
+    shared: type[Shared], namespace: Namespace
+) -> None:
+    """A load that promotes from L3 trims the tenant's own L2 chunks first and stops at its quota: its lease
+    cannot take the free space another tenant's share needs (see tiercache.cache.borrowing)."""
+    share = TenantQuota(l2_bytes=_slots(3, namespace))
+    s = shared(QuotaTable(default=share))
+    a_keys = s.keys(3, seed=1)
+    assert s.put("a", a_keys[:1]) == 1
+    b_keys = [k for seed in range(10, 13) for k in s.keys(3, seed=seed)]
+    for i in range(0, 9, 3):  # b: 3 chunks in L2, 6 trimmed down to L3
+        assert s.put("b", b_keys[i : i + 3]) == 3
+    lease = s.cache.acquire(s.ids["b"], b_keys[:6], L2)  # promotes from L3, as long as it takes
+    assert len(lease.chunks) == 3  # its share, its other L2 chunks trimmed for it (the old code: 5)
+    assert s.cache.stats("b").tier(L2).used_bytes <= share.l2_bytes
+    assert s.put("a", a_keys[1:]) == 2  # a, within its share, finds its room
+    assert s.in_l2("a", a_keys) == 3 and s.cache.stats("a").tier(L2).evictions == 0
+    s.cache.release(lease.lease_id)
+
+
 def test_the_l3_quota_trims_the_tenants_own_l3_chunks(shared: type[Shared], namespace: Namespace) -> None:
     cap = 4 * (HEADER_BYTES + namespace.layout.chunk_bytes)
     s = shared(QuotaTable(default=TenantQuota(l3_bytes=cap)))
@@ -169,7 +189,7 @@ def test_a_commit_does_not_trim_the_copies_its_own_write_downs_just_made(
     tenants = s.cache._tenants
     gate = threading.Event()
     s.cache._writeback._executor.submit(gate.wait)  # the worker is busy: b's write-downs queue behind
-    trim_tier = tenants._trim_tier
+    trim_tier = tenants.trim_tier
     calls = []
 
     def trim_tier_after_the_write_downs(*args: object) -> None:
@@ -179,7 +199,7 @@ def test_a_commit_does_not_trim_the_copies_its_own_write_downs_just_made(
             assert s.cache._writeback.settle(30.0)  # the worker writes b's chunks down now
         trim_tier(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(tenants, "_trim_tier", trim_tier_after_the_write_downs)
+    monkeypatch.setattr(tenants, "trim_tier", trim_tier_after_the_write_downs)
     keys = s.keys(4, seed=50)
     assert s.put("b", keys) == 4
     assert len(calls) == 2
