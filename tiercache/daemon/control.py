@@ -20,9 +20,7 @@ Primitives:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
@@ -31,7 +29,7 @@ import grpc
 from tiercache import fdpass
 from tiercache.wire.control import CALL, HELLO, MAX_METHOD_NAME, answer_frame
 
-from .listen import restrictive_umask
+from .listen import SocketFile, bind_unix_socket
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +76,7 @@ class ControlServer:
         self._mode = mode
         self.max_message_bytes = max_message_bytes
         self._server: asyncio.AbstractServer | None = None
+        self._file: SocketFile | None = None
         self._connections: set[_Connection] = set()
         self.closing = False
 
@@ -87,12 +86,9 @@ class ControlServer:
         Raises:
             OSError: the socket cannot be bound.
         """
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+        sock, self._file = bind_unix_socket(self.path, self._mode)
         loop = asyncio.get_running_loop()
-        with restrictive_umask():
-            self._server = await loop.create_unix_server(lambda: _Connection(self), path=self.path)
-        os.chmod(self.path, self._mode)
+        self._server = await loop.create_unix_server(lambda: _Connection(self), sock=sock)
         logger.info("control socket: unary calls also served on %s", self.path)
 
     async def close(self, grace_s: float) -> None:
@@ -113,8 +109,8 @@ class ControlServer:
                 task.cancel()
         for connection in list(self._connections):
             connection.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+        if self._file is not None:
+            self._file.remove()
 
     def opened(self, connection: _Connection) -> None:
         """Track a new connection."""

@@ -5,7 +5,8 @@ when configured, L2 always, L3 unless disabled; a warm L3 is re-indexed) and the
 executor, freeze the start-up objects out of the garbage collector's passes
 (:func:`~tiercache.gcpause.settle_started`: each full pass walked ~200,000 of them, a ~100 ms stall of
 whichever call it hit), register the servicers (through :mod:`.decode`: an undecodable request answers
-INVALID_ARGUMENT), start ``/metrics`` when configured, bind the unix socket (then chmod it) and/or TCP (TLS when
+INVALID_ARGUMENT), start ``/metrics`` when configured, bind the unix socket (in a directory that is the
+daemon's own, with its mode from the bind: :mod:`.listen`) and/or TCP (TLS when
 configured: :mod:`.tls`), serve the unary calls on the control socket ``<socket>.ctl`` too (:mod:`.control`,
 unless turned off), mark the health service SERVING and log ``tiercache-daemon listening on ...``.
 
@@ -50,7 +51,7 @@ from .events import EventHub
 from .fdserver import TenantPools
 from .handles import HandleRegistry
 from .limits import RateLimiter
-from .listen import SocketFile, StartupError, prepare_socket_path, restrictive_umask
+from .listen import SocketFile, StartupError, prepare_socket_path, socket_umask
 from .metrics import DaemonMetrics
 from .rpc import DataPlaneInfo, ServiceDeps
 from .servicer import KVCacheServicer
@@ -204,8 +205,6 @@ class Daemon:
             metrics.serve(cfg.metrics)
             addresses, socket_file = self._bind(server)
             await server.start()
-            if socket_file is not None:
-                socket_file.chmod(cfg.listen.socket_mode)
             if pools is not None:
                 pools.start()
             if control is not None:
@@ -259,11 +258,11 @@ class Daemon:
         socket_file = None
         if listen.socket:
             try:
-                with restrictive_umask():
+                with socket_umask(listen.socket_mode):
                     server.add_insecure_port("unix:" + listen.socket)
             except RuntimeError as exc:
                 raise StartupError(f"--socket: cannot listen on {listen.socket}: {exc}") from None
-            socket_file = SocketFile.bound(listen.socket)
+            socket_file = SocketFile.bound(listen.socket, listen.socket_mode)
             addresses.append("unix:" + listen.socket)
         if listen.tcp:
             try:
