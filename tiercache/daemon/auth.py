@@ -14,7 +14,8 @@ its RPC rate is refused here, right after its token is checked.
 Primitives:
     UnauthenticatedError: a missing, malformed or unknown token (gRPC ``UNAUTHENTICATED``).
     load_tokens: read a tokens file into a token-digest -> tenant map.
-    Authenticator: ``tenant(metadata)`` for every call (the RPC rate limit applied); ``enabled`` tells
+    Authenticator: ``tenant(metadata)`` for every call (the RPC rate limit applied); ``identify(metadata)``
+        the same without the rate limit (a connection's credentials, checked once); ``enabled`` tells
         whether tokens are checked.
 """
 
@@ -118,12 +119,17 @@ class Authenticator:
             UnauthenticatedError: authentication is on and the token is missing, malformed or unknown.
             QuotaExceededError: the tenant is over its RPC rate (``rpc_rate``).
         """
-        tenant = self._resolve(metadata)
+        tenant = self.identify(metadata)
         if self._limiter is not None:
             self._limiter.admit(tenant)
         return tenant
 
-    def _resolve(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
+    def identify(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
+        """The tenant of ``metadata``'s token, without counting a call against its rate.
+
+        Raises:
+            UnauthenticatedError: authentication is on and the token is missing, malformed or unknown.
+        """
         if self._tokens is None:
             return DEFAULT_TENANT
         values = [v for k, v in (metadata or ()) if k.lower() == METADATA_KEY]

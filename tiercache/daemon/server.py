@@ -194,7 +194,7 @@ class Daemon:
         handlers = add_servicer(server, KVCacheServicer(deps), services["KVCacheService"])
         handlers |= add_servicer(server, DiagnosticsServicer(deps), services["Diagnostics"])
         control = (
-            ControlServer(handlers, deps.control_socket, cfg.listen.socket_mode, limit)
+            ControlServer(handlers, deps.control_socket, cfg.listen.socket_mode, limit, self._auth)
             if deps.control_socket
             else None
         )
