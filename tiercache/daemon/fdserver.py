@@ -151,7 +151,7 @@ class TenantPools:
     def _serve(self) -> None:
         sock = self._sock
         assert sock is not None
-        pending: OrderedDict[int, _Pending] = OrderedDict()  # in accept order: deadline order too
+        pending: OrderedDict[socket.socket, _Pending] = OrderedDict()  # in accept order: deadline order too
         with selectors.DefaultSelector() as selector:
             selector.register(sock, selectors.EVENT_READ)
             selector.register(self._wake_r, selectors.EVENT_READ)
@@ -165,9 +165,11 @@ class TenantPools:
                             return
                         if key.fileobj is sock:
                             self._accept(sock, selector, pending)
-                        else:
-                            assert isinstance(key.fileobj, socket.socket)
-                            self._receive(key.fileobj, selector, pending)
+                        elif isinstance(key.fileobj, socket.socket):
+                            try:
+                                self._receive(key.fileobj, selector, pending)
+                            except Exception:  # one connection's failure never stops the listener
+                                logger.exception("fd socket: a request failed")
                     now = time.monotonic()
                     while pending and next(iter(pending.values())).deadline <= now:
                         _, late = pending.popitem(last=False)
@@ -183,7 +185,10 @@ class TenantPools:
                     waiting.conn.close()
 
     def _accept(
-        self, sock: socket.socket, selector: selectors.BaseSelector, pending: OrderedDict[int, _Pending]
+        self,
+        sock: socket.socket,
+        selector: selectors.BaseSelector,
+        pending: OrderedDict[socket.socket, _Pending],
     ) -> None:
         """Accept every connection waiting on the listener."""
         while True:
@@ -202,14 +207,19 @@ class TenantPools:
                 )
                 self._drop(oldest, selector)
             waiting = _Pending(conn, fdpass.peer_credentials(conn), time.monotonic() + REQUEST_DEADLINE_S)
-            pending[conn.fileno()] = waiting
+            pending[conn] = waiting
             selector.register(conn, selectors.EVENT_READ)
 
     def _receive(
-        self, conn: socket.socket, selector: selectors.BaseSelector, pending: OrderedDict[int, _Pending]
+        self,
+        conn: socket.socket,
+        selector: selectors.BaseSelector,
+        pending: OrderedDict[socket.socket, _Pending],
     ) -> None:
         """Read what a connection sent; answer it once its line is whole (or close it)."""
-        waiting = pending[conn.fileno()]
+        waiting = pending.get(conn)
+        if waiting is None:
+            return  # closed earlier in the same round of events (dropped as the oldest)
         try:
             more = conn.recv(fdpass.MAX_LINE_BYTES + 1 - len(waiting.data))
         except (BlockingIOError, InterruptedError):
@@ -220,7 +230,7 @@ class TenantPools:
         end = waiting.data.find(b"\n")
         if more and end < 0 and len(waiting.data) <= fdpass.MAX_LINE_BYTES:
             return
-        del pending[conn.fileno()]
+        del pending[conn]
         selector.unregister(conn)
         with conn:
             try:
