@@ -198,6 +198,8 @@ class TenantPools:
                 return
             except OSError as exc:
                 logger.warning("fd socket: accept failed (%s)", exc)
+                if pending:  # out of descriptors: make room, or the listener stays readable for nothing
+                    self._drop(pending.popitem(last=False)[1], selector)
                 return
             conn.setblocking(False)
             if len(pending) >= MAX_PENDING:
