@@ -43,7 +43,7 @@ TIERS: dict[str, Tier] = {
     "tests/connector/vllm": Tier.E2E,
     "tests/shared": Tier.E2E,  # daemons and caches of two hosts on a real Redis Cluster
     "tests/shared/test_faults.py": Tier.CHAOS,
-    "tests/security": Tier.INTEGRATION,  # attacks on a real daemon, tenant by tenant
+    "tests/security": Tier.INTEGRATION,  # attacks on real daemon processes, other uids through setpriv
     "tests/tenants": Tier.E2E,
     "tests/testing": Tier.INTEGRATION,  # the harness itself: real daemon and engine processes
     "tests/faults": Tier.CHAOS,

@@ -17,7 +17,8 @@ cannot reach the socket and uses the byte stream.
 Primitives:
     FdRequest: a parsed request.
     PeerCredentials / peer_credentials: who is on the other end of a unix socket.
-    read_request / send_segment / send_refusal: the daemon's side.
+    parse_request / send_segment / send_refusal: the daemon's side (it reads the line itself, without
+        blocking: :mod:`tiercache.daemon.fdserver`).
     request_segment: the engine's side (returns the segment's name and descriptor).
     MAX_LINE_BYTES: the longest request or reply line.
 """
@@ -31,6 +32,7 @@ import struct
 from dataclasses import dataclass
 
 from tiercache.errors import InvalidArgumentError, PermissionDeniedError, UnavailableError
+from tiercache.shm import is_sealed
 
 MAX_LINE_BYTES = 8192
 """The longest request or reply line (a token is short; anything longer is refused)."""
@@ -61,25 +63,14 @@ def peer_credentials(conn: socket.socket) -> PeerCredentials:
     return PeerCredentials(pid, uid, gid)
 
 
-def _read_line(conn: socket.socket) -> bytes:
-    data = b""
-    while not data.endswith(b"\n"):
-        more = conn.recv(MAX_LINE_BYTES + 1 - len(data))
-        if not more:
-            break
-        data += more
-        if len(data) > MAX_LINE_BYTES:
-            raise InvalidArgumentError("request", f"longer than {MAX_LINE_BYTES} bytes")
-    return data
-
-
-def read_request(conn: socket.socket) -> FdRequest:
-    """Read and parse one request line.
+def parse_request(line: bytes) -> FdRequest:
+    """Parse one request line (without or with its newline).
 
     Raises:
         InvalidArgumentError: naming the field, for a malformed request.
     """
-    line = _read_line(conn)
+    if len(line) > MAX_LINE_BYTES:
+        raise InvalidArgumentError("request", f"longer than {MAX_LINE_BYTES} bytes")
     try:
         msg = json.loads(line)
     except ValueError:
@@ -98,7 +89,8 @@ def read_request(conn: socket.socket) -> FdRequest:
 
 
 def send_segment(conn: socket.socket, name: str, size: int, fd: int) -> None:
-    """Grant a request: the reply line with the segment's descriptor attached."""
+    """Grant a request: the reply line with the segment's descriptor attached (a reply this short fits an
+    empty socket buffer: it does not block, nor fail with ``BlockingIOError``, on a fresh connection)."""
     line = json.dumps({"ok": True, "segment": name, "size": size}).encode() + b"\n"
     socket.send_fds(conn, [line], [fd])
 
@@ -111,10 +103,13 @@ def send_refusal(conn: socket.socket, error: str) -> None:
 def request_segment(path: str, token: str | None, grant: bytes, timeout_s: float) -> tuple[str, int]:
     """Ask the daemon at ``path`` for the segment ``grant`` names; returns (segment name, descriptor).
 
-    The caller owns the descriptor (map it, then close it).
+    The caller owns the descriptor (map it, then close it). A descriptor whose size is not sealed is refused:
+    whoever sent it could shrink it under this process's mapping (SIGBUS here); a tiercache daemon never
+    hands out such a one.
 
     Raises:
-        UnavailableError: the socket cannot be reached (another host, daemon gone) or the reply is broken.
+        UnavailableError: the socket cannot be reached (another host, daemon gone), the reply is broken, or
+            the descriptor is not a sealed segment.
         PermissionDeniedError: the daemon refused (bad token, spent or unknown grant); the message says why.
     """
     try:
@@ -137,4 +132,9 @@ def request_segment(path: str, token: str | None, grant: bytes, timeout_s: float
         for fd in fds:
             os.close(fd)
         raise PermissionDeniedError(f"fd socket {path}: {msg.get('error', 'no descriptor in the reply')}")
+    if not is_sealed(fds[0]):
+        os.close(fds[0])
+        raise UnavailableError(
+            f"fd socket {path}: the descriptor received is not a sealed segment; not mapped"
+        )
     return str(msg["segment"]), fds[0]

@@ -6,7 +6,9 @@ restarting owner can find and unlink the segments a dead owner left behind.
 
 A tenant's pool is an anonymous segment (``memfd_create``): it has no name anywhere, so no other process can
 open it; only a process the daemon hands the file descriptor to (over a unix socket, see
-:mod:`tiercache.fdpass`) can map it.
+:mod:`tiercache.fdpass`) can map it. It is sealed at creation (``F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL``):
+an engine holding the descriptor can write its bytes but can neither shrink it (which would leave the
+daemon's mapping past the end of the file: SIGBUS on the daemon's next touch) nor grow it, nor lift the seals.
 
 Python's ``multiprocessing.shared_memory`` is not used: its resource tracker unlinks segments it did not
 create when an attaching process exits, which would pull the pool out from under the daemon.
@@ -14,14 +16,16 @@ create when an attaching process exits, which would pull the pool out from under
 Primitives:
     SharedSegment.create / SharedSegment.attach: make or map a named segment; ``buffer`` is a writable
         memoryview of it; ``close`` unmaps; ``unlink`` removes the name.
-    SharedSegment.create_anonymous / SharedSegment.from_fd: make a sparse memfd segment (``fd`` is what
-        is handed out) / map one received as a file descriptor.
+    SharedSegment.create_anonymous / SharedSegment.from_fd: make a sparse sealed memfd segment (``fd`` is
+        what is handed out) / map one received as a file descriptor.
+    REQUIRED_SEALS / is_sealed: the seals every descriptor the daemon hands out carries / whether it does.
     SharedSegment.populate / SharedSegment.release: fault in / give back the pages of a byte range.
     clean_stale_segments: unlink segments of a prefix whose owner process is gone.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import mmap
 import os
@@ -35,6 +39,17 @@ logger = logging.getLogger(__name__)
 SHM_DIR = Path("/dev/shm")
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 _PAGE = mmap.PAGESIZE
+REQUIRED_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+"""Seals of a segment handed out: its size can never change again, and the seals cannot be lifted."""
+
+
+def is_sealed(fd: int) -> bool:
+    """Whether ``fd`` is a memfd whose size no holder can change (it carries every :data:`REQUIRED_SEALS`)."""
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError:
+        return False
+    return seals & REQUIRED_SEALS == REQUIRED_SEALS
 
 
 def _check_name(field: str, name: str) -> None:
@@ -61,7 +76,8 @@ class SharedSegment:
 
     @classmethod
     def create_anonymous(cls, label: str, size: int) -> SharedSegment:
-        """Create a sparse anonymous segment (``memfd_create``; no pages until touched, no name anywhere).
+        """Create a sparse, sealed anonymous segment (``memfd_create``; no pages until touched, no name
+        anywhere; its size is sealed before this returns, so before any descriptor of it can leave).
 
         Args:
             label: shown in ``/proc/<pid>/fd`` and used in logs (``name`` is ``memfd:<label>``).
@@ -73,9 +89,10 @@ class SharedSegment:
         _check_name("label", label)
         if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
             raise InvalidArgumentError("size", f"must be a positive integer, got {size!r}")
-        fd = os.memfd_create(label, os.MFD_CLOEXEC)
+        fd = os.memfd_create(label, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(fd, size)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, REQUIRED_SEALS)
             mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)

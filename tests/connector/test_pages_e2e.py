@@ -64,7 +64,9 @@ def _kv(layout: KVLayout, n_tokens: int, seed: int | None) -> ContiguousKV:
 
 def test_chunks_of_two_sizes_round_trip_through_pages(daemon_factory: Callable[..., Daemon]) -> None:
     port = _free_port()
-    daemon = daemon_factory("--page-bytes", "4K", "--l1-device", "none", "--metrics-port", str(port))
+    daemon = daemon_factory(
+        "--page-bytes", "4K", "--l1-device", "none", "--metrics-port", str(port), "--metrics-public"
+    )
     daemon.start()
     client = TierCacheClient.connect(daemon.address, config=ClientConfig(timeout_s=10.0))
     try:

@@ -55,7 +55,7 @@ def _setup(
     daemon_factory: Callable[..., Daemon], engine_mod: ModuleType, settle_after_s: float
 ) -> tuple[KVConnector, _Metrics, list[int]]:
     port = _free_port()
-    d = daemon_factory("--metrics-port", str(port))
+    d = daemon_factory("--metrics-port", str(port), "--metrics-public")
     d.start()
     config = ClientConfig(timeout_s=10.0)
     client = TierCacheClient(parse_address(d.address), config=config, settle_after_s=settle_after_s)

@@ -77,8 +77,10 @@ DAEMON_ARGS = (
     "--max-message-bytes", str(MAX_MESSAGE_BYTES),
     "--stream-chunk-bytes", str(STREAM_CHUNK_BYTES),
     "--log-level", "DEBUG",
+    "--diagnostics",
 )  # fmt: skip
-"""Options of this directory's daemons: small sizes, small messages and stream pieces, DEBUG logs."""
+"""Options of this directory's daemons: small sizes, small messages and stream pieces, DEBUG logs, and the
+Diagnostics echo service (off by default; several tests call it)."""
 
 
 def base_args(tmp: Path, prefix: str, l3: Path) -> list[str]:
@@ -99,8 +101,12 @@ def daemon_args() -> tuple[str, ...]:
 
 @pytest.fixture(scope="module")
 def shared_daemon_args() -> tuple[str, ...]:
-    """The module's shared daemon listens on TCP too and serves /metrics (both on free ports)."""
-    return ("--metrics-port", str(free_port()), "--tcp", f"127.0.0.1:{free_port()}")
+    """The module's shared daemon listens on TCP too and serves /metrics (both on free ports; no tokens, so
+    both opened explicitly)."""
+    return (
+        "--metrics-port", str(free_port()), "--metrics-public",
+        "--tcp", f"127.0.0.1:{free_port()}", "--allow-unauthenticated-tcp",
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")

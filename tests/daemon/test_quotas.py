@@ -59,7 +59,7 @@ def daemon(start_daemon: StartDaemon, tmp_path: Path) -> tuple[DaemonProc, int]:
     port = free_port()
     d = start_daemon(
         "--tokens-file", str(_tokens(tmp_path, TOKENS + QUOTAS)),
-        "--l1-device", "none", "--l2-bytes", f"{8 * SLOT // 1024}K", "--metrics-port", str(port),
+        "--l1-device", "none", "--l2-bytes", f"{8 * SLOT // 1024}K", "--metrics-port", str(port), "--metrics-public",
     )  # fmt: skip
     return d, port
 

@@ -134,7 +134,7 @@ def test_an_unreadable_certificate_stops_the_start(tmp_path: Path, pki: Pki) -> 
     args = [
         *base_args(tmp_path, "tiercache-test-badcert", tmp_path / "l3"),
         "--tcp", f"127.0.0.1:{free_port()}", "--tls-cert", str(tmp_path / "missing.pem"),
-        "--tls-key", str(pki.server_key),
+        "--tls-key", str(pki.server_key), "--allow-unauthenticated-tcp",
     ]  # fmt: skip
     out = subprocess.run(
         [sys.executable, "-m", "tiercache.daemon", *args], capture_output=True, text=True, timeout=120

@@ -85,7 +85,7 @@ class Host(DaemonProcess):
         self.l3 = root / "l3"
         self.metrics_port = free_port()
         args = ["--l2-bytes", "4M", "--slot-bytes", "64K", "--l3-path", str(self.l3), "--l3-bytes", "16M",
-                "--l1-device", "none", "--metrics-port", str(self.metrics_port), "--shared-url", shared_url,
+                "--l1-device", "none", "--metrics-port", str(self.metrics_port), "--metrics-public", "--shared-url", shared_url,
                 "--shared-timeout-s", "0.5", "--log-level", "DEBUG"]  # fmt: skip
         super().__init__(root, args, prefix=f"tc-shd-{secrets.token_hex(4)}")
 

@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 _IDLE_KEPT = 8
 """Idle connections kept for reuse; more concurrent calls open more, and close them after."""
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
+_UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED.value[0]
 
 
 class ControlCallError(grpc.RpcError):  # type: ignore[misc]  # grpc has no type stubs: RpcError is Any
@@ -99,7 +100,10 @@ class ControlSocket:
             raise ControlCallError(
                 grpc.StatusCode.UNAVAILABLE, f"control socket {self.path}: {exc}"
             ) from None
-        self._give_back(sock)
+        if code == _UNAUTHENTICATED:
+            sock.close()  # the daemon refuses the connection's token once, at its hello, and closes it
+        else:
+            self._give_back(sock)
         if code != 0:
             raise ControlCallError(_CODES.get(code, grpc.StatusCode.UNKNOWN), body.decode("utf-8", "replace"))
         return rpc.response.FromString(body)

@@ -18,7 +18,7 @@ import torch
 
 from tiercache.errors import InvalidArgumentError
 
-from .auth import load_tokens
+from .auth import load_admin_token, load_tokens
 from .config import ConfigError
 from .limits import load_quotas
 from .listen import StartupError
@@ -49,6 +49,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _configure_logging(config.log_level)
         tokens: Mapping[bytes, str] | None = None
         quotas = None
+        operator = (
+            load_admin_token(config.listen.admin_token_file) if config.listen.admin_token_file else None
+        )
         if config.listen.tokens_file:
             tokens = load_tokens(config.listen.tokens_file)
             quotas = load_quotas(config.listen.tokens_file, set(tokens.values()))
@@ -59,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
     torch.set_num_threads(config.torch_threads)
     try:
-        return asyncio.run(Daemon(config, tokens, quotas).run())
+        return asyncio.run(Daemon(config, tokens, quotas, operator).run())
     except StartupError as exc:
         logger.error("%s", exc)
         return EXIT_FAILURE

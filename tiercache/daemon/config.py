@@ -84,6 +84,9 @@ class ListenConfig:
         tcp: ``HOST:PORT``, empty for none.
         tokens_file: TOML file of bearer tokens, empty for no authentication.
         allow_plaintext_tcp: a plaintext TCP listener is accepted with a tokens file.
+        allow_unauthenticated_tcp: a TCP listener is accepted without a tokens file.
+        admin_token_file: file holding the operator's bearer token, empty for none.
+        diagnostics: serve the ``tiercache.v1.Diagnostics`` echo service.
         tls: TLS of the TCP listener (off: plaintext).
     """
 
@@ -138,6 +141,29 @@ class ListenConfig:
         "in clear text)",
         default=False,
     )
+    allow_unauthenticated_tcp: bool = option(
+        "allow_unauthenticated_tcp",
+        parse=parse_bool,
+        help="start a TCP listener without a tokens file nor mutual TLS (anyone who can reach the port then reads "
+        "and writes the cache)",
+        default=False,
+    )
+    admin_token_file: str = option(
+        "admin_token_file",
+        parse=parse_str,
+        help="file holding the operator's bearer token (one line): it opens /metrics and, with a tokens file, "
+        "cache-wide Stats; keep it mode 0600",
+        metavar="PATH",
+        default="",
+        note="no operator token",
+    )
+    diagnostics: bool = option(
+        "diagnostics",
+        parse=parse_bool,
+        help="serve the tiercache.v1.Diagnostics echo service (the baselines of tiercache-bench; it lets any "
+        "caller make the daemon send and receive bulk bytes)",
+        default=False,
+    )
     tls: TlsConfig = nested(TlsConfig)
 
 
@@ -173,6 +199,7 @@ class MetricsConfig:
     Attributes:
         port: TCP port of ``/metrics``; 0 for off.
         host: address it binds.
+        public: serve it to anyone who can reach it (else only to the operator's token).
     """
 
     port: int = option(
@@ -189,6 +216,13 @@ class MetricsConfig:
         help="address the /metrics endpoint binds",
         metavar="HOST",
         default="127.0.0.1",
+    )
+    public: bool = option(
+        "metrics_public",
+        parse=parse_bool,
+        help="serve /metrics without a token (it shows the whole cache and, with a tokens file, every tenant); "
+        "off, scrapers send 'Authorization: Bearer <token of --admin-token-file>'",
+        default=False,
     )
 
 
@@ -314,6 +348,14 @@ def _check(values: Values) -> None:
     port = values.get_int("metrics_port")
     if not 0 <= port <= 65535:
         raise ConfigError("metrics_port", f"must be in [0, 65535], got {port}")
+    if port and not values["metrics_public"] and not values.get_str("admin_token_file"):
+        raise ConfigError(
+            "metrics_public",
+            f"/metrics on port {port} shows the whole cache (with tokens, every tenant) and is the operator's: "
+            "set --admin-token-file (scrapers then send 'Authorization: Bearer <admin token>'), or "
+            "--metrics-public to serve it to anyone who can reach it",
+        )
+
     max_message, chunk = values.get_int("max_message_bytes"), values.get_int("stream_chunk_bytes")
     if max_message <= MESSAGE_OVERHEAD_BYTES:
         raise ConfigError("max_message_bytes", f"must exceed {MESSAGE_OVERHEAD_BYTES}")
@@ -353,7 +395,8 @@ def _l3_config(values: Values) -> LmdbTierConfig | None:
 
 
 def _tls_config(values: Values) -> TlsConfig:
-    """The TLS files, checked across each other and against the tokens (plaintext TCP + tokens refused)."""
+    """The TLS files, checked across each other and against the tokens (plaintext TCP + tokens refused; TCP
+    with neither tokens nor client certificates refused unless opted in)."""
     tls = build(TlsConfig, values)
     tcp = values.get_str("tcp")
     if bool(tls.cert) != bool(tls.key):
@@ -368,5 +411,16 @@ def _tls_config(values: Values) -> TlsConfig:
             "allow_plaintext_tcp",
             f"refusing a plaintext TCP listener on {tcp} with a tokens file: bearer tokens would cross "
             "the network in clear text; set --tls-cert and --tls-key, or --allow-plaintext-tcp to accept that",
+        )
+    if (
+        tcp
+        and not values.get_str("tokens_file")
+        and not tls.mutual
+        and not values["allow_unauthenticated_tcp"]
+    ):
+        raise ConfigError(
+            "allow_unauthenticated_tcp",
+            f"refusing a TCP listener on {tcp} without a tokens file (nor mutual TLS): anyone who can reach it "
+            "could read and write the cache; set --tokens-file, or --allow-unauthenticated-tcp to accept that",
         )
     return tls

@@ -8,9 +8,13 @@ every call, handle resolution, rate limits, RPC metrics, status mapping), with :
 standing in for grpc.aio's servicer context: the same request gets the same answer and the same status on
 either path. Streaming methods are not served here (UNIMPLEMENTED); engines keep gRPC for them.
 
-The socket file has the gRPC socket's mode and is made under a restrictive umask: whoever may call the
-daemon over gRPC's unix socket may call it here, nobody else. A frame longer than the daemon's gRPC message
-limit, or malformed, is answered with a status and the connection closed; the daemon carries on.
+The socket file has the gRPC socket's mode from its bind: whoever may call the daemon over gRPC's unix socket
+may call it here, nobody else. The hello's token is checked as soon as the hello is in, before any call frame
+is read: a peer without a valid token gets UNAUTHENTICATED and nothing more it sends is kept (it cannot make
+the daemon buffer a message of ``max_message_bytes``); the connection is closed a moment later. A frame
+longer than the daemon's gRPC message limit, or malformed, is answered with a status and the connection
+closed; the daemon carries on. ``SO_PEERCRED`` (the peer's pid and uid) is logged, not enforced: the socket
+file's mode says who may connect, the token which tenant it is.
 
 Primitives:
     ControlContext: a call's metadata and its abort status.
@@ -20,9 +24,7 @@ Primitives:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
@@ -31,12 +33,16 @@ import grpc
 from tiercache import fdpass
 from tiercache.wire.control import CALL, HELLO, MAX_METHOD_NAME, answer_frame
 
-from .listen import restrictive_umask
+from .auth import Authenticator, UnauthenticatedError
+from .listen import SocketFile, bind_unix_socket
 
 logger = logging.getLogger(__name__)
 
 MAX_TOKEN_BYTES = 4096
 """The longest bearer token a hello may carry."""
+REFUSED_LINGER_S = 1.0
+"""How long a connection refused at its hello stays open (its input dropped) so that its first call, already
+on its way, reads the refusal rather than a broken pipe."""
 _OK = grpc.StatusCode.OK.value[0]
 
 
@@ -64,13 +70,22 @@ class ControlContext:
 class ControlServer:
     """Serves unary calls on a unix socket with the given gRPC method handlers."""
 
-    def __init__(self, handlers: Mapping[str, Any], path: str, mode: int, max_message_bytes: int) -> None:
+    def __init__(
+        self,
+        handlers: Mapping[str, Any],
+        path: str,
+        mode: int,
+        max_message_bytes: int,
+        auth: Authenticator | None = None,
+    ) -> None:
         """Args:
         handlers: method name -> grpc method handler (only the unary-unary ones are served).
         path: the socket file (replaced when stale).
         mode: its permission bits.
         max_message_bytes: the longest request accepted (the gRPC limit).
+        auth: checks a connection's token at its hello (None: only each call's handler checks it).
         """
+        self.auth = auth
         self._handlers = {
             name: h for name, h in handlers.items() if not h.request_streaming and not h.response_streaming
         }
@@ -78,6 +93,7 @@ class ControlServer:
         self._mode = mode
         self.max_message_bytes = max_message_bytes
         self._server: asyncio.AbstractServer | None = None
+        self._file: SocketFile | None = None
         self._connections: set[_Connection] = set()
         self.closing = False
 
@@ -87,12 +103,9 @@ class ControlServer:
         Raises:
             OSError: the socket cannot be bound.
         """
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+        sock, self._file = bind_unix_socket(self.path, self._mode)
         loop = asyncio.get_running_loop()
-        with restrictive_umask():
-            self._server = await loop.create_unix_server(lambda: _Connection(self), path=self.path)
-        os.chmod(self.path, self._mode)
+        self._server = await loop.create_unix_server(lambda: _Connection(self), sock=sock)
         logger.info("control socket: unary calls also served on %s", self.path)
 
     async def close(self, grace_s: float) -> None:
@@ -113,8 +126,8 @@ class ControlServer:
                 task.cancel()
         for connection in list(self._connections):
             connection.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+        if self._file is not None:
+            self._file.remove()
 
     def opened(self, connection: _Connection) -> None:
         """Track a new connection."""
@@ -155,6 +168,7 @@ class _Connection(asyncio.Protocol):
         self._buffer = bytearray()
         self._metadata: tuple[tuple[str, str], ...] | None = None
         self._transport: asyncio.Transport | None = None
+        self._refused = False
         self.call: asyncio.Task[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -171,6 +185,8 @@ class _Connection(asyncio.Protocol):
         self._transport = None
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # refused at its hello: nothing it sends is kept
         self._buffer += data
         self._advance()
 
@@ -199,6 +215,8 @@ class _Connection(asyncio.Protocol):
             token = bytes(buf[HELLO.size : HELLO.size + size]).decode("utf-8", "replace")
             del buf[: HELLO.size + size]
             self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+            if not self._authenticated(self._metadata):
+                return
         if len(buf) < CALL.size:
             return
         size, name_len = CALL.unpack_from(buf)
@@ -215,6 +233,30 @@ class _Connection(asyncio.Protocol):
         del buf[:end]
         self._transport.pause_reading()
         self.call = asyncio.get_running_loop().create_task(self._run(method, body, self._metadata))
+
+    def _authenticated(self, metadata: tuple[tuple[str, str], ...]) -> bool:
+        """Check the hello's token; refuse the connection (UNAUTHENTICATED, input dropped) when it fails."""
+        auth = self._server.auth
+        if auth is None:
+            return True
+        try:
+            auth.identify(metadata)
+        except UnauthenticatedError as exc:
+            assert self._transport is not None
+            sock = self._transport.get_extra_info("socket")
+            peer = fdpass.peer_credentials(sock) if sock is not None else None
+            logger.warning(
+                "AUDIT control socket refused pid=%s uid=%s: %s",
+                peer.pid if peer else "?",
+                peer.uid if peer else "?",
+                exc,
+            )
+            self._refused = True
+            self._buffer.clear()
+            self._transport.write(answer_frame(grpc.StatusCode.UNAUTHENTICATED.value[0], str(exc).encode()))
+            asyncio.get_running_loop().call_later(REFUSED_LINGER_S, self.close)
+            return False
+        return True
 
     def _refusal(self, size: int, name_len: int) -> bytes | None:
         """The answer refusing a call frame that cannot be served (None: it can)."""

@@ -184,8 +184,9 @@ class NamespaceRpcs(ServicerBase):
 
     @unary_tenant
     async def Stats(self, request: pb.StatsRequest, tenant: str, context: Any) -> pb.StatsResponse:
-        """A snapshot of the cache's counters: with tenants (a tokens file), the caller's own only."""
-        own = tenant if self._deps.auth.enabled else None
+        """A snapshot of the cache's counters: with tenants (a tokens file), the caller's own only (the whole
+        cache for the operator's token)."""
+        own = None if self._deps.auth.cache_wide(tenant) else tenant
         return stats_to_proto(await self.run(self._manager.stats, own))
 
     @server_stream_tenant

@@ -10,6 +10,10 @@ per-tier and cache-wide figure a tenant's view carries (tier rates describe the 
 every tenant is shown; a tenant's ``Stats`` shows it only its own. The servicer records what only it sees:
 RPC latency per method and status code, and bytes moved per data path and direction.
 
+``/metrics`` is the operator's: it answers 401 unless the request carries ``Authorization: Bearer <the
+operator's token>`` (``admin_token_file``), or the operator opened it with ``metrics_public``; loopback is
+not the operator's on a shared host.
+
 Primitives:
     DaemonMetrics: the registry, ``observe_rpc``, ``add_bytes``, ``serve`` / ``stop`` of the HTTP endpoint.
     Figure, figures: the exported figures of a stats dataclass, derived from its fields.
@@ -20,13 +24,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import socket
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from wsgiref.simple_server import WSGIServer
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from tiercache.stats import CacheStats, PrefillStats, StatInfo, StatKind, TierStats, stat_info
@@ -85,6 +92,9 @@ _CACHE_FIGURES = figures(CacheStats)
 _PREFILL_FIGURES = figures(PrefillStats)
 _HOST_FIGURES = {"latency_s", "bytes_per_s"}
 """Per-tier figures that describe the host, not a tenant (left out of the tenant families)."""
+
+Authorize = Callable[[str], bool]
+"""Whether an HTTP ``Authorization`` header value opens ``/metrics``."""
 
 TenantSnapshots = Callable[[], tuple[Mapping[str, CacheStats], Mapping[str, int]]]
 """Each tenant's own stats, and the RPCs refused per tenant for its rate."""
@@ -192,17 +202,48 @@ class DaemonMetrics:
         if nbytes > 0:
             self._bytes.labels(path, direction).inc(nbytes)
 
-    def serve(self, config: MetricsConfig) -> int:
+    def serve(self, config: MetricsConfig, authorize: Authorize | None = None) -> int:
         """Start ``/metrics`` on a background thread when ``config.port`` is set; returns the bound port or 0.
+
+        Args:
+            config: where to listen.
+            authorize: whether a request's ``Authorization`` header opens it (None: every request does).
 
         Raises:
             OSError: the address is taken or cannot be bound.
         """
         if config.port == 0:
             return 0
-        self._server, self._thread = start_http_server(config.port, config.host, registry=self.registry)
-        port = int(self._server.server_port)
-        logger.info("metrics on http://%s:%d/metrics", config.host, port)
+        app = make_wsgi_app(self.registry)
+
+        def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+            if authorize is not None and not authorize(str(environ.get("HTTP_AUTHORIZATION", ""))):
+                headers = [("Content-Type", "text/plain"), ("WWW-Authenticate", 'Bearer realm="tiercache"')]
+                start_response("401 Unauthorized", headers)
+                return [
+                    b"/metrics is the operator's: send 'Authorization: Bearer <token of --admin-token-file>'\n"
+                ]
+            result: Iterable[bytes] = app(environ, start_response)
+            return result
+
+        server_class = type(
+            "MetricsServer",
+            (ThreadingWSGIServer,),
+            {"address_family": socket.AF_INET6 if ":" in config.host else socket.AF_INET},
+        )
+        server: WSGIServer = make_server(
+            config.host, config.port, guarded, server_class, handler_class=_Quiet
+        )
+        thread = threading.Thread(target=server.serve_forever, name="tiercache-metrics", daemon=True)
+        thread.start()
+        self._server, self._thread = server, thread
+        port = int(server.server_port)
+        logger.info(
+            "metrics on http://%s:%d/metrics (%s)",
+            config.host,
+            port,
+            "public" if authorize is None else "the operator's token required",
+        )
         return port
 
     def stop(self) -> None:
@@ -214,3 +255,10 @@ class DaemonMetrics:
             server.server_close()
         if thread is not None:
             thread.join()
+
+
+class _Quiet(WSGIRequestHandler):
+    """No access log line per scrape on stderr."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Drop it."""

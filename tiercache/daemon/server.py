@@ -5,7 +5,9 @@ when configured, L2 always, L3 unless disabled; a warm L3 is re-indexed) and the
 executor, freeze the start-up objects out of the garbage collector's passes
 (:func:`~tiercache.gcpause.settle_started`: each full pass walked ~200,000 of them, a ~100 ms stall of
 whichever call it hit), register the servicers (through :mod:`.decode`: an undecodable request answers
-INVALID_ARGUMENT), start ``/metrics`` when configured, bind the unix socket (then chmod it) and/or TCP (TLS when
+INVALID_ARGUMENT; Diagnostics only with ``--diagnostics``), start ``/metrics`` when configured (the operator's
+token required unless ``--metrics-public``), bind the unix socket (in a directory that is the
+daemon's own, with its mode from the bind: :mod:`.listen`) and/or TCP (TLS when
 configured: :mod:`.tls`), serve the unary calls on the control socket ``<socket>.ctl`` too (:mod:`.control`,
 unless turned off), mark the health service SERVING and log ``tiercache-daemon listening on ...``.
 
@@ -51,7 +53,7 @@ from .fairness import Holdings, TenantWaits
 from .fdserver import TenantPools
 from .handles import HandleRegistry
 from .limits import RateLimiter
-from .listen import SocketFile, StartupError, prepare_socket_path, restrictive_umask
+from .listen import SocketFile, StartupError, prepare_socket_path, socket_umask
 from .metrics import DaemonMetrics
 from .rpc import DataPlaneInfo, ServiceDeps
 from .servicer import KVCacheServicer
@@ -62,7 +64,7 @@ logger = logging.getLogger(__name__)
 DRAIN_GRACE_S = 10.0
 """How long in-flight calls may take to finish once a stop is requested."""
 HEALTH_SERVICES = ("", "tiercache.v1.KVCacheService", "tiercache.v1.Diagnostics")
-"""Services reported by the gRPC health service."""
+"""Services reported by the gRPC health service (Diagnostics only when served: ``--diagnostics``)."""
 
 
 def build_daemon_cache(tiers: TierConfigs, cache: CacheConfig) -> tuple[CacheManager, HostTier]:
@@ -86,14 +88,19 @@ class Daemon:
     """One daemon: serves until SIGTERM/SIGINT (or :meth:`stop`), then drains and cleans up."""
 
     def __init__(
-        self, config: DaemonConfig, tokens: Mapping[bytes, str] | None, quotas: QuotaTable | None = None
+        self,
+        config: DaemonConfig,
+        tokens: Mapping[bytes, str] | None,
+        quotas: QuotaTable | None = None,
+        operator: bytes | None = None,
     ) -> None:
         """Args: config: the validated configuration; tokens: from the tokens file, None for no auth;
-        quotas: the tenants' quotas from the same file (None: none)."""
+        quotas: the tenants' quotas from the same file (None: none); operator: the digest of the operator's
+        token (None: none)."""
         self._config = config
         self._quotas = quotas or QuotaTable()
         self._limiter = RateLimiter(self._quotas) if self._quotas.active else None
-        self._auth = Authenticator(tokens, self._limiter)
+        self._auth = Authenticator(tokens, self._limiter, operator)
         self._stop: asyncio.Event | None = None
 
     def stop(self) -> None:
@@ -192,9 +199,10 @@ class Daemon:
         )
         services = pb.DESCRIPTOR.services_by_name
         handlers = add_servicer(server, KVCacheServicer(deps), services["KVCacheService"])
-        handlers |= add_servicer(server, DiagnosticsServicer(deps), services["Diagnostics"])
+        if cfg.listen.diagnostics:
+            handlers |= add_servicer(server, DiagnosticsServicer(deps), services["Diagnostics"])
         control = (
-            ControlServer(handlers, deps.control_socket, cfg.listen.socket_mode, limit)
+            ControlServer(handlers, deps.control_socket, cfg.listen.socket_mode, limit, self._auth)
             if deps.control_socket
             else None
         )
@@ -202,16 +210,14 @@ class Daemon:
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         socket_file: SocketFile | None = None
         try:
-            metrics.serve(cfg.metrics)
+            metrics.serve(cfg.metrics, None if cfg.metrics.public else self._auth.is_operator_header)
             addresses, socket_file = self._bind(server)
             await server.start()
-            if socket_file is not None:
-                socket_file.chmod(cfg.listen.socket_mode)
             if pools is not None:
                 pools.start()
             if control is not None:
                 await control.start()
-            for service in HEALTH_SERVICES:
+            for service in HEALTH_SERVICES if cfg.listen.diagnostics else HEALTH_SERVICES[:2]:
                 await health.set(service, health_pb2.HealthCheckResponse.SERVING)
             logger.info("tiercache-daemon listening on %s", " and ".join(addresses))
             await self._stop.wait()
@@ -260,11 +266,11 @@ class Daemon:
         socket_file = None
         if listen.socket:
             try:
-                with restrictive_umask():
+                with socket_umask(listen.socket_mode):
                     server.add_insecure_port("unix:" + listen.socket)
             except RuntimeError as exc:
                 raise StartupError(f"--socket: cannot listen on {listen.socket}: {exc}") from None
-            socket_file = SocketFile.bound(listen.socket)
+            socket_file = SocketFile.bound(listen.socket, listen.socket_mode)
             addresses.append("unix:" + listen.socket)
         if listen.tcp:
             try:

@@ -91,6 +91,7 @@ class EmbeddedDaemonConfig:
             "--max-ttl-s", str(self.max_ttl_s),
             "--max-message-bytes", str(self.max_message_bytes),
             "--log-level", "WARNING",
+            "--diagnostics",  # the echo baselines the benchmarks measure against
         ]  # fmt: skip
 
 
