@@ -139,15 +139,19 @@ class ByteStreamPlane(DataPlane):
         return StoreResult(offered, result.stored * c_tokens, skipped * c_tokens, remote=True)
 
     def begin_save(self, keys: Sequence[bytes], cached: int | None = None) -> LayerwiseSave:
-        """Layers are staged in local buffers; the chunks are sent at commit (one StreamStore)."""
+        """Layers are staged in local buffers; the chunks are sent at commit (one StreamStore), but for those
+        the daemon holds by then: the commit looks the chunks after ``cached`` up first (a key names its
+        whole prefix), so that a chunk another engine stored since ``cached`` was learnt is not sent (one
+        small call instead of a chunk's bytes)."""
         layout = self.namespace.layout
         if cached is None:
             cached = self.client.lookup(self.namespace, keys).chunks
         staged = [(i, torch.empty(layout.chunk_bytes, dtype=torch.uint8)) for i in range(cached, len(keys))]
 
         def commit() -> int:
-            payloads = (buf for _, buf in staged)
-            return self.send(keys[cached:], payloads, start_depth=cached, codec=self.config.codec).stored
+            held = cached + self.client.lookup(self.namespace, keys[cached:]).chunks if staged else cached
+            payloads = (buf for i, buf in staged if i >= held)
+            return self.send(keys[held:], payloads, start_depth=held, codec=self.config.codec).stored
 
         return LayerwiseSave(
             layout, len(keys), nullcontext(staged) if staged else None, commit, lambda: None, cached, True
