@@ -108,7 +108,9 @@ class TierStats:
     )
     load_success_tokens: int = field(
         default=0,
-        metadata=counter("Tokens loaded into engines, by source tier", "load_success_tokens"),
+        metadata=counter(
+            "Tokens engines reported copied in, intact and in time, by source tier", "load_success_tokens"
+        ),
     )
     effective_hit_tokens: int = field(
         default=0,

@@ -3,18 +3,28 @@ their own), through a real daemon process and the generated stubs."""
 
 from __future__ import annotations
 
+import re
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
 import grpc
 import pytest
 
 from tests.daemon.conftest import (
     NAMESPACE,
     RPC_TIMEOUT_S,
+    TENANT_A,
+    TENANT_B,
     DaemonProc,
+    free_port,
     make_keys,
     namespace_spec,
+    new_daemon,
     payload,
     register,
     shm_store,
+    write_tokens,
 )
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.proto import tiercache_pb2_grpc as pb_grpc
@@ -97,3 +107,93 @@ def test_a_bad_settlement_names_its_field(shared_daemon: DaemonProc) -> None:
         _acquire(stub, reg.handle, make_keys(1, seed=705), bad)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "settle.effective_chunks[0].tier" in (info.value.details() or "")
+
+
+# ------------------------------------------------------------------------------------- true hit accounting
+
+
+@pytest.fixture(scope="module")
+def tenants_metrics(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DaemonProc, int]]:
+    """A daemon with tenants ``team-a`` and ``team-b`` and /metrics on a free port."""
+    tmp: Path = tmp_path_factory.mktemp("hits")
+    port = free_port()
+    tokens = write_tokens(tmp / "tokens.toml")
+    d = new_daemon(tmp, ["--tokens-file", str(tokens), "--metrics-port", str(port)])
+    try:
+        yield d.start(), port
+    finally:
+        d.cleanup()
+
+
+def _hits(stub: pb_grpc.KVCacheServiceStub, metadata: Sequence[tuple[str, str]]) -> tuple[int, int]:
+    """A tenant's own (loaded, effective) tokens from L2, from its Stats."""
+    l2 = _l2(stub.Stats(pb.StatsRequest(), timeout=RPC_TIMEOUT_S, metadata=metadata))
+    return int(l2.load_success_tokens), int(l2.effective_hit_tokens)
+
+
+def _metric(port: int, name: str, labels: str) -> float:
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=RPC_TIMEOUT_S).read().decode()
+    found = re.search(rf"^{name}{{{re.escape(labels)}}} (\S+)$", body, re.MULTILINE)
+    assert found is not None, f"{name}{{{labels}}} not in /metrics"
+    return float(found.group(1))
+
+
+def _exported(port: int) -> tuple[float, float, float, float]:
+    """/metrics: L2's loaded and effective tokens, cache-wide and team-a's."""
+    tenant = 'tenant="team-a",tier="L2"'
+    return (
+        _metric(port, "tiercache_load_success_tokens_total", 'tier="L2"'),
+        _metric(port, "tiercache_effective_hit_tokens_total", 'tier="L2"'),
+        _metric(port, "tiercache_tenant_load_success_tokens_total", tenant),
+        _metric(port, "tiercache_tenant_effective_hit_tokens_total", tenant),
+    )
+
+
+def test_a_lease_released_unused_counts_nothing_a_reported_copy_counts(
+    tenants_metrics: tuple[DaemonProc, int],
+) -> None:
+    d, port = tenants_metrics
+    stub = d.stub()
+    reg = register(stub, TENANT_A)
+    keys = make_keys(2, seed=706)
+    assert shm_store(stub, reg, keys, [payload(i, 706) for i in range(2)], TENANT_A) == 2
+
+    def acquire(settle: pb.Settlement | None = None) -> pb.AcquireLoadResponse:
+        req = pb.AcquireLoadRequest(handle=reg.handle, keys=keys, settle=settle)
+        reply: pb.AcquireLoadResponse = stub.AcquireLoad(req, timeout=RPC_TIMEOUT_S, metadata=TENANT_A)
+        assert reply.lease_id and len(reply.slots) == 2
+        return reply
+
+    # Leased, then released unused: by ReleaseLoad, and by a settlement that carries no usage.
+    first = acquire()
+    release = pb.ReleaseLoadRequest(handle=reg.handle, lease_id=first.lease_id)
+    assert stub.ReleaseLoad(release, timeout=RPC_TIMEOUT_S, metadata=TENANT_A).released
+    second = acquire()
+    third = acquire(pb.Settlement(release_lease_ids=[second.lease_id]))
+    assert _hits(stub, TENANT_A) == (0, 0)
+    assert _exported(port) == (0, 0, 0, 0)
+
+    # The engine reports its copy (tokens per source tier, not whole chunks) with the release.
+    copied = 2 * CHUNK_TOKENS - 3
+    settle = pb.Settlement(
+        release_lease_ids=[third.lease_id],
+        loaded_tokens=[pb.TierTokens(tier=pb.TIER_L2, tokens=copied)],
+        effective_tokens=[pb.TierTokens(tier=pb.TIER_L2, tokens=copied)],
+    )
+    fourth = acquire(settle)
+    assert _hits(stub, TENANT_A) == (copied, copied)
+    assert _hits(stub, TENANT_B) == (0, 0)  # another tenant's view has none of it
+    assert _exported(port) == (copied, copied, copied, copied)
+    release = pb.ReleaseLoadRequest(handle=reg.handle, lease_id=fourth.lease_id)
+    assert stub.ReleaseLoad(release, timeout=RPC_TIMEOUT_S, metadata=TENANT_A).released
+    assert _hits(stub, TENANT_A) == (copied, copied)
+
+
+def test_a_bad_loaded_tier_names_its_field(shared_daemon: DaemonProc) -> None:
+    stub = shared_daemon.stub()
+    reg = register(stub)
+    bad = pb.Settlement(loaded_tokens=[pb.TierTokens(tier=0, tokens=1)])
+    with pytest.raises(grpc.RpcError) as info:
+        _acquire(stub, reg.handle, make_keys(1, seed=707), bad)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "settle.loaded_tokens[0].tier" in (info.value.details() or "")

@@ -81,6 +81,7 @@ def test_a_chunk_stored_by_one_cache_is_a_shared_hit_of_another(
             assert torch.equal(chunk.view, payload)
     finally:
         host2.release(ticket.lease_id)
+    host2.report_usage(ns_id, {}, 0, {TierLevel.SHARED: 4 * 16})  # what the engine copied
     arrived = [(e.level, e.source) for e in events[4:] if e.kind is EventKind.STORED]
     assert arrived == [(TierLevel.L2, TierLevel.SHARED)] * 4  # the events say they came through SHARED
     stats = host2.stats()

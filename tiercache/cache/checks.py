@@ -78,13 +78,17 @@ def slot_level(tiers: Mapping[TierLevel, StorageTier], level: TierLevel | None) 
 
 
 def usage(
-    effective_by_tier: Mapping[TierLevel, int], recomputed_tokens: int, levels: Iterable[TierLevel]
+    effective_by_tier: Mapping[TierLevel, int],
+    recomputed_tokens: int,
+    levels: Iterable[TierLevel],
+    loaded_by_tier: Mapping[TierLevel, int],
 ) -> None:
     """Refuse a usage report with a negative count or a tier not in ``levels`` (InvalidArgumentError naming
-    ``recomputed_tokens`` or ``effective_by_tier``)."""
+    ``recomputed_tokens``, ``effective_by_tier`` or ``loaded_by_tier``)."""
     count(recomputed_tokens, "recomputed_tokens")
     known = set(levels)
-    for level, tokens in effective_by_tier.items():
-        if level not in known:
-            raise InvalidArgumentError("effective_by_tier", f"{level!r} is not a tier of this cache")
-        count(tokens, "effective_by_tier", "token counts must be non-negative")
+    for name, by_tier in (("effective_by_tier", effective_by_tier), ("loaded_by_tier", loaded_by_tier)):
+        for level, tokens in by_tier.items():
+            if level not in known:
+                raise InvalidArgumentError(name, f"{level!r} is not a tier of this cache")
+            count(tokens, name, "token counts must be non-negative")

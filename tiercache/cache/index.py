@@ -300,10 +300,18 @@ class Index:
             self.tokens[level].lookup_hit += chunks * count_tokens
         return LookupResult(n, MappingProxyType(by_tier)), fastest
 
-    def report_usage(self, effective_by_tier: Mapping[TierLevel, int], recomputed_tokens: int) -> None:
-        """Count what an engine did with a load: tokens it skipped (per source tier) and recomputed."""
+    def report_usage(
+        self,
+        effective_by_tier: Mapping[TierLevel, int],
+        recomputed_tokens: int,
+        loaded_by_tier: Mapping[TierLevel, int],
+    ) -> None:
+        """Count what an engine did with a load: tokens it copied intact and skipped (per source tier), and
+        recomputed."""
         for level, tokens in effective_by_tier.items():
             self.tokens[level].effective_hit += tokens
+        for level, tokens in loaded_by_tier.items():
+            self.tokens[level].load_success += tokens
         self.recomputed_tokens += recomputed_tokens
 
     def of_namespace(self, namespace_id: bytes) -> list[tuple[bytes, ChunkEntry]]:

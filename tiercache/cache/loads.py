@@ -66,7 +66,6 @@ class Loads:
         cids: Sequence[bytes],
         target: TierLevel,
         ttl: float,
-        chunk_tokens: int,
         deadline: float | None,
         background: Prefetch | None,
         check_open: Callable[[], None],
@@ -105,13 +104,9 @@ class Loads:
         except BaseException:
             self.release(lease_id)
             raise
-        if not chunks:
+        if not chunks:  # loaded tokens count when the engine reports its copy (CacheManager.report_usage)
             self.release(lease_id)
             lease_id = 0
-        else:
-            with self._lock:
-                for ch in chunks:
-                    self._index.tokens[ch.source].load_success += chunk_tokens
         return LoadTicket(lease_id, namespace_id, target, tuple(chunks), lease.expires_at)
 
     def _verified(self, cid: bytes, level: TierLevel, lease: Lease) -> bool:

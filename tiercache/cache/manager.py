@@ -2,12 +2,11 @@
 
 Chunks are filed by ``(namespace id, chunk key)``. A namespace must be registered before use. Stores are
 two-phase (begin -> the caller fills the buffers -> commit or abort); loads lease the chunks in a slot tier
-(promoting them from slower tiers first) so that they cannot be evicted while the caller copies them.
-Leases, store tickets and prefill claims have a TTL, capped by the config's ``max_ttl_s``: a caller that dies
-cannot hold space forever, and a caller cannot ask to. The work is done by the
-parts of :mod:`tiercache.cache` (namespaces, index, space, leases, mover, stores, loads, writeback,
-prefetch, listeners, claims); this module checks arguments (with :mod:`tiercache.cache.checks`), takes the lock
-where a call spans parts, and wires them together.
+(promoting them from slower tiers first) so that they cannot be evicted while the caller copies them. Leases,
+store tickets and prefill claims have a TTL, capped by the config's ``max_ttl_s``: a caller that dies cannot
+hold space forever, and a caller cannot ask to. The work is done by the parts of :mod:`tiercache.cache`
+(namespaces, index, space, leases, mover, stores, loads, writeback, prefetch, listeners, claims); this module
+checks arguments (:mod:`tiercache.cache.checks`), takes the lock where a call spans parts, and joins them.
 
 Locks, and what runs outside them:
     index lock (``CacheManager._lock``, one ``RLock`` shared by every part): guards the namespace
@@ -32,8 +31,8 @@ Locks, and what runs outside them:
 Primitives:
     CacheManager: register_namespace, lookup, begin_store / commit_store / abort_store / open_store_chunks,
         put, acquire / release, prefetch, plan_load, rates, report_usage, get, promote, demote, pin / unpin,
-        purge, claim_prefill / wait_prefill / release_prefill, subscribe, stats, set_quotas / tenants (per-tenant
-        books and quotas: :mod:`tiercache.cache.tenants`), flush, close.
+        purge, claim_prefill / wait_prefill / release_prefill, subscribe, stats, set_quotas / tenants
+        (per-tenant books and quotas: :mod:`tiercache.cache.tenants`), flush, close.
 """
 
 from __future__ import annotations
@@ -282,7 +281,7 @@ class CacheManager:
         InvalidArgumentError for a bad TTL (above ``max_ttl_s``: refused, not clamped) or wait, or a
         ``level`` that is not a slot tier.
         """
-        ns, cids = self._chain(namespace_id, keys)
+        _, cids = self._chain(namespace_id, keys)
         target = checks.slot_level(self._tiers, level)
         ttl = self._ttl(self._tenants.ttl(namespace_id, ttl_s))
         deadline = None
@@ -290,12 +289,11 @@ class CacheManager:
             wait_s = checks.seconds(wait_s, "wait_s", message="must be None or a non-negative number")
             deadline = time.monotonic() + wait_s if wait_s else 0.0
         background = self.prefetch(namespace_id, keys, target) if wait_s else None
-        chunk_tokens = ns.layout.chunk_tokens
         with self._tenants.leasing(namespace_id):
             ticket = self._loads.acquire(
-                namespace_id, keys, cids, target, ttl, chunk_tokens, deadline, background, self._check_open
+                namespace_id, keys, cids, target, ttl, deadline, background, self._check_open
             )
-            self._tenants.opened_lease(ticket, chunk_tokens)
+            self._tenants.opened_lease(ticket)
         return ticket
 
     def prefetch(
@@ -335,15 +333,18 @@ class CacheManager:
         return {level: self._rates.rate(level) for level in self._levels}
 
     def report_usage(
-        self, namespace_id: bytes, effective_by_tier: Mapping[TierLevel, int], recomputed_tokens: int
+        self,
+        namespace_id: bytes,
+        effective_by_tier: Mapping[TierLevel, int],
+        recomputed_tokens: int,
+        loaded_by_tier: Mapping[TierLevel, int],
     ) -> None:
-        """Record what the engine did with a load: prefill tokens it skipped (per source tier) and recomputed.
-        Raises InvalidArgumentError for negative counts or an unknown tier."""
+        """Count an engine's usage report (tokens copied out intact, the only count of loaded ones; see checks)."""
         self.namespace(namespace_id)
-        checks.usage(effective_by_tier, recomputed_tokens, self._index.tokens)
+        checks.usage(effective_by_tier, recomputed_tokens, self._index.tokens, loaded_by_tier)
         with self._lock:
-            self._index.report_usage(effective_by_tier, recomputed_tokens)
-            self._tenants.count_usage(namespace_id, effective_by_tier, recomputed_tokens)
+            self._index.report_usage(effective_by_tier, recomputed_tokens, loaded_by_tier)
+            self._tenants.count_usage(namespace_id, effective_by_tier, recomputed_tokens, loaded_by_tier)
 
     def release(self, lease_id: int) -> bool:
         """End a lease. Returns False when it was unknown, already released or expired."""

@@ -9,9 +9,8 @@ tenant's :class:`~tiercache.cache.quotas.TenantQuota` (the sharing rule is in :m
 and makes the tenant's own view of :meth:`CacheManager.stats`.
 
 Chunks of a namespace nobody registered since the start (a warm L3) are counted per namespace and join
-their tenant's books when the namespace is registered again.
-
-Every method runs under the cache's index lock unless it says otherwise.
+their tenant's books when the namespace is registered again. Every method runs under the cache's index lock
+unless it says otherwise.
 
 Primitives:
     WRITE_DOWN_WAIT_S: how long a store at its quota waits for write-downs holding its chunks.
@@ -362,8 +361,8 @@ class Tenants:
         ids.difference_update([i for i in ids if lookup(i) is None])
         return len(ids)
 
-    def opened_lease(self, ticket: LoadTicket, chunk_tokens: int) -> None:
-        """Book a lease the facade handed out, and its chunks as loads by source tier."""
+    def opened_lease(self, ticket: LoadTicket) -> None:
+        """Book a lease the facade handed out, and its chunks as reads by source tier (not as loaded)."""
         tenant = self._tenant.get(ticket.namespace_id)
         if tenant is None:
             return
@@ -373,7 +372,6 @@ class Tenants:
                 books.leases.add(ticket.lease_id)
             for chunk in ticket.chunks:
                 books.tiers[chunk.source].hits += 1
-                books.tiers[chunk.source].load_success_tokens += chunk_tokens
 
     def opened_ticket(self, namespace_id: bytes, ticket_id: int, cids: Sequence[bytes]) -> None:
         """Book a store ticket the facade handed out (``cids``: its chain's chunk ids)."""
@@ -418,15 +416,21 @@ class Tenants:
             tiers[level].lookup_hit_tokens += chunks * chunk_tokens
 
     def count_usage(
-        self, namespace_id: bytes, effective_by_tier: Mapping[TierLevel, int], recomputed: int
+        self,
+        namespace_id: bytes,
+        effective_by_tier: Mapping[TierLevel, int],
+        recomputed: int,
+        loaded_by_tier: Mapping[TierLevel, int],
     ) -> None:
-        """Count an engine's usage report."""
+        """Count an engine's usage report (the tenant's loaded, effective and recomputed tokens)."""
         tenant = self._tenant.get(namespace_id)
         if tenant is None:
             return
         books = self._books[tenant]
         for level, tokens in effective_by_tier.items():
             books.tiers[level].effective_hit_tokens += tokens
+        for level, tokens in loaded_by_tier.items():
+            books.tiers[level].load_success_tokens += tokens
         books.recomputed_tokens += recomputed
 
     def stats(self, tenant: str, full: CacheStats) -> CacheStats:

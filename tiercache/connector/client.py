@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
-from typing import TypeVar, cast
+from typing import TypeVar
 
 from tiercache.codec import Codec
 from tiercache.errors import InvalidArgumentError
@@ -55,7 +55,7 @@ from .results import (
     StreamStoreResult,
 )
 from .segments import SegmentMaps, SlotMapping
-from .settle import SETTLE_AFTER_S, PendingSettlements, send_alone
+from .settle import SETTLE_AFTER_S, PendingSettlements, send_alone, usage_request, usage_settlement
 
 logger = logging.getLogger(__name__)
 
@@ -336,10 +336,15 @@ class TierCacheClient:
         self._pending.release(namespace, lease_id)
 
     def defer_usage(
-        self, namespace: Namespace, effective_chunks: Mapping[TierLevel, int], recomputed_tokens: int
+        self,
+        namespace: Namespace,
+        effective_chunks: Mapping[TierLevel, int],
+        recomputed_tokens: int,
+        loaded_tokens: Mapping[TierLevel, int] | None = None,
+        effective_tokens: Mapping[TierLevel, int] | None = None,
     ) -> None:
         """:meth:`report_usage`, carried like :meth:`defer_release` (reports queued meanwhile are summed)."""
-        self._pending.usage(namespace, effective_chunks, recomputed_tokens)
+        self._pending.usage(namespace, effective_chunks, recomputed_tokens, loaded_tokens, effective_tokens)
 
     def _take_settlement(self, namespace: Namespace) -> pb.Settlement | None:
         """What a call of ``namespace`` carries; the other namespaces' queued settlements go one-way now."""
@@ -402,18 +407,16 @@ class TierCacheClient:
         effective_chunks: Mapping[TierLevel, int],
         recomputed_tokens: int,
         wait: bool = True,
+        loaded_tokens: Mapping[TierLevel, int] | None = None,
+        effective_tokens: Mapping[TierLevel, int] | None = None,
     ) -> None:
-        """Tell the daemon what a load was worth: chunks whose prefill was skipped per source tier, and
-        looked-up tokens recomputed anyway. With ``wait=False`` the report is sent without waiting for the
-        answer (off the engine's critical path; failures are logged)."""
-        counts = [
-            pb.TierCount(tier=cast(pb.Tier, int(t)), chunks=n) for t, n in effective_chunks.items() if n > 0
-        ]
+        """Tell the daemon what a load was worth (the counts: :meth:`~.settle.PendingSettlements.usage`; the
+        daemon counts loaded tokens only from these reports). With ``wait=False`` the report is sent without
+        waiting for the answer (off the engine's critical path; failures are logged)."""
+        s = usage_settlement(namespace, effective_chunks, recomputed_tokens, loaded_tokens, effective_tokens)
 
         def build(h: bytes) -> pb.ReportUsageRequest:
-            return pb.ReportUsageRequest(
-                handle=h, effective_chunks=counts, recomputed_tokens=recomputed_tokens
-            )
+            return usage_request(h, s)
 
         if wait:
             self._conn.unary(rpcs.REPORT_USAGE, namespace, build, retry=False)

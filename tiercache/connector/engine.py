@@ -188,7 +188,7 @@ class KVConnector:
         chunks, recomputed = usage_of(result, self._layout.chunk_tokens)
         if not chunks and not recomputed:
             return
-        self.client.defer_usage(self.namespace, chunks, recomputed)
+        self.client.defer_usage(self.namespace, chunks, recomputed, loaded_tokens=result.sources)
 
     def _report(self, result: LoadResult) -> None:
         if self.config.report_usage:

@@ -3,7 +3,8 @@
 Primitives:
     LoadResult: what a load brought into the engine's tensors (and from which tiers).
     StoreResult: what a store added to the cache.
-    usage_of: what a load result reports to the daemon (effective chunks per source tier, recomputed tokens).
+    usage_of: what a load result reports to the daemon (effective chunks per source tier, recomputed tokens;
+        the loaded tokens per source tier are its ``sources``).
 """
 
 from __future__ import annotations

@@ -262,8 +262,10 @@ class StreamChunk:
         data: the raw (decompressed) chunk bytes, ``chunk_bytes`` long: the buffer it was assembled in, or
             a read-only view of the received message when it came whole in one raw piece and the receiver
             lent it (see :class:`~.stream.StreamAssembler`).
+        source: the tier the chunk's bytes came from (None: the daemon did not say).
     """
 
     index: int
     key: bytes
     data: bytearray | memoryview
+    source: TierLevel | None = None

@@ -15,6 +15,8 @@ Primitives:
     PendingSettlements: ``release``, ``usage``, ``take`` (for one request), ``take_others``, ``take_all``,
         ``close``.
     send_alone: send one settlement as ReleaseLoad and ReportUsage calls of its own.
+    tier_tokens, usage_settlement, usage_request: a usage report (loaded, effective and recomputed tokens)
+        on the wire.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -44,16 +46,62 @@ class _Pending:
 
     since: float
     lease_ids: list[int] = field(default_factory=list)
-    chunks: dict[TierLevel, int] = field(default_factory=dict)
+    effective: dict[TierLevel, int] = field(default_factory=dict)  # tokens
+    loaded: dict[TierLevel, int] = field(default_factory=dict)  # tokens
     recomputed_tokens: int = 0
 
+    def add_usage(
+        self,
+        namespace: Namespace,
+        chunks: Mapping[TierLevel, int],
+        recomputed_tokens: int,
+        loaded_tokens: Mapping[TierLevel, int] | None,
+        effective_tokens: Mapping[TierLevel, int] | None,
+    ) -> None:
+        _add(self.effective, chunks, namespace.layout.chunk_tokens)
+        _add(self.effective, effective_tokens or {})
+        _add(self.loaded, loaded_tokens or {})
+        self.recomputed_tokens += recomputed_tokens
+
     def message(self) -> pb.Settlement:
-        counts = [pb.TierCount(tier=TIERS.to_proto(t), chunks=n) for t, n in sorted(self.chunks.items()) if n]
         return pb.Settlement(
             release_lease_ids=self.lease_ids,
-            effective_chunks=counts,
+            effective_tokens=tier_tokens(self.effective),
+            loaded_tokens=tier_tokens(self.loaded),
             recomputed_tokens=self.recomputed_tokens,
         )
+
+
+def tier_tokens(tokens: Mapping[TierLevel, int]) -> list[pb.TierTokens]:
+    """Token counts per tier on the wire (tiers in order, zeros left out)."""
+    return [pb.TierTokens(tier=TIERS.to_proto(t), tokens=n) for t, n in sorted(tokens.items()) if n > 0]
+
+
+def usage_settlement(
+    namespace: Namespace,
+    chunks: Mapping[TierLevel, int],
+    recomputed_tokens: int,
+    loaded_tokens: Mapping[TierLevel, int] | None = None,
+    effective_tokens: Mapping[TierLevel, int] | None = None,
+) -> pb.Settlement:
+    """A usage report (see :meth:`PendingSettlements.usage`) as a settlement that releases nothing."""
+    entry = _Pending(0.0)
+    entry.add_usage(namespace, chunks, recomputed_tokens, loaded_tokens, effective_tokens)
+    return entry.message()
+
+
+def usage_request(handle: bytes, settlement: pb.Settlement) -> pb.ReportUsageRequest:
+    """The usage of ``settlement`` as a ReportUsage call of its own (its releases left out)."""
+    request = pb.ReportUsageRequest(handle=handle, recomputed_tokens=settlement.recomputed_tokens)
+    request.loaded_tokens.extend(settlement.loaded_tokens)
+    request.effective_tokens.extend(settlement.effective_tokens)
+    request.effective_chunks.extend(settlement.effective_chunks)
+    return request
+
+
+def _add(into: dict[TierLevel, int], tokens: Mapping[TierLevel, int], scale: int = 1) -> None:
+    for tier, n in tokens.items():
+        into[tier] = into.get(tier, 0) + n * scale
 
 
 class PendingSettlements:
@@ -85,14 +133,21 @@ class PendingSettlements:
         with self._cond:
             self._entry(namespace).lease_ids.append(lease_id)
 
-    def usage(self, namespace: Namespace, chunks: Mapping[TierLevel, int], recomputed_tokens: int) -> None:
-        """Queue a usage report: chunks whose prefill was skipped per source tier, tokens recomputed anyway
-        (added to what is queued already)."""
+    def usage(
+        self,
+        namespace: Namespace,
+        chunks: Mapping[TierLevel, int],
+        recomputed_tokens: int,
+        loaded_tokens: Mapping[TierLevel, int] | None = None,
+        effective_tokens: Mapping[TierLevel, int] | None = None,
+    ) -> None:
+        """Queue a usage report (added to what is queued already): whole chunks whose prefill was skipped per
+        source tier (``chunks``) and further such tokens (``effective_tokens``), tokens recomputed anyway,
+        and tokens copied out of the cache intact and in time per source tier (``loaded_tokens``)."""
         with self._cond:
-            entry = self._entry(namespace)
-            for tier, n in chunks.items():
-                entry.chunks[tier] = entry.chunks.get(tier, 0) + n
-            entry.recomputed_tokens += recomputed_tokens
+            self._entry(namespace).add_usage(
+                namespace, chunks, recomputed_tokens, loaded_tokens, effective_tokens
+            )
 
     def take(self, namespace: Namespace) -> pb.Settlement | None:
         """The namespace's settlement for the request about to be sent (None when nothing is queued)."""
@@ -170,7 +225,13 @@ class _Sender(Protocol):
         effective_chunks: Mapping[TierLevel, int],
         recomputed_tokens: int,
         wait: bool = True,
+        loaded_tokens: Mapping[TierLevel, int] | None = None,
+        effective_tokens: Mapping[TierLevel, int] | None = None,
     ) -> None: ...
+
+
+def _tokens(counts: Iterable[pb.TierTokens]) -> dict[TierLevel, int]:
+    return {TIERS.from_proto(int(c.tier), "tier"): int(c.tokens) for c in counts}
 
 
 def send_alone(client: _Sender, namespace: Namespace, message: pb.Settlement, wait: bool) -> None:
@@ -179,13 +240,21 @@ def send_alone(client: _Sender, namespace: Namespace, message: pb.Settlement, wa
     Daemon trouble is logged, never raised: the leases then lapse at their TTL.
     """
     counts = {TIERS.from_proto(int(c.tier), "tier"): int(c.chunks) for c in message.effective_chunks}
+    loaded, effective = _tokens(message.loaded_tokens), _tokens(message.effective_tokens)
     try:
         for lease_id in message.release_lease_ids:
             if wait:
                 client.release_load(namespace, lease_id)
             else:
                 client.release_load_nowait(namespace, lease_id)
-        if counts or message.recomputed_tokens:
-            client.report_usage(namespace, counts, int(message.recomputed_tokens), wait=wait)
+        if counts or loaded or effective or message.recomputed_tokens:
+            client.report_usage(
+                namespace,
+                counts,
+                int(message.recomputed_tokens),
+                wait=wait,
+                loaded_tokens=loaded,
+                effective_tokens=effective,
+            )
     except TierCacheError as exc:
         logger.info("settling deferred releases and usage failed (%s); leases lapse at their TTL", exc)

@@ -34,7 +34,8 @@ import torch
 from tiercache.codec import Codec
 from tiercache.errors import InvalidArgumentError, TierCacheError
 from tiercache.proto import tiercache_pb2 as pb
-from tiercache.wire import CODECS
+from tiercache.tiers.base import TierLevel
+from tiercache.wire import CODECS, TIERS
 from tiercache.wire.framing import BytesLike, Framed
 from tiercache.wire.pieces import PieceDecoder, PieceEncoder, cut_parts, piece_header, piece_spans
 
@@ -167,6 +168,7 @@ class StreamPiece:
             message alive), else the decompressed bytes.
         in_message: ``data`` is a view into the received message (a raw piece), not decoded bytes.
         last: the chunk's last piece: with it, the chunk's pieces covered exactly ``chunk_bytes``.
+        source: the tier the chunk's bytes came from (None: the daemon did not say).
     """
 
     index: int
@@ -175,6 +177,7 @@ class StreamPiece:
     data: BytesLike
     in_message: bool
     last: bool
+    source: TierLevel | None = None
 
 
 class PieceReader:
@@ -235,7 +238,8 @@ class PieceReader:
         if msg.last:
             self._open = False
             self._next_index += 1
-        return StreamPiece(msg.index, self._keys[msg.index], start, raw, codec is Codec.RAW, msg.last)
+        source = TIERS.lookup(msg.source)
+        return StreamPiece(msg.index, self._keys[msg.index], start, raw, codec is Codec.RAW, msg.last, source)
 
     def _check_chunk(self, msg: pb.StreamLoadMessage) -> None:
         """The message's chunk size and key (when it names them) are the request's."""
@@ -305,7 +309,7 @@ class StreamAssembler:
         got = self._reader.feed(piece)
         if self._buffer is None:
             if self._lend and got.in_message and got.last and got.offset == 0:
-                return StreamChunk(got.index, got.key, memoryview(got.data).toreadonly())
+                return StreamChunk(got.index, got.key, memoryview(got.data).toreadonly(), got.source)
             self._buffer = self._new_buffer()
         stop = got.offset + memoryview(got.data).nbytes
         # numpy copies without holding the GIL (gRPC's receiving thread runs meanwhile)
@@ -314,7 +318,7 @@ class StreamAssembler:
         )
         if not got.last:
             return None
-        chunk = StreamChunk(got.index, got.key, self._buffer)
+        chunk = StreamChunk(got.index, got.key, self._buffer, got.source)
         if self._reuse:
             self._spare = self._buffer
         self._buffer = None

@@ -20,12 +20,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import nullcontext
+from types import MappingProxyType
 
 import torch
 
 from tiercache.codec import Codec
 from tiercache.layout import KVLayout
 from tiercache.proto import tiercache_pb2 as pb
+from tiercache.tiers.base import TierLevel
 from tiercache.wire.framing import Framed
 
 from .copier import ChunkCopier, PieceCopier, staged_chunks
@@ -60,16 +62,40 @@ class ByteStreamPlane(DataPlane):
     def load(self, keys: Sequence[bytes], kv: EngineKV, policy: WirePolicy, prompt_tokens: int) -> LoadResult:
         layout = self.namespace.layout
         parts = chunk_parts(layout, kv)
+        sources: dict[TierLevel, int] = {}
+
+        def tally(source: TierLevel | None) -> None:  # a whole chunk, by the tier it came from
+            if source is not None:
+                sources[source] = sources.get(source, 0) + layout.chunk_tokens
+
         if parts is not None and layout.chunk_bytes > self._message_limit():
             # chunks in several pieces, into contiguous CPU tensors: each piece straight into them (a chunk
             # in one message is lent whole to the ChunkCopier: one copy too, and fewer, larger copies)
             with PieceCopier(parts, layout.chunk_bytes) as pieces:
-                loaded = self.receive_pieces(keys, pieces.submit)
+
+                def piece(p: StreamPiece) -> None:
+                    pieces.submit(p)
+                    if p.last:
+                        tally(p.source)
+
+                loaded = self.receive_pieces(keys, piece)
         else:
             with ChunkCopier(layout, kv) as copier:
-                loaded = self.receive(keys, copier.submit, buffers=copier.buffer, lend=True)
+
+                def chunk(c: StreamChunk) -> None:
+                    copier.submit(c)
+                    tally(c.source)
+
+                loaded = self.receive(keys, chunk, buffers=copier.buffer, lend=True)
         hit = loaded * layout.chunk_tokens
-        return LoadResult(len(keys) * layout.chunk_tokens, hit, hit, remote=True, tokens_cached=hit)
+        return LoadResult(
+            len(keys) * layout.chunk_tokens,
+            hit,
+            hit,
+            remote=True,
+            tokens_cached=hit,
+            sources=MappingProxyType(sources),
+        )
 
     def load_layerwise(
         self,
@@ -83,7 +109,18 @@ class ByteStreamPlane(DataPlane):
         chunks: list[StreamChunk] = []
         self.receive(keys, chunks.append, reuse_buffer=False)
         hit = len(chunks) * layout.chunk_tokens
-        planned = LoadResult(len(keys) * layout.chunk_tokens, hit, hit, remote=True, tokens_cached=hit)
+        sources: dict[TierLevel, int] = {}
+        for c in chunks:
+            if c.source is not None:
+                sources[c.source] = sources.get(c.source, 0) + layout.chunk_tokens
+        planned = LoadResult(
+            len(keys) * layout.chunk_tokens,
+            hit,
+            hit,
+            remote=True,
+            tokens_cached=hit,
+            sources=MappingProxyType(sources),
+        )
         views = [(c.index, torch.frombuffer(c.data, dtype=torch.uint8)) for c in chunks]
         return LayerwiseLoad.unleased(layout, kv, planned, on_result, nullcontext(views) if views else None)
 
@@ -102,15 +139,19 @@ class ByteStreamPlane(DataPlane):
         return StoreResult(offered, result.stored * c_tokens, skipped * c_tokens, remote=True)
 
     def begin_save(self, keys: Sequence[bytes], cached: int | None = None) -> LayerwiseSave:
-        """Layers are staged in local buffers; the chunks are sent at commit (one StreamStore)."""
+        """Layers are staged in local buffers; the chunks are sent at commit (one StreamStore), but for those
+        the daemon holds by then: the commit looks the chunks after ``cached`` up first (a key names its
+        whole prefix), so that a chunk another engine stored since ``cached`` was learnt is not sent (one
+        small call instead of a chunk's bytes)."""
         layout = self.namespace.layout
         if cached is None:
             cached = self.client.lookup(self.namespace, keys).chunks
         staged = [(i, torch.empty(layout.chunk_bytes, dtype=torch.uint8)) for i in range(cached, len(keys))]
 
         def commit() -> int:
-            payloads = (buf for _, buf in staged)
-            return self.send(keys[cached:], payloads, start_depth=cached, codec=self.config.codec).stored
+            held = cached + self.client.lookup(self.namespace, keys[cached:]).chunks if staged else cached
+            payloads = (buf for i, buf in staged if i >= held)
+            return self.send(keys[held:], payloads, start_depth=held, codec=self.config.codec).stored
 
         return LayerwiseSave(
             layout, len(keys), nullcontext(staged) if staged else None, commit, lambda: None, cached, True

@@ -147,6 +147,58 @@ def usage_from_proto(
     return tokens
 
 
+def tokens_from_proto(
+    counts: Sequence[pb.TierTokens], field: str, into: Mapping[TierLevel, int] | None = None
+) -> Mapping[TierLevel, int]:
+    """Tokens per tier of a usage report's token counts (a tier named twice is summed), added to ``into``.
+
+    Raises:
+        InvalidArgumentError: an unknown tier, e.g. ``loaded_tokens[1].tier``.
+    """
+    tokens = dict(into or {})
+    for i, count in enumerate(counts):
+        level = TIERS.from_proto(int(count.tier), f"{field}[{i}].tier")
+        tokens[level] = tokens.get(level, 0) + int(count.tokens)
+    return tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """A usage report (ReportUsageRequest's or a Settlement's fields), in tokens per source tier.
+
+    Attributes:
+        effective: tokens whose prefill the engine skipped (whole chunks and token counts together).
+        loaded: tokens the engine copied out of the cache intact and in time.
+        recomputed_tokens: looked-up tokens the engine computed anyway.
+    """
+
+    effective: Mapping[TierLevel, int]
+    loaded: Mapping[TierLevel, int]
+    recomputed_tokens: int
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to count."""
+        return (
+            not self.recomputed_tokens and not any(self.effective.values()) and not any(self.loaded.values())
+        )
+
+
+def usage_report_from_proto(
+    msg: pb.ReportUsageRequest | pb.Settlement, chunk_tokens: int, prefix: str = ""
+) -> Usage:
+    """The usage a ReportUsageRequest or a Settlement carries (``prefix`` names the message in errors, e.g.
+    ``settle.``).
+
+    Raises:
+        InvalidArgumentError: an unknown tier (naming its field, e.g. ``settle.loaded_tokens[0].tier``).
+    """
+    effective = usage_from_proto(msg.effective_chunks, chunk_tokens, f"{prefix}effective_chunks")
+    effective = tokens_from_proto(msg.effective_tokens, f"{prefix}effective_tokens", effective)
+    loaded = tokens_from_proto(msg.loaded_tokens, f"{prefix}loaded_tokens")
+    return Usage(effective, loaded, int(msg.recomputed_tokens))
+
+
 def lookup_to_proto(result: LookupResult, prefetch_id: int = 0) -> pb.LookupResponse:
     """A LookupResponse: the contiguous prefix in any tier and per tier (and the prefetch started).
 

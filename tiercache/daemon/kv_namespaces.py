@@ -154,10 +154,15 @@ class NamespaceRpcs(ServicerBase):
     async def ReportUsage(
         self, request: pb.ReportUsageRequest, caller: Caller, context: Any
     ) -> pb.ReportUsageResponse:
-        """Count what an engine did with a load: tokens it skipped per source tier, and recomputed."""
-        effective = convert.usage_from_proto(request.effective_chunks, caller.info.chunk_tokens)
+        """Count what an engine did with a load: tokens it copied and skipped per source tier, and
+        recomputed."""
+        usage = convert.usage_report_from_proto(request, caller.info.chunk_tokens)
         await self.run(
-            self._manager.report_usage, caller.namespace_id, effective, int(request.recomputed_tokens)
+            self._manager.report_usage,
+            caller.namespace_id,
+            usage.effective,
+            usage.recomputed_tokens,
+            usage.loaded,
         )
         return pb.ReportUsageResponse()
 

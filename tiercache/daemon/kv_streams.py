@@ -207,7 +207,7 @@ class StreamRpcs(ServicerBase):
         try:
             for chunk in ticket.chunks:
                 for start, stop in piece_spans(chunk_bytes, piece_bytes):
-                    piece = (chunk.key, chunk.index, chunk.view, start, stop, chunk_bytes)
+                    piece = (chunk.key, chunk.index, chunk.view, start, stop, chunk_bytes, chunk.source)
                     if zstd and stop - start > INLINE_BYTES:
                         yield await self.run(load_piece, encoder, *piece)
                     else:

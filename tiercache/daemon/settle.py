@@ -7,6 +7,9 @@ on the event loop (:func:`taken`), then the executor job that does the call's ow
 (:func:`apply`): the leases end (as ReleaseLoad), so that they count neither for the tenant's lease quota
 nor against eviction when this call reserves, and the usage is recorded (as ReportUsage).
 
+Loaded tokens are counted only from the usage an engine reports (what it copied out intact and in time): a
+lease that ends here counts nothing by itself, so a lease released unused moves no hit counter.
+
 Primitives:
     Settled: a checked settlement of one handle (lease ids it owned, usage in tokens per tier).
     taken: check a request's settlement and take its leases out of the handle's claims (event loop).
@@ -15,12 +18,10 @@ Primitives:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tiercache.cache import CacheManager
 from tiercache.proto import tiercache_pb2 as pb
-from tiercache.tiers.base import TierLevel
 
 from . import convert
 from .handles import Claims
@@ -33,35 +34,35 @@ class Settled:
     Attributes:
         handle: the caller's namespace id.
         lease_ids: live leases of the handle to end (ids it did not own are left out).
-        effective: tokens whose prefill the engine skipped, per source tier.
-        recomputed_tokens: looked-up tokens the engine computed anyway.
+        usage: the engine's usage report (loaded, effective and recomputed tokens).
     """
 
     handle: bytes
     lease_ids: tuple[int, ...]
-    effective: Mapping[TierLevel, int]
-    recomputed_tokens: int
+    usage: convert.Usage
 
     @property
     def empty(self) -> bool:
         """Nothing to do."""
-        return not self.lease_ids and not self.recomputed_tokens and not any(self.effective.values())
+        return not self.lease_ids and self.usage.empty
 
 
 def taken(claims: Claims, settle: pb.Settlement, handle: bytes, chunk_tokens: int) -> Settled:
     """Check ``settle`` and take the leases it names that ``handle`` owns out of ``claims`` (event loop).
 
     Raises:
-        InvalidArgumentError: an unknown tier (``settle.effective_chunks[i].tier``).
+        InvalidArgumentError: an unknown tier (``settle.effective_chunks[i].tier``, ``settle.loaded_tokens[i].tier``,
+            ...).
     """
-    effective = convert.usage_from_proto(settle.effective_chunks, chunk_tokens, "settle.effective_chunks")
+    usage = convert.usage_report_from_proto(settle, chunk_tokens, "settle.")
     ids = tuple(int(i) for i in settle.release_lease_ids if claims.take(int(i), handle))
-    return Settled(handle, ids, effective, int(settle.recomputed_tokens))
+    return Settled(handle, ids, usage)
 
 
 def apply(manager: CacheManager, settled: Settled) -> None:
     """End the settled leases and record the usage (blocking: run it in the executor)."""
     for lease_id in settled.lease_ids:
         manager.release(lease_id)
-    if settled.recomputed_tokens or any(settled.effective.values()):
-        manager.report_usage(settled.handle, settled.effective, settled.recomputed_tokens)
+    usage = settled.usage
+    if not usage.empty:
+        manager.report_usage(settled.handle, usage.effective, usage.recomputed_tokens, usage.loaded)

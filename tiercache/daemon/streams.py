@@ -30,7 +30,8 @@ import torch
 from tiercache.codec import Codec
 from tiercache.errors import InvalidArgumentError
 from tiercache.proto import tiercache_pb2 as pb
-from tiercache.wire import CODECS
+from tiercache.tiers.base import TierLevel
+from tiercache.wire import CODECS, tier_to_proto
 from tiercache.wire.framing import BytesLike, Framed, split
 from tiercache.wire.pieces import PieceDecoder, PieceEncoder, piece_header
 
@@ -197,14 +198,17 @@ def load_piece(
     start: int,
     stop: int,
     chunk_bytes: int,
+    source: TierLevel,
 ) -> Framed[pb.StreamLoadMessage]:
     """The piece ``[start, stop)`` of the ``chunk_bytes`` chunk ``index`` (its bytes ``view``: a leased 1-D
-    uint8 CPU view).
+    uint8 CPU view, brought from ``source``, which the piece names so that the engine can report what it
+    loaded from where).
 
     A raw piece's data is a view of ``view``, valid while the lease is held: write it before releasing.
     """
     piece = encoder.encode([view[start:stop].numpy().data])
     header = piece_header(pb.StreamLoadMessage, key, index, start, stop, chunk_bytes, piece.codec)
+    header.source = tier_to_proto(source)
     return Framed(header, piece.data)
 
 

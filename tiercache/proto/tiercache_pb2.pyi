@@ -175,6 +175,14 @@ class TierCount(_message.Message):
     chunks: int
     def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., chunks: _Optional[int] = ...) -> None: ...
 
+class TierTokens(_message.Message):
+    __slots__ = ("tier", "tokens")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tier: Tier
+    tokens: int
+    def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., tokens: _Optional[int] = ...) -> None: ...
+
 class LookupRequest(_message.Message):
     __slots__ = ("handle", "keys", "prefetch", "packed_keys")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
@@ -510,28 +518,36 @@ class ReleasePrefillResponse(_message.Message):
     def __init__(self, released: _Optional[int] = ...) -> None: ...
 
 class ReportUsageRequest(_message.Message):
-    __slots__ = ("handle", "effective_chunks", "recomputed_tokens")
+    __slots__ = ("handle", "effective_chunks", "recomputed_tokens", "loaded_tokens", "effective_tokens")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     EFFECTIVE_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     RECOMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOADED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    EFFECTIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     handle: bytes
     effective_chunks: _containers.RepeatedCompositeFieldContainer[TierCount]
     recomputed_tokens: int
-    def __init__(self, handle: _Optional[bytes] = ..., effective_chunks: _Optional[_Iterable[_Union[TierCount, _Mapping]]] = ..., recomputed_tokens: _Optional[int] = ...) -> None: ...
+    loaded_tokens: _containers.RepeatedCompositeFieldContainer[TierTokens]
+    effective_tokens: _containers.RepeatedCompositeFieldContainer[TierTokens]
+    def __init__(self, handle: _Optional[bytes] = ..., effective_chunks: _Optional[_Iterable[_Union[TierCount, _Mapping]]] = ..., recomputed_tokens: _Optional[int] = ..., loaded_tokens: _Optional[_Iterable[_Union[TierTokens, _Mapping]]] = ..., effective_tokens: _Optional[_Iterable[_Union[TierTokens, _Mapping]]] = ...) -> None: ...
 
 class ReportUsageResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class Settlement(_message.Message):
-    __slots__ = ("release_lease_ids", "effective_chunks", "recomputed_tokens")
+    __slots__ = ("release_lease_ids", "effective_chunks", "recomputed_tokens", "loaded_tokens", "effective_tokens")
     RELEASE_LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
     EFFECTIVE_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     RECOMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOADED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    EFFECTIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     release_lease_ids: _containers.RepeatedScalarFieldContainer[int]
     effective_chunks: _containers.RepeatedCompositeFieldContainer[TierCount]
     recomputed_tokens: int
-    def __init__(self, release_lease_ids: _Optional[_Iterable[int]] = ..., effective_chunks: _Optional[_Iterable[_Union[TierCount, _Mapping]]] = ..., recomputed_tokens: _Optional[int] = ...) -> None: ...
+    loaded_tokens: _containers.RepeatedCompositeFieldContainer[TierTokens]
+    effective_tokens: _containers.RepeatedCompositeFieldContainer[TierTokens]
+    def __init__(self, release_lease_ids: _Optional[_Iterable[int]] = ..., effective_chunks: _Optional[_Iterable[_Union[TierCount, _Mapping]]] = ..., recomputed_tokens: _Optional[int] = ..., loaded_tokens: _Optional[_Iterable[_Union[TierTokens, _Mapping]]] = ..., effective_tokens: _Optional[_Iterable[_Union[TierTokens, _Mapping]]] = ...) -> None: ...
 
 class WatchEventsRequest(_message.Message):
     __slots__ = ("after_sequence", "epoch")
@@ -618,7 +634,7 @@ class StreamLoadRequest(_message.Message):
     def __init__(self, handle: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., codec: _Optional[_Union[Codec, str]] = ..., max_message_bytes: _Optional[int] = ...) -> None: ...
 
 class StreamLoadMessage(_message.Message):
-    __slots__ = ("index", "key", "offset", "data", "codec", "last", "chunk_bytes")
+    __slots__ = ("index", "key", "offset", "data", "codec", "last", "chunk_bytes", "source")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -626,6 +642,7 @@ class StreamLoadMessage(_message.Message):
     CODEC_FIELD_NUMBER: _ClassVar[int]
     LAST_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
     index: int
     key: bytes
     offset: int
@@ -633,7 +650,8 @@ class StreamLoadMessage(_message.Message):
     codec: Codec
     last: bool
     chunk_bytes: int
-    def __init__(self, index: _Optional[int] = ..., key: _Optional[bytes] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., codec: _Optional[_Union[Codec, str]] = ..., last: _Optional[bool] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
+    source: Tier
+    def __init__(self, index: _Optional[int] = ..., key: _Optional[bytes] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., codec: _Optional[_Union[Codec, str]] = ..., last: _Optional[bool] = ..., chunk_bytes: _Optional[int] = ..., source: _Optional[_Union[Tier, str]] = ...) -> None: ...
 
 class EchoMessage(_message.Message):
     __slots__ = ("data",)

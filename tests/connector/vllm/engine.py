@@ -16,6 +16,9 @@ on stdin, the result as its one message; vLLM logs to stdout too). Params:
         token) while the gate holds its commit, step the engine twice, open the gate, step until vLLM frees
         the request; the figures seen on the way go to the output's ``held``.
     max_tokens, block_size, max_num_batched_tokens: engine options.
+    metrics: collect vLLM's own stats; the result's ``prefix_cache`` holds its prefix-cache counters
+        (``vllm:prefix_cache_hits``: tokens from its own cache, ``vllm:external_prefix_cache_hits``: from
+        the connector, ...) after the batches.
 The result: ``{"batches": [[{"tokens": [...], "cached": n}, ...], ...], "open_saves": n}``.
 """
 
@@ -115,6 +118,8 @@ def main() -> None:
     options: dict[str, Any] = {}
     if p.get("max_num_batched_tokens"):
         options["max_num_batched_tokens"] = p["max_num_batched_tokens"]
+    if p.get("metrics"):
+        options["disable_log_stats"] = False
     if any(r.get("lora") for batch in p.get("batches", []) for r in batch):
         options.update(enable_lora=True, max_lora_rank=8, max_loras=1)
     llm = LLM(
@@ -157,6 +162,11 @@ def main() -> None:
         )
         if i == 0 and p.get("kill_pid"):
             _kill(int(p["kill_pid"]))
+    if p.get("metrics"):
+        from vllm.v1.metrics.reader import Counter
+
+        counters = [m for m in llm.get_metrics() if isinstance(m, Counter) and "prefix_cache" in m.name]
+        out["prefix_cache"] = {m.name: sum(c.value for c in counters if c.name == m.name) for m in counters}
     say(out)
 
 

@@ -307,11 +307,16 @@ def test_token_weighted_counters(setup: Setup, namespace: Namespace) -> None:
     assert setup.cache.lookup(setup.ns, keys + setup.keys[5:6], count=True).chunks == 3
     ticket = setup.cache.acquire(setup.ns, keys[:2], level=L2)
     setup.cache.release(ticket.lease_id)
-    setup.cache.report_usage(setup.ns, {L2: tokens, L3: tokens}, recomputed_tokens=2 * tokens)
+    unused = setup.cache.stats()  # a lease released without a report of its copy counts nothing loaded
+    assert (unused.tier(L2).load_success_tokens, unused.tier(L3).load_success_tokens) == (0, 0)
+    both = {L2: tokens, L3: tokens}
+    setup.cache.report_usage(setup.ns, both, 2 * tokens, both)
     stats = setup.cache.stats()
     assert (stats.tier(L2).lookup_hit_tokens, stats.tier(L3).lookup_hit_tokens) == (tokens, 2 * tokens)
     assert (stats.tier(L2).load_success_tokens, stats.tier(L3).load_success_tokens) == (tokens, tokens)
     assert (stats.tier(L2).effective_hit_tokens, stats.tier(L3).effective_hit_tokens) == (tokens, tokens)
     assert stats.recomputed_tokens == 2 * tokens
     with pytest.raises(InvalidArgumentError, match="recomputed_tokens"):
-        setup.cache.report_usage(setup.ns, {}, recomputed_tokens=-1)
+        setup.cache.report_usage(setup.ns, {}, -1, {})
+    with pytest.raises(InvalidArgumentError, match="loaded_by_tier"):
+        setup.cache.report_usage(setup.ns, {}, 0, {L2: -1})

@@ -170,7 +170,7 @@ def _serve(
         finally:
             if ticket.lease_id:
                 cache.release(ticket.lease_id)
-    cache.report_usage(ns_id, loaded, found * c - sum(loaded.values()))
+    cache.report_usage(ns_id, loaded, found * c - sum(loaded.values()), loaded)
     todo = keys[sum(loaded.values()) // c :]
     stored = 0
     if todo:

@@ -272,7 +272,7 @@ class InprocTarget:
         if self._options.verify:
             verified = sum(_check(buf, ch.key, ch.index) for buf, ch in zip(copies, chunks, strict=True))
         loaded = len(chunks) * c
-        m.report_usage(self._ns_id, by_source, info.chunks * c - loaded)
+        m.report_usage(self._ns_id, by_source, info.chunks * c - loaded, by_source)
         t1 = time.perf_counter()
         stored = self._store(keys)
         return RequestOutcome(

@@ -17,11 +17,17 @@ chunk is copied into its blocks as soon as it is whole, before ``start_load_kv``
 the engine's stream, ahead of the forward pass); the blocks of chunks that did not arrive whole are load
 errors.
 
+Either way the worker knows which tokens it wrote and from which tier each chunk came (the lease's
+``SlotRef.source``, the stream's ``StreamChunk.source``): :func:`tokens_by_tier` counts the blocks written,
+which is what vLLM skips (its ``num_external_computed_tokens``), for the worker's usage report.
+
 Primitives:
     leased_prefix: the slots of a lease that hold whole chunks ``0, 1, ...`` in order.
     LeasedLoad: one request's lease, slots and target blocks; ``start`` -> its LayerwiseLoad.
     release_lease: release a lease after its copy; False when it may not have held.
-    receive_into: a request's chunks over the byte stream into its blocks; the block ids that failed.
+    receive_into: a request's chunks over the byte stream into its blocks; the block ids that failed and
+        the tokens written per source tier.
+    tokens_by_tier: the tokens of a run of blocks, by the source tier of the chunk each block is in.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import torch
 from tiercache.errors import TierCacheError
 from tiercache.keys import Namespace
 from tiercache.layout import KVLayout
+from tiercache.tiers.base import TierLevel
 
 from ..client import TierCacheClient
 from ..kv import PagedKV, chunk_to_kv
@@ -47,6 +54,20 @@ from ..segments import SlotMapping
 from ..stream_plane import ByteStreamPlane
 
 logger = logging.getLogger(__name__)
+
+
+def tokens_by_tier(
+    sources: Sequence[TierLevel | None], layout: KVLayout, first_block: int, end_block: int
+) -> dict[TierLevel, int]:
+    """The tokens of blocks ``first_block .. end_block - 1`` of a request, by the source tier of the chunk
+    each block belongs to (``sources[i]``: chunk ``i``'s; a chunk of unknown source is left out)."""
+    per = layout.chunk_tokens // layout.page_tokens
+    tokens: dict[TierLevel, int] = {}
+    for block in range(first_block, end_block):
+        source = sources[block // per] if block // per < len(sources) else None
+        if source is not None:
+            tokens[source] = tokens.get(source, 0) + layout.page_tokens
+    return tokens
 
 
 def leased_prefix(lease: LoadLease, chunk_bytes: int) -> tuple[SlotRef, ...]:
@@ -83,6 +104,11 @@ class LeasedLoad:
     def target_blocks(self) -> set[int]:
         """The blocks this load writes."""
         return set(self.block_ids[self.first_block :])
+
+    def loaded_by_tier(self, layout: KVLayout) -> dict[TierLevel, int]:
+        """The tokens this load writes (once it succeeded), by the tier each chunk came from."""
+        sources = [ref.source for ref in self.refs]
+        return tokens_by_tier(sources, layout, self.first_block, len(self.block_ids))
 
     def start(
         self,
@@ -137,19 +163,22 @@ def receive_into(
     caches: Sequence[torch.Tensor],
     block_ids: Sequence[int],
     first_block: int,
-) -> set[int]:
+) -> tuple[set[int], dict[TierLevel, int]]:
     """Receive the cached prefix of ``keys`` over the byte stream into a request's blocks (from
-    ``first_block`` on); returns the target blocks that did not get their KV (vLLM recomputes them)."""
+    ``first_block`` on); returns the target blocks that did not get their KV (vLLM recomputes them) and
+    the tokens written, by the tier each chunk came from."""
     layout = plane.namespace.layout
     per = layout.chunk_tokens // layout.page_tokens
     kv = PagedKV.of_blocks(caches, block_ids, first_block)
     on_cpu = caches[0].device.type == "cpu"
+    sources: list[TierLevel | None] = []
 
     def consume(chunk: StreamChunk) -> None:
         with warnings.catch_warnings():  # a lent message is read-only: torch warns that it could write
             warnings.simplefilter("ignore", UserWarning)
             buf = torch.frombuffer(chunk.data, dtype=torch.uint8)
         chunk_to_kv(layout, buf, kv, chunk.index, non_blocking=not on_cpu)
+        sources.append(chunk.source)
 
     got = 0
     try:
@@ -159,4 +188,5 @@ def receive_into(
         logger.warning("tiercache stream load failed (%s); vLLM recomputes its blocks", exc)
     except Exception:
         logger.exception("tiercache stream load failed; vLLM recomputes its blocks")
-    return set(block_ids[max(got * per, first_block) :])
+    end = max(min(got * per, len(block_ids)), first_block)
+    return set(block_ids[end:]), tokens_by_tier(sources[:got], layout, first_block, end)

@@ -11,6 +11,11 @@
   ``wait_for_layer_load`` waits for one layer of every request; chunks the daemon no longer offers,
   leases that lapsed and failed copies become ``get_block_ids_with_load_errors`` (vLLM then recomputes
   those blocks when its ``kv_load_failure_policy`` is ``recompute``).
+* After each load the worker tells the daemon what it was worth (deferred: it rides on the namespace's
+  next call with the lease's release): the tokens it wrote into vLLM's blocks, which vLLM does not compute,
+  as loaded and effective tokens by the tier each chunk came from, and the tokens it was asked to load and
+  did not as recomputed. This is the daemon's only count of loaded tokens: a lease released unused counts
+  nothing.
 * The bytes move through the daemon's shared memory, or over its byte stream (``data_plane`` ``stream``,
   or ``auto`` when this process cannot map the daemon's segment: the daemon runs on another host): a
   streamed load needs no lease of its own (a lease the scheduler took is released unused), a streamed save
@@ -41,6 +46,7 @@ import torch
 from tiercache.errors import InvalidArgumentError, TierCacheError
 from tiercache.keys import Namespace, chunk_keys
 from tiercache.policies.load import LoadPolicyKind
+from tiercache.tiers.base import TierLevel
 
 from ..client import TierCacheClient
 from ..config import ConnectorConfig, DataPlaneMode
@@ -78,7 +84,7 @@ class WorkerSide:
         self._clock = clock
         self._layers: dict[str, int] = {}
         self._caches: list[torch.Tensor] = []
-        self._loads: list[tuple[LayerwiseLoad, set[int]]] = []
+        self._loads: list[tuple[LayerwiseLoad, LeasedLoad, int]] = []  # (load, lease, tokens asked for)
         self._errors: set[int] = set()
         self._planes: dict[tuple[Namespace, Medium], DataPlane] = {}
         self._saves = SaveQueue(client, identity, lambda: self._caches, self.plane)
@@ -151,7 +157,7 @@ class WorkerSide:
             leased = self._lease(spec)
             if leased is not None:
                 load = leased.start(self._client, self._layout, self._caches, self._clock)
-                self._loads.append((load, leased.target_blocks()))
+                self._loads.append((load, leased, self._asked(spec)))
 
     def _streamed(self, spec: LoadSpec) -> bool:
         """Load the request over the byte stream when that is its namespace's data plane (True: done)."""
@@ -168,11 +174,23 @@ class WorkerSide:
         if spec.lease is not None:
             self._client.defer_release(ns, spec.lease.lease_id)  # the stream leases while it sends
         keys = chunk_keys(ns, spec.tokens)
-        failed = receive_into(plane, keys, self._caches, spec.block_ids, spec.first_block)
+        failed, loaded = receive_into(plane, keys, self._caches, spec.block_ids, spec.first_block)
         if failed:
             self.load_failures += 1
             self._errors |= failed
+        self._report(ns, loaded, self._asked(spec))
         return True
+
+    def _asked(self, spec: LoadSpec) -> int:
+        """The tokens vLLM counts on the load of ``spec`` for (it skips their prefill)."""
+        return (len(spec.block_ids) - spec.first_block) * self._layout.page_tokens
+
+    def _report(self, ns: Namespace, loaded: Mapping[TierLevel, int], asked: int) -> None:
+        """Tell the daemon (deferred) what a request's load was worth: the tokens written into vLLM's blocks
+        per source tier (loaded, and effective: vLLM skips them), the rest of ``asked`` recomputed."""
+        recomputed = max(0, asked - sum(loaded.values()))
+        if loaded or recomputed:
+            self._client.defer_usage(ns, {}, recomputed, loaded_tokens=loaded, effective_tokens=loaded)
 
     def _lease(self, spec: LoadSpec) -> LeasedLoad | None:
         """The request's lease (the scheduler's, or one taken now); blocks it does not cover become load
@@ -183,7 +201,7 @@ class WorkerSide:
             if spec.lease is not None:
                 self._client.defer_release(ns, spec.lease.lease_id)  # nothing was copied from it
             self._errors |= targets
-            return None
+            return None  # (no usage report: without caches this worker talks to no daemon)
         try:
             lease, started = (
                 (spec.lease, spec.leased_at) if spec.lease is not None else self._acquire(ns, spec)
@@ -195,6 +213,7 @@ class WorkerSide:
             if spec.lease is not None:
                 self._client.defer_release(ns, spec.lease.lease_id)
             self._errors |= targets
+            self._report(ns, {}, self._asked(spec))
             return None
         refs = leased_prefix(lease, self._layout.chunk_bytes)
         per = self._layout.chunk_tokens // self._layout.page_tokens
@@ -209,6 +228,7 @@ class WorkerSide:
                 self._client.defer_release(ns, lease.lease_id)  # nothing was copied from it
             if mapping is None:
                 self._errors |= targets
+            self._report(ns, {}, self._asked(spec))
             return None
         return LeasedLoad(ns, lease, refs, mapping, spec.block_ids[:got], spec.first_block, started)
 
@@ -227,16 +247,20 @@ class WorkerSide:
         """Block until this layer of the step's loads is in the cache (on CUDA: the current stream waits)."""
         layer = self._layers.get(layer_name)
         if layer is not None:
-            for load, _ in self._loads:
+            for load, _, _ in self._loads:
                 load.wait_layer(layer)
 
     def _finish_loads(self) -> None:
         loads, self._loads = self._loads, []
-        for load, targets in loads:
+        for load, leased, asked in loads:
+            loaded: Mapping[TierLevel, int] = {}
             if load.result().tokens_loaded == 0:
                 self.load_failures += 1
-                self._errors |= targets
+                self._errors |= leased.target_blocks()
+            else:
+                loaded = leased.loaded_by_tier(self._layout)
             load.close()
+            self._report(leased.namespace, loaded, asked)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         """Blocks of this step's loads whose KV did not arrive intact (vLLM recomputes them)."""
