@@ -1,0 +1,377 @@
+"""One run of ``tiercache-bench serve``: every (workload, fits|outgrows, concurrency) cell on every column.
+
+Each column is one ``vllm serve`` (:mod:`.columns`), started once per repeat and used for every cell (cells
+never share tokens: each has its own seed), so a run costs a few server starts. Only one server runs at a
+time (a small host cannot hold several engines); with ``repeats`` > 1 the columns are interleaved: every
+repeat runs every column, the order rotated. Per cell and column it keeps every request's outcome, the wall
+time, what vLLM's ``/metrics`` counted (prompt tokens from its own prefix cache, from the connector) and,
+for tiercache, the daemon's per-tier token counters (``Stats``: loaded and engine-reported tokens).
+
+``kill_daemon_at_s``: in the first tiercache column of the first repeat, a timer SIGKILLs the daemon that
+many seconds after the column's first cell started, waits ``kill_pause_s`` and starts it again on the same
+L3 (socket and options unchanged). The run records when, and what the new daemon served afterwards.
+
+Primitives:
+    ServeBenchConfig: what to run.
+    Cell: a (workload, fits, concurrency) cell.
+    Measured: one cell on one column.
+    KillReport: what the daemon kill did.
+    ServeResult: every measurement and skipped column of a run.
+    cells / workload_of: the cells of a config and the workload of a cell.
+    run_bench: the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from tiercache.connector.client import TierCacheClient
+from tiercache.errors import TierCacheError
+from tiercache.testing.daemon import DaemonProcess, DaemonStartError
+from tiercache.testing.vllm_server import VllmServerError
+
+from ..vllm_engines.columns import VllmBenchConfig, build_model, prompt
+from ..vllm_engines.peers import _lmcache_missing
+from .client import Outcome, drive
+from .columns import TIERCACHE, ColumnKind, Served, Setup, kv_bytes_per_token, serve_column
+from .workloads import Workload, WorkloadKind, build, write_jsonl
+
+logger = logging.getLogger(__name__)
+
+TIER_NAMES = ("L1", "L2", "L3", "SHARED")
+
+
+@dataclass(frozen=True, slots=True)
+class ServeBenchConfig:
+    """What ``tiercache-bench serve`` runs.
+
+    Attributes:
+        workloads: the workload kinds.
+        concurrency: requests in flight per cell.
+        columns: the columns, in run order.
+        engine_tokens: the engine KV cache of every column but the ideal (tokens).
+        fit_factor: a "fits" workload's working set, in engine caches.
+        outgrow_factor: an "outgrows" workload's working set, in engine caches.
+        max_tokens: output tokens per request.
+        block_size: vLLM's block size.
+        chunk_tokens: tiercache's chunk size.
+        hidden / layers: the model.
+        threads: OMP threads of every server.
+        repeats: how many times every column runs (interleaved).
+        lmcache_python: the interpreter of LMCache's venv ("" skips the LMCache column).
+        kill_daemon_at_s: SIGKILL the daemon this long into the first tiercache column (None: never).
+        kill_pause_s: how long the daemon stays down.
+        seed: weights and tokens.
+        workloads_dir: where the workloads' JSONL go (None: the scratch directory).
+    """
+
+    workloads: tuple[WorkloadKind, ...] = tuple(WorkloadKind)
+    concurrency: tuple[int, ...] = (1, 8, 32)
+    columns: tuple[ColumnKind, ...] = tuple(ColumnKind)
+    engine_tokens: int = 4096
+    fit_factor: float = 0.5
+    outgrow_factor: float = 6.0
+    max_tokens: int = 16
+    block_size: int = 32
+    chunk_tokens: int = 256
+    hidden: int = 256
+    layers: int = 2
+    threads: int = 2
+    repeats: int = 1
+    lmcache_python: str = ""
+    kill_daemon_at_s: float | None = None
+    kill_pause_s: float = 2.0
+    seed: int = 0
+    workloads_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("engine_tokens", "max_tokens", "block_size", "chunk_tokens", "threads", "repeats"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not self.concurrency or min(self.concurrency) <= 0:
+            raise ValueError(f"concurrency must be positive integers, got {self.concurrency}")
+        if self.chunk_tokens % self.block_size:
+            raise ValueError(f"chunk_tokens ({self.chunk_tokens}) must be a multiple of block_size")
+        if not 0 < self.fit_factor < 1 < self.outgrow_factor:
+            raise ValueError(
+                f"need 0 < fit_factor < 1 < outgrow_factor, got {self.fit_factor}, {self.outgrow_factor}"
+            )
+        if self.kill_daemon_at_s is not None and self.kill_daemon_at_s < 0:
+            raise ValueError(f"kill_daemon_at_s must be >= 0, got {self.kill_daemon_at_s}")
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """A workload, sized to fit the engine cache or to outgrow it, at a concurrency."""
+
+    workload: WorkloadKind
+    fits: bool
+    concurrency: int
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """One cell on one column (one repeat).
+
+    Attributes:
+        cell / column / repeat: which.
+        outcomes: every request.
+        wall_s: from the first request sent to the last answered.
+        vllm_hits: prompt tokens vLLM's own prefix cache served (``/metrics``).
+        connector_hits: prompt tokens the KV connector served (``/metrics``).
+        tiers: per tier, the daemon's ``(load_success_tokens, effective_hit_tokens)`` during the cell.
+        daemon_restarted: the daemon was killed and restarted during the cell (its counters restarted).
+    """
+
+    cell: Cell
+    column: ColumnKind
+    repeat: int
+    outcomes: tuple[Outcome, ...]
+    wall_s: float
+    vllm_hits: int
+    connector_hits: int
+    tiers: dict[str, tuple[int, int]] = field(default_factory=dict)
+    daemon_restarted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class KillReport:
+    """What ``--kill-daemon-at`` did.
+
+    Attributes:
+        column: the column whose daemon was killed.
+        killed_at_s / restarted_at_s: seconds into the column.
+        failed_requests: requests of that column that failed.
+        hit_tokens_after: tokens the restarted daemon served (its own counters: all after the restart).
+        error: why the kill or restart did not happen ("" when it did).
+    """
+
+    column: str
+    killed_at_s: float
+    restarted_at_s: float
+    failed_requests: int
+    hit_tokens_after: int
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ServeResult:
+    """A run.
+
+    Attributes:
+        measured: every (cell, column, repeat).
+        skipped: column -> why it did not run.
+        engine_tokens: per column, what its engine cache held (read back from the server's log).
+        workloads: per cell, the workload (for the table: sessions, requests, working set).
+        kill: the daemon kill, when asked for.
+        wall_s: the whole run.
+    """
+
+    measured: tuple[Measured, ...]
+    skipped: dict[str, str]
+    engine_tokens: dict[str, int]
+    workloads: dict[Cell, Workload]
+    kill: KillReport | None
+    wall_s: float
+
+
+def cells(config: ServeBenchConfig) -> list[Cell]:
+    """Every cell, in run order."""
+    return [Cell(w, fits, c) for w in config.workloads for fits in (True, False) for c in config.concurrency]
+
+
+def workload_of(config: ServeBenchConfig, cell: Cell) -> Workload:
+    """The seeded workload of ``cell`` (its tokens its own)."""
+    factor = config.fit_factor if cell.fits else config.outgrow_factor
+    kinds = list(WorkloadKind)
+    seed = (
+        config.seed * 1_000_003
+        + kinds.index(cell.workload) * 10_007
+        + int(cell.fits) * 1009
+        + cell.concurrency
+    )
+    return build(cell.workload, int(config.engine_tokens * factor), seed, config.max_tokens)
+
+
+def _metric(text: str, name: str) -> int:
+    return int(
+        sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+    )
+
+
+def _vllm_counters(url: str) -> tuple[int, int]:
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return _metric(text, "vllm:prefix_cache_hits_total"), _metric(
+        text, "vllm:external_prefix_cache_hits_total"
+    )
+
+
+def _daemon_tiers(daemon: DaemonProcess | None) -> dict[str, tuple[int, int]]:
+    if daemon is None or not daemon.alive():
+        return {}
+    client = TierCacheClient.connect(daemon.address, timeout_s=10.0)
+    try:
+        stats = client.stats()
+    except TierCacheError as exc:
+        logger.warning("daemon stats unavailable: %s", exc)
+        return {}
+    finally:
+        client.close()
+    return {t.level.name: (t.load_success_tokens, t.effective_hit_tokens) for t in stats.tiers}
+
+
+class _Killer:
+    """Kills the daemon ``at_s`` after :meth:`arm`, restarts it after ``pause_s`` (a timer thread)."""
+
+    def __init__(self, daemon: DaemonProcess, at_s: float, pause_s: float) -> None:
+        self.daemon, self.at_s, self.pause_s = daemon, at_s, pause_s
+        self.killed_at = self.restarted_at = -1.0
+        self.error = ""
+        self._t0 = 0.0
+        self._cancel = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="serve-daemon-killer", daemon=True)
+
+    def arm(self) -> None:
+        self._t0 = time.monotonic()
+        self._thread.start()
+
+    def _run(self) -> None:
+        if self._cancel.wait(self.at_s):
+            self.error = "the column ended before the kill was due"
+            return
+        self.daemon.kill()
+        self.killed_at = time.monotonic() - self._t0
+        logger.info("daemon SIGKILLed %.1f s into the column", self.killed_at)
+        self._cancel.wait(self.pause_s)
+        try:
+            self.daemon.start()
+        except DaemonStartError as exc:
+            self.error = f"restart failed: {exc}"
+            return
+        self.restarted_at = time.monotonic() - self._t0
+        logger.info("daemon restarted %.1f s into the column", self.restarted_at)
+
+    def finish(self) -> None:
+        self._cancel.set()
+        self._thread.join()
+
+    def restarted_between(self, t0: float, t1: float) -> bool:
+        return self.killed_at >= 0 and t0 - self._t0 <= self.killed_at <= t1 - self._t0
+
+
+def _warm(served: Served, model: str) -> None:
+    """One untimed request (a fresh server's first request pays for lazy setup)."""
+    body = {"model": model, "prompt": prompt(999_999, 64), "max_tokens": 2, "temperature": 0.0}
+    httpx.post(f"{served.server.url}/v1/completions", json=body, timeout=300).raise_for_status()
+
+
+def _measure_column(
+    served: Served, config: ServeBenchConfig, todo: list[tuple[Cell, Workload]], repeat: int, model: str,
+    killer: _Killer | None,
+) -> list[Measured]:  # fmt: skip
+    _warm(served, model)
+    out = []
+    if killer is not None:
+        killer.arm()
+    for cell, workload in todo:
+        logger.info("%s: %s %s c=%d (%d requests)", served.kind.value, cell.workload.value,
+                    "fits" if cell.fits else "outgrows", cell.concurrency, workload.requests)  # fmt: skip
+        before_v, before_t = _vllm_counters(served.server.url), _daemon_tiers(served.daemon)
+        t0 = time.monotonic()
+        outcomes = drive(served.server.url, model, workload, cell.concurrency, config.block_size)
+        t1 = time.monotonic()
+        after_v, after_t = _vllm_counters(served.server.url), _daemon_tiers(served.daemon)
+        restarted = killer is not None and killer.restarted_between(t0, t1)
+        tiers = {
+            name: after if restarted or name not in before_t
+            else (after[0] - before_t[name][0], after[1] - before_t[name][1])
+            for name, after in after_t.items()
+        }  # fmt: skip
+        wall = max(o.end for o in outcomes) - min(o.start for o in outcomes)
+        out.append(Measured(cell, served.kind, repeat, tuple(outcomes), wall, after_v[0] - before_v[0],
+                            after_v[1] - before_v[1], tiers, restarted))  # fmt: skip
+    return out
+
+
+def run_bench(config: ServeBenchConfig, work: Path) -> ServeResult:
+    """Run every column over every cell (see the module docstring).
+
+    A column whose processes do not start is skipped with the reason (vLLM's error for ``native``); the
+    other columns still run.
+    """
+    started = time.monotonic()
+    todo = [(cell, workload_of(config, cell)) for cell in cells(config)]
+    wdir = config.workloads_dir or work / "workloads"
+    wdir.mkdir(parents=True, exist_ok=True)
+    for cell, workload in todo:
+        write_jsonl(
+            workload,
+            wdir / f"{cell.workload.value}-{'fits' if cell.fits else 'outgrows'}-c{cell.concurrency}.jsonl",
+        )
+    longest = max(w.longest_prompt for _, w in todo)
+    max_len = -(-(longest + config.block_size) // config.block_size) * config.block_size
+    if max_len > config.engine_tokens:
+        raise ValueError(
+            f"engine_tokens ({config.engine_tokens}) must hold the longest request ({max_len} tokens)"
+        )
+    biggest = max(w.working_set_tokens for _, w in todo)
+    margin = (max(config.concurrency) + 2) * config.block_size * 2
+    model = build_model(work / "model", VllmBenchConfig(lengths=(max_len,), hidden=config.hidden,
+                                                        layers=config.layers, throughput=False, seed=config.seed))  # fmt: skip
+    setup = Setup(model, work, config.engine_tokens, biggest + margin, 2 * biggest, max_len, config.block_size,
+                  config.chunk_tokens, kv_bytes_per_token(config.hidden, config.layers), config.threads,
+                  config.lmcache_python)  # fmt: skip
+    skipped: dict[str, str] = {}
+    if ColumnKind.LMCACHE in config.columns:
+        missing = _lmcache_missing(config.lmcache_python)
+        if missing:
+            skipped[ColumnKind.LMCACHE.value] = missing
+    measured: list[Measured] = []
+    engine: dict[str, int] = {}
+    kill: KillReport | None = None
+    kill_column = next((c for c in config.columns if c in TIERCACHE), None)
+    for repeat in range(config.repeats):
+        order = list(config.columns[repeat % len(config.columns) :]) + list(
+            config.columns[: repeat % len(config.columns)]
+        )
+        for kind in order:
+            if kind.value in skipped:
+                continue
+            try:
+                with serve_column(kind, setup) as served:
+                    engine[kind.value] = served.server.kv_cache_tokens
+                    killer = None
+                    if config.kill_daemon_at_s is not None and kind is kill_column and repeat == 0:
+                        assert served.daemon is not None
+                        killer = _Killer(served.daemon, config.kill_daemon_at_s, config.kill_pause_s)
+                    try:
+                        got = _measure_column(served, config, todo, repeat, str(model), killer)
+                    finally:
+                        if killer is not None:
+                            killer.finish()
+                    measured += got
+                    if killer is not None:
+                        after = _daemon_tiers(served.daemon)
+                        kill = KillReport(kind.value, killer.killed_at, killer.restarted_at,
+                                          sum(1 for m in got for o in m.outcomes if o.error),
+                                          sum(v[0] for v in after.values()), killer.error)  # fmt: skip
+            except (VllmServerError, DaemonStartError, RuntimeError, OSError) as exc:
+                reason = _why(exc)
+                logger.warning("column %s skipped: %s", kind.value, reason)
+                skipped[kind.value] = reason
+    return ServeResult(tuple(measured), skipped, engine, dict(todo), kill, time.monotonic() - started)
+
+
+def _why(exc: BaseException) -> str:
+    """The telling line of a failure (vLLM's own error where its log has one)."""
+    text = str(exc)
+    for line in reversed(text.splitlines()):
+        if "Error:" in line and "Engine core initialization failed" not in line:
+            return line.strip()[-400:]
+    return text.strip().splitlines()[0][-400:] if text.strip() else type(exc).__name__
