@@ -27,7 +27,7 @@ def test_quick_serve_with_the_daemon_killed_mid_run(
 ) -> None:
     out = tmp_path / "serve.json"
     workloads = tmp_path / "workloads"
-    args = _args("--quick", "--kill-daemon-at", "3", "--json", str(out), "--dir", str(work),
+    args = _args("--quick", "--kill-daemon-at", "1", "--json", str(out), "--dir", str(work),
                  "--workloads-dir", str(workloads), "-q")  # fmt: skip
     assert run(args) == 0
     text = capsys.readouterr().out
@@ -54,5 +54,8 @@ def test_quick_serve_with_the_daemon_killed_mid_run(
     kill = doc["kill"]
     assert kill["error"] == "" and 0 <= kill["killed_at_s"] < kill["restarted_at_s"], kill
     assert kill["failed_requests"] == 0 and kill["hit_tokens_after"] > 0, kill
+    assert kill["probe_requests"] > 0 and kill["probe_failed"] == 0 and kill["probe_connector_tokens"] > 0, (
+        kill
+    )
     assert "daemon kill (tiercache_l2)" in text
     assert len(list(workloads.glob("chat-*.jsonl"))) == 2

@@ -146,7 +146,7 @@ def rows(result: ServeResult) -> list[dict[str, Any]]:
             ideal = med.get(ColumnKind.IDEAL)
             row["ideal_whole_turns"] = ideal["whole_turns"] if ideal else None
             row["greedy_mismatches"] = (
-                _mismatches(by[(cell, col)], ref) if ref and ref is not by[(cell, col)] else 0
+                None if not ref else 0 if ref is by[(cell, col)] else _mismatches(by[(cell, col)], ref)
             )
             row["targets"] = _targets(cell, row) if col in TIERCACHE else {}
             out.append(row)
@@ -193,7 +193,8 @@ def format_table(result: ServeResult) -> str:
     if result.kill is not None:
         k = result.kill
         lines.append(f"daemon kill ({k.column}): killed at {k.killed_at_s:.1f} s, restarted at {k.restarted_at_s:.1f} s,"
-                     f" failed requests {k.failed_requests}, tokens served after the restart {k.hit_tokens_after}"
+                     f" failed requests {k.failed_requests}; after the restart: daemon served {k.hit_tokens_after} tokens,"
+            f" probe {k.probe_requests} requests, {k.probe_failed} failed, {k.probe_connector_tokens} tokens from the connector"
                      + (f" ({k.error})" if k.error else ""))  # fmt: skip
     lines.append(f"run wall time {result.wall_s:.0f} s")
     return "\n".join(lines)

@@ -8,8 +8,11 @@ time, what vLLM's ``/metrics`` counted (prompt tokens from its own prefix cache,
 for tiercache, the daemon's per-tier token counters (``Stats``: loaded and engine-reported tokens).
 
 ``kill_daemon_at_s``: in the first tiercache column of the first repeat, a timer SIGKILLs the daemon that
-many seconds after the column's first cell started, waits ``kill_pause_s`` and starts it again on the same
-L3 (socket and options unchanged). The run records when, and what the new daemon served afterwards.
+many seconds after the column's first cell started (or when its cells end, if sooner), waits
+``kill_pause_s`` and starts it again on the same L3 (socket and options unchanged). After the cells and the
+restart, a probe sends the largest workload's first turns again: the prompts vLLM's own cache has dropped
+must come back from the restarted daemon. The run records when, the failures, and what the new daemon
+served.
 
 Primitives:
     ServeBenchConfig: what to run.
@@ -147,9 +150,13 @@ class KillReport:
     Attributes:
         column: the column whose daemon was killed.
         killed_at_s / restarted_at_s: seconds into the column.
-        failed_requests: requests of that column that failed.
-        hit_tokens_after: tokens the restarted daemon served (its own counters: all after the restart).
-        error: why the kill or restart did not happen ("" when it did).
+        failed_requests: requests of that column's cells that failed.
+        hit_tokens_after: tokens the restarted daemon served (its own counters: all after the restart), the
+            probe included.
+        probe_requests / probe_failed / probe_connector_tokens: after the cells and the restart, the largest
+            workload's first turns again (:func:`_probe`): how many, how many failed, and the prompt tokens
+            vLLM got from the connector for them.
+        error: what did not go as asked ("" when the kill came on time and the restart worked).
     """
 
     column: str
@@ -157,6 +164,9 @@ class KillReport:
     restarted_at_s: float
     failed_requests: int
     hit_tokens_after: int
+    probe_requests: int
+    probe_failed: int
+    probe_connector_tokens: int
     error: str = ""
 
 
@@ -227,14 +237,15 @@ def _daemon_tiers(daemon: DaemonProcess | None) -> dict[str, tuple[int, int]]:
 
 
 class _Killer:
-    """Kills the daemon ``at_s`` after :meth:`arm`, restarts it after ``pause_s`` (a timer thread)."""
+    """Kills the daemon ``at_s`` after :meth:`arm` (or when the column ends, if that comes first), restarts it
+    after ``pause_s`` (a timer thread)."""
 
     def __init__(self, daemon: DaemonProcess, at_s: float, pause_s: float) -> None:
         self.daemon, self.at_s, self.pause_s = daemon, at_s, pause_s
         self.killed_at = self.restarted_at = -1.0
         self.error = ""
         self._t0 = 0.0
-        self._cancel = threading.Event()
+        self._ended = threading.Event()
         self._thread = threading.Thread(target=self._run, name="serve-daemon-killer", daemon=True)
 
     def arm(self) -> None:
@@ -242,13 +253,12 @@ class _Killer:
         self._thread.start()
 
     def _run(self) -> None:
-        if self._cancel.wait(self.at_s):
-            self.error = "the column ended before the kill was due"
-            return
+        if self._ended.wait(self.at_s):
+            self.error = "the column's cells ended before the kill was due: killed after them"
         self.daemon.kill()
         self.killed_at = time.monotonic() - self._t0
         logger.info("daemon SIGKILLed %.1f s into the column", self.killed_at)
-        self._cancel.wait(self.pause_s)
+        self._ended.wait(self.pause_s)
         try:
             self.daemon.start()
         except DaemonStartError as exc:
@@ -258,11 +268,33 @@ class _Killer:
         logger.info("daemon restarted %.1f s into the column", self.restarted_at)
 
     def finish(self) -> None:
-        self._cancel.set()
+        """The column's cells ended: kill now if the kill is not done yet, and wait for the restart."""
+        self._ended.set()
         self._thread.join()
 
     def restarted_between(self, t0: float, t1: float) -> bool:
         return self.killed_at >= 0 and t0 - self._t0 <= self.killed_at <= t1 - self._t0
+
+
+def _probe(served: Served, model: str, workload: Workload) -> tuple[int, int, int]:
+    """After a daemon restart: every session's first turn again, one at a time (those that vLLM's own cache
+    dropped can only come from the restarted daemon). Returns (requests, failed, tokens the connector
+    served, as vLLM counted them)."""
+    before = _vllm_counters(served.server.url)[1]
+    failed = 0
+    for session in workload.sessions:
+        body = {
+            "model": model,
+            "prompt": [*session.prefix, *session.turns[0]],
+            "max_tokens": 1,
+            "temperature": 0.0,
+        }
+        try:
+            httpx.post(f"{served.server.url}/v1/completions", json=body, timeout=300).raise_for_status()
+        except httpx.HTTPError as exc:
+            logger.warning("probe request failed: %s", exc)
+            failed += 1
+    return len(workload.sessions), failed, _vllm_counters(served.server.url)[1] - before
 
 
 def _warm(served: Served, model: str) -> None:
@@ -357,10 +389,12 @@ def run_bench(config: ServeBenchConfig, work: Path) -> ServeResult:
                             killer.finish()
                     measured += got
                     if killer is not None:
+                        probed = max((w for _, w in todo), key=lambda w: w.working_set_tokens)
+                        probe = _probe(served, str(model), probed) if killer.restarted_at >= 0 else (0, 0, 0)
                         after = _daemon_tiers(served.daemon)
                         kill = KillReport(kind.value, killer.killed_at, killer.restarted_at,
                                           sum(1 for m in got for o in m.outcomes if o.error),
-                                          sum(v[0] for v in after.values()), killer.error)  # fmt: skip
+                                          sum(v[0] for v in after.values()), *probe, killer.error)  # fmt: skip
             except (VllmServerError, DaemonStartError, RuntimeError, OSError) as exc:
                 reason = _why(exc)
                 logger.warning("column %s skipped: %s", kind.value, reason)

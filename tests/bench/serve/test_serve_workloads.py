@@ -1,0 +1,62 @@
+"""The workloads and the config of ``tiercache-bench serve`` (no vLLM needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tiercache.bench.serve.client import _prompt, _reusable
+from tiercache.bench.serve.run import Cell, ServeBenchConfig, cells, workload_of
+from tiercache.bench.serve.workloads import WorkloadKind, build, read_jsonl, write_jsonl
+
+
+@pytest.mark.parametrize("kind", list(WorkloadKind), ids=lambda k: k.value)
+def test_a_workload_is_sized_to_its_working_set_and_replays_from_jsonl(
+    kind: WorkloadKind, tmp_path: Path
+) -> None:
+    small, big = build(kind, 4096, 1, 16), build(kind, 6 * 4096, 1, 16)
+    for w, target in ((small, 4096), (big, 6 * 4096)):
+        assert 0.6 * target <= w.working_set_tokens <= target, (w.working_set_tokens, target)
+    assert len(big.sessions) > 4 * len(small.sessions)
+    assert build(kind, 4096, 1, 16) == small and build(kind, 4096, 2, 16) != small  # seeded
+    write_jsonl(big, tmp_path / "w.jsonl")
+    assert read_jsonl(tmp_path / "w.jsonl") == big
+
+
+def test_a_session_resends_its_history_with_the_outputs_and_whole_turn_reuse_counts_whole_blocks() -> None:
+    chat = build(WorkloadKind.CHAT, 2048, 0, 8).sessions[0]
+    outputs: list[tuple[int, ...]] = [(1,) * 8, (2,) * 8]
+    turn2 = _prompt(chat, 2, outputs)
+    assert turn2 == [*chat.turns[0], *outputs[0], *chat.turns[1], *outputs[1], *chat.turns[2]]
+    # The previous turn: its prompt and its outputs but the last, in whole 32-token blocks.
+    assert _reusable(chat, 2, 100, outputs[1], 32) == 96
+    assert _reusable(chat, 0, 100, (), 32) == 0
+    doc = build(WorkloadKind.DOCQA, 2048, 0, 8).sessions[0]
+    assert _prompt(doc, 3, []) == [*doc.prefix, *doc.turns[3]] and _reusable(doc, 3, 800, (1,) * 8, 32) == 0
+
+
+def test_cells_have_their_own_tokens() -> None:
+    config = ServeBenchConfig(workloads=(WorkloadKind.CHAT,), concurrency=(1, 8))
+    assert cells(config) == [Cell(WorkloadKind.CHAT, f, c) for f in (True, False) for c in (1, 8)]
+    firsts = {workload_of(config, c).sessions[0].turns[0][:32] for c in cells(config)}
+    assert len(firsts) == 4
+
+
+def test_a_bad_jsonl_line_names_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    line = {"kind": "chat", "max_tokens": 8, "prefix": [], "turns": [[1, -2]], "history": True}
+    path.write_text(json.dumps(line) + "\n")
+    with pytest.raises(ValueError, match=r"bad\.jsonl:1"):
+        read_jsonl(path)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("engine_tokens", 0), ("chunk_tokens", 48), ("concurrency", (0,)), ("outgrow_factor", 0.5),
+     ("kill_daemon_at_s", -1.0)],
+)  # fmt: skip
+def test_a_bad_config_names_its_field(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        ServeBenchConfig(**{field: value})  # type: ignore[arg-type]
