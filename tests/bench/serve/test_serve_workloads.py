@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tiercache.bench.serve.client import _prompt, _reusable
+from tiercache.bench.serve.columns import ColumnKind
 from tiercache.bench.serve.run import Cell, ServeBenchConfig, cells, workload_of
 from tiercache.bench.serve.workloads import WorkloadKind, build, read_jsonl, write_jsonl
 
@@ -60,3 +61,8 @@ def test_a_bad_jsonl_line_names_its_line(tmp_path: Path) -> None:
 def test_a_bad_config_names_its_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
         ServeBenchConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_a_daemon_kill_needs_a_tiercache_column() -> None:
+    with pytest.raises(ValueError, match="kill_daemon_at_s"):
+        ServeBenchConfig(columns=(ColumnKind.PLAIN, ColumnKind.LMCACHE), kill_daemon_at_s=1.0)

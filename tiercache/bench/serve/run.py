@@ -107,6 +107,8 @@ class ServeBenchConfig:
             )
         if self.kill_daemon_at_s is not None and self.kill_daemon_at_s < 0:
             raise ValueError(f"kill_daemon_at_s must be >= 0, got {self.kill_daemon_at_s}")
+        if self.kill_daemon_at_s is not None and not set(self.columns) & set(TIERCACHE):
+            raise ValueError("kill_daemon_at_s needs a tiercache column (tiercache_l2 or tiercache_l3)")
 
 
 @dataclass(frozen=True, slots=True)
