@@ -34,12 +34,7 @@ def test_quick_serve_with_the_daemon_killed_mid_run(
     doc = json.loads(out.read_text())
     assert doc["schema"] == "tiercache-bench/serve/1" and doc["skipped"] == {}
     rows = {(r["fits"], r["column"]): r for r in doc["rows"]}
-    assert sorted(rows) == [
-        (False, "plain"),
-        (False, "tiercache_l2"),
-        (True, "plain"),
-        (True, "tiercache_l2"),
-    ]
+    assert sorted(rows) == [(False, "plain"), (False, "tiercache_l2")]
     for row in rows.values():
         assert row["failed"] == 0 and row["requests"] > 0 and row["req_per_s"] > 0, row
         assert row["ttft_p50_ms"] > 0 and row["ttft_p99_ms"] >= row["ttft_p50_ms"]
@@ -47,7 +42,7 @@ def test_quick_serve_with_the_daemon_killed_mid_run(
     # gave plain vLLM's tokens.
     ours = rows[(False, "tiercache_l2")]
     assert ours["connector_tokens"] > 0 and ours["l2_tokens"] + ours["l3_tokens"] > 0, ours
-    assert ours["greedy_mismatches"] == 0 and rows[(True, "tiercache_l2")]["greedy_mismatches"] == 0
+    assert ours["greedy_mismatches"] == 0
     assert set(ours["ratios"]) >= {"req_per_s_vs_plain", "ttft_p50_vs_plain"}
     # The daemon was SIGKILLed mid-run and restarted on its L3: no request failed, and the connector
     # re-attached: the new daemon process served tokens.
@@ -57,5 +52,6 @@ def test_quick_serve_with_the_daemon_killed_mid_run(
     assert kill["probe_requests"] > 0 and kill["probe_failed"] == 0 and kill["probe_connector_tokens"] > 0, (
         kill
     )
-    assert "daemon kill (tiercache_l2)" in text
-    assert len(list(workloads.glob("chat-*.jsonl"))) == 2
+    assert "daemon kill (tiercache_l2-small)" in text
+    print(text)  # the table, for a run with -s
+    assert [p.name for p in workloads.iterdir()] == ["chat-c4.jsonl"]

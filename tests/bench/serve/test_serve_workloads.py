@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tiercache.bench.serve.client import _prompt, _reusable
-from tiercache.bench.serve.columns import ColumnKind
+from tiercache.bench.serve.columns import ColumnKind, plans
 from tiercache.bench.serve.run import Cell, ServeBenchConfig, cells, workload_of
 from tiercache.bench.serve.workloads import WorkloadKind, build, read_jsonl, write_jsonl
 
@@ -41,8 +41,11 @@ def test_a_session_resends_its_history_with_the_outputs_and_whole_turn_reuse_cou
 def test_cells_have_their_own_tokens() -> None:
     config = ServeBenchConfig(workloads=(WorkloadKind.CHAT,), concurrency=(1, 8))
     assert cells(config) == [Cell(WorkloadKind.CHAT, f, c) for f in (True, False) for c in (1, 8)]
-    firsts = {workload_of(config, c).sessions[0].turns[0][:32] for c in cells(config)}
-    assert len(firsts) == 4
+    firsts = {c: workload_of(config, c).sessions[0].turns[0][:32] for c in cells(config)}
+    # A workload's fits and outgrows rows send the same tokens (only the engine cache differs); each
+    # concurrency its own.
+    assert firsts[Cell(WorkloadKind.CHAT, True, 1)] == firsts[Cell(WorkloadKind.CHAT, False, 1)]
+    assert len(set(firsts.values())) == 2
 
 
 def test_a_bad_jsonl_line_names_its_line(tmp_path: Path) -> None:
@@ -55,12 +58,29 @@ def test_a_bad_jsonl_line_names_its_line(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("engine_tokens", 0), ("chunk_tokens", 48), ("concurrency", (0,)), ("outgrow_factor", 0.5),
+    [("engine_tokens", 0), ("chunk_tokens", 48), ("concurrency", (0,)), ("outgrow_factor", 0.5), ("sets", ()),
      ("kill_daemon_at_s", -1.0)],
 )  # fmt: skip
 def test_a_bad_config_names_its_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
         ServeBenchConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_fits_rows_come_from_servers_with_the_ideals_cache_and_plain_big_is_the_ideal() -> None:
+    every = plans(list(ColumnKind), (True, False))
+    assert [(p.name, p.rows) for p in every] == [
+        ("plain-small", ((ColumnKind.PLAIN, False),)),
+        ("plain-big", ((ColumnKind.PLAIN, True), (ColumnKind.IDEAL, False))),
+        ("tiercache_l2-small", ((ColumnKind.TIERCACHE_L2, False),)),
+        ("tiercache_l2-big", ((ColumnKind.TIERCACHE_L2, True),)),
+        ("tiercache_l3-small", ((ColumnKind.TIERCACHE_L3, False),)),
+        ("lmcache-small", ((ColumnKind.LMCACHE, False),)),
+        ("lmcache-big", ((ColumnKind.LMCACHE, True),)),
+        ("native-small", ((ColumnKind.NATIVE, False),)),
+    ]
+    assert [p.name for p in plans([ColumnKind.PLAIN, ColumnKind.TIERCACHE_L2], (False,))] == [
+        "plain-small", "tiercache_l2-small"
+    ]  # fmt: skip
 
 
 def test_a_daemon_kill_needs_a_tiercache_column() -> None:

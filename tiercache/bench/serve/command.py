@@ -1,9 +1,10 @@
 """``tiercache-bench serve``: a real ``vllm serve`` under concurrent multi-user traffic, with and without
 tiercache, against the ideal (an engine cache that holds everything), LMCache and vLLM's native offloading.
 
-Three seeded workloads (:mod:`.workloads`: a shared system prompt, multi-turn chat, document QA), each sized
-to fit the engine's KV cache and to outgrow it, at several concurrencies, through one ``vllm serve`` per
-column (:mod:`.columns`) driven by an asyncio client (:mod:`.client`). The table (:mod:`.report`) has one row
+Three seeded workloads (:mod:`.workloads`: a shared system prompt, multi-turn chat, document QA), each
+sized to outgrow the engine's KV cache, served by engines whose cache is that size (outgrows) and by
+engines whose cache holds it (fits), at several concurrencies, one ``vllm serve`` per column and cache size
+(:mod:`.columns`), driven by an asyncio client (:mod:`.client`). The table (:mod:`.report`) has one row
 per (workload, fits|outgrows, concurrency, column). ``--kill-daemon-at S`` SIGKILLs tiercache's daemon S
 seconds into its first column and restarts it on the same L3: every request must still succeed.
 
@@ -32,9 +33,9 @@ from .workloads import WorkloadKind
 
 logger = logging.getLogger(__name__)
 
-QUICK = {"workloads": (WorkloadKind.CHAT,), "concurrency": (4,), "engine_tokens": 1024,
+QUICK = {"workloads": (WorkloadKind.CHAT,), "concurrency": (4,), "engine_tokens": 1024, "sets": (False,),
          "columns": (ColumnKind.PLAIN, ColumnKind.TIERCACHE_L2), "max_tokens": 8}  # fmt: skip
-"""``--quick``: one workload at one concurrency on plain vLLM and tiercache (CI size)."""
+"""``--quick``: one outgrowing workload at one concurrency on plain vLLM and tiercache (CI size: two servers)."""
 
 
 def _kinds(kind: type[Any]) -> Any:
@@ -49,6 +50,14 @@ def _kinds(kind: type[Any]) -> Any:
     return parse
 
 
+def _sets(text: str) -> tuple[bool, ...]:
+    names = {"fits": True, "outgrows": False}
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts or any(p not in names for p in parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: valid names are fits, outgrows")
+    return tuple(names[p] for p in parts)
+
+
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add the ``serve`` subcommand's flags to ``parser``."""
     d = ServeBenchConfig()
@@ -60,9 +69,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-tokens", type=positive_int, default=None,
                         help=f"the engine KV cache, tokens ({d.engine_tokens}); the ideal's holds everything")  # fmt: skip
     parser.add_argument("--outgrow-factor", type=positive_float, default=d.outgrow_factor,
-                        help=f"an outgrowing working set, in engine caches ({d.outgrow_factor})")  # fmt: skip
-    parser.add_argument("--fit-factor", type=positive_float, default=d.fit_factor,
-                        help=f"a fitting working set, in engine caches ({d.fit_factor})")  # fmt: skip
+                        help=f"every working set, in engine caches ({d.outgrow_factor})")  # fmt: skip
+    parser.add_argument("--sets", type=_sets, default=None,
+                        help="fits (engine caches that hold the working set), outgrows (the run's), or both")  # fmt: skip
     parser.add_argument(
         "--max-tokens", type=positive_int, default=None, help=f"output tokens ({d.max_tokens})"
     )
@@ -90,9 +99,9 @@ def config_from_args(args: argparse.Namespace) -> ServeBenchConfig:
     """The run's config: ``--quick``'s sizes, then the flags given."""
     base: dict[str, Any] = dict(QUICK) if args.quick else {}
     given = {"workloads": args.workloads, "concurrency": args.concurrency, "columns": args.columns,
-             "engine_tokens": args.engine_tokens, "max_tokens": args.max_tokens}  # fmt: skip
+             "engine_tokens": args.engine_tokens, "max_tokens": args.max_tokens, "sets": args.sets}  # fmt: skip
     base.update({k: v for k, v in given.items() if v is not None})
-    return ServeBenchConfig(**base, outgrow_factor=args.outgrow_factor, fit_factor=args.fit_factor,
+    return ServeBenchConfig(**base, outgrow_factor=args.outgrow_factor,
                             chunk_tokens=args.chunk_tokens, threads=args.threads, repeats=args.repeats,
                             lmcache_python=args.lmcache_python, kill_daemon_at_s=args.kill_daemon_at,
                             kill_pause_s=args.kill_pause, workloads_dir=args.workloads_dir)  # fmt: skip

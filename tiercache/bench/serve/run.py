@@ -1,7 +1,8 @@
 """One run of ``tiercache-bench serve``: every (workload, fits|outgrows, concurrency) cell on every column.
 
-Each column is one ``vllm serve`` (:mod:`.columns`), started once per repeat and used for every cell (cells
-never share tokens: each has its own seed), so a run costs a few server starts. Only one server runs at a
+Each column is one or two ``vllm serve`` (:mod:`.columns`: its engine cache the run's, where the working set
+outgrows it, or the ideal's, where it fits), started once per repeat and used for every cell (cells never
+share tokens: each has its own seed), so a run costs a few server starts. Only one server runs at a
 time (a small host cannot hold several engines); with ``repeats`` > 1 the columns are interleaved: every
 repeat runs every column, the order rotated. Per cell and column it keeps every request's outcome, the wall
 time, what vLLM's ``/metrics`` counted (prompt tokens from its own prefix cache, from the connector) and,
@@ -42,7 +43,7 @@ from tiercache.testing.vllm_server import VllmServerError
 from ..vllm_engines.columns import VllmBenchConfig, build_model, prompt
 from ..vllm_engines.peers import _lmcache_missing
 from .client import Outcome, drive
-from .columns import TIERCACHE, ColumnKind, Served, Setup, kv_bytes_per_token, serve_column
+from .columns import TIERCACHE, ColumnKind, Served, ServerPlan, Setup, kv_bytes_per_token, plans, serve_column
 from .workloads import Workload, WorkloadKind, build, write_jsonl
 
 logger = logging.getLogger(__name__)
@@ -59,8 +60,9 @@ class ServeBenchConfig:
         concurrency: requests in flight per cell.
         columns: the columns, in run order.
         engine_tokens: the engine KV cache of every column but the ideal (tokens).
-        fit_factor: a "fits" workload's working set, in engine caches.
-        outgrow_factor: an "outgrows" workload's working set, in engine caches.
+        sets: the rows to measure: True, the working set fits the engine cache (servers with the ideal's
+            cache); False, it outgrows the engine cache (``engine_tokens``).
+        outgrow_factor: every workload's working set, in engine caches of ``engine_tokens``.
         max_tokens: output tokens per request.
         block_size: vLLM's block size.
         chunk_tokens: tiercache's chunk size.
@@ -78,7 +80,7 @@ class ServeBenchConfig:
     concurrency: tuple[int, ...] = (1, 8, 32)
     columns: tuple[ColumnKind, ...] = tuple(ColumnKind)
     engine_tokens: int = 4096
-    fit_factor: float = 0.5
+    sets: tuple[bool, ...] = (True, False)
     outgrow_factor: float = 6.0
     max_tokens: int = 16
     block_size: int = 32
@@ -101,10 +103,10 @@ class ServeBenchConfig:
             raise ValueError(f"concurrency must be positive integers, got {self.concurrency}")
         if self.chunk_tokens % self.block_size:
             raise ValueError(f"chunk_tokens ({self.chunk_tokens}) must be a multiple of block_size")
-        if not 0 < self.fit_factor < 1 < self.outgrow_factor:
-            raise ValueError(
-                f"need 0 < fit_factor < 1 < outgrow_factor, got {self.fit_factor}, {self.outgrow_factor}"
-            )
+        if not self.outgrow_factor > 1:
+            raise ValueError(f"outgrow_factor must be > 1, got {self.outgrow_factor}")
+        if not self.sets or not set(self.sets) <= {True, False}:
+            raise ValueError(f"sets must name fits (True) and/or outgrows (False), got {self.sets}")
         if self.kill_daemon_at_s is not None and self.kill_daemon_at_s < 0:
             raise ValueError(f"kill_daemon_at_s must be >= 0, got {self.kill_daemon_at_s}")
         if self.kill_daemon_at_s is not None and not set(self.columns) & set(TIERCACHE):
@@ -178,8 +180,8 @@ class ServeResult:
 
     Attributes:
         measured: every (cell, column, repeat).
-        skipped: column -> why it did not run.
-        engine_tokens: per column, what its engine cache held (read back from the server's log).
+        skipped: "column (fits|outgrows)" -> why it did not run.
+        engine_tokens: per server, what its engine cache held (read back from the server's log).
         workloads: per cell, the workload (for the table: sessions, requests, working set).
         kill: the daemon kill, when asked for.
         wall_s: the whole run.
@@ -195,20 +197,15 @@ class ServeResult:
 
 def cells(config: ServeBenchConfig) -> list[Cell]:
     """Every cell, in run order."""
-    return [Cell(w, fits, c) for w in config.workloads for fits in (True, False) for c in config.concurrency]
+    return [Cell(w, fits, c) for w in config.workloads for fits in config.sets for c in config.concurrency]
 
 
 def workload_of(config: ServeBenchConfig, cell: Cell) -> Workload:
-    """The seeded workload of ``cell`` (its tokens its own)."""
-    factor = config.fit_factor if cell.fits else config.outgrow_factor
-    kinds = list(WorkloadKind)
-    seed = (
-        config.seed * 1_000_003
-        + kinds.index(cell.workload) * 10_007
-        + int(cell.fits) * 1009
-        + cell.concurrency
-    )
-    return build(cell.workload, int(config.engine_tokens * factor), seed, config.max_tokens)
+    """The seeded workload of ``cell``: its working set outgrows ``engine_tokens`` by ``outgrow_factor``; the
+    same tokens for its fits and outgrows rows (only the server's engine cache differs), its own tokens
+    otherwise."""
+    seed = config.seed * 1_000_003 + list(WorkloadKind).index(cell.workload) * 10_007 + cell.concurrency
+    return build(cell.workload, int(config.engine_tokens * config.outgrow_factor), seed, config.max_tokens)
 
 
 def _metric(text: str, name: str) -> int:
@@ -306,16 +303,23 @@ def _warm(served: Served, model: str) -> None:
 
 
 def _measure_column(
-    served: Served, config: ServeBenchConfig, todo: list[tuple[Cell, Workload]], repeat: int, model: str,
-    killer: _Killer | None,
+    served: Served, plan: ServerPlan, config: ServeBenchConfig, todo: list[tuple[Cell, Workload]], repeat: int,
+    model: str, killer: _Killer | None,
 ) -> list[Measured]:  # fmt: skip
+    """Every (workload, concurrency) once on ``served``, recorded as each of the plan's rows."""
     _warm(served, model)
     out = []
     if killer is not None:
         killer.arm()
+    fits_rows = {fits for _, fits in plan.rows}
+    done: set[tuple[WorkloadKind, int]] = set()
     for cell, workload in todo:
-        logger.info("%s: %s %s c=%d (%d requests)", served.kind.value, cell.workload.value,
-                    "fits" if cell.fits else "outgrows", cell.concurrency, workload.requests)  # fmt: skip
+        if cell.fits not in fits_rows or (cell.workload, cell.concurrency) in done:
+            continue
+        done.add((cell.workload, cell.concurrency))
+        logger.info(
+            "%s: %s c=%d (%d requests)", plan.name, cell.workload.value, cell.concurrency, workload.requests
+        )
         before_v, before_t = _vllm_counters(served.server.url), _daemon_tiers(served.daemon)
         t0 = time.monotonic()
         outcomes = drive(served.server.url, model, workload, cell.concurrency, config.block_size)
@@ -328,8 +332,9 @@ def _measure_column(
             for name, after in after_t.items()
         }  # fmt: skip
         wall = max(o.end for o in outcomes) - min(o.start for o in outcomes)
-        out.append(Measured(cell, served.kind, repeat, tuple(outcomes), wall, after_v[0] - before_v[0],
-                            after_v[1] - before_v[1], tiers, restarted))  # fmt: skip
+        for column, fits in plan.rows:
+            out.append(Measured(Cell(cell.workload, fits, cell.concurrency), column, repeat, tuple(outcomes), wall,
+                                after_v[0] - before_v[0], after_v[1] - before_v[1], tiers, restarted))  # fmt: skip
     return out
 
 
@@ -344,10 +349,7 @@ def run_bench(config: ServeBenchConfig, work: Path) -> ServeResult:
     wdir = config.workloads_dir or work / "workloads"
     wdir.mkdir(parents=True, exist_ok=True)
     for cell, workload in todo:
-        write_jsonl(
-            workload,
-            wdir / f"{cell.workload.value}-{'fits' if cell.fits else 'outgrows'}-c{cell.concurrency}.jsonl",
-        )
+        write_jsonl(workload, wdir / f"{cell.workload.value}-c{cell.concurrency}.jsonl")
     longest = max(w.longest_prompt for _, w in todo)
     max_len = -(-(longest + config.block_size) // config.block_size) * config.block_size
     if max_len > config.engine_tokens:
@@ -369,23 +371,20 @@ def run_bench(config: ServeBenchConfig, work: Path) -> ServeResult:
     measured: list[Measured] = []
     engine: dict[str, int] = {}
     kill: KillReport | None = None
-    kill_column = next((c for c in config.columns if c in TIERCACHE), None)
+    servers = [p for p in plans(config.columns, config.sets) if p.kind.value not in skipped]
+    kill_plan = next((p for p in servers if p.kind in TIERCACHE), None)
     for repeat in range(config.repeats):
-        order = list(config.columns[repeat % len(config.columns) :]) + list(
-            config.columns[: repeat % len(config.columns)]
-        )
-        for kind in order:
-            if kind.value in skipped:
-                continue
+        turn = repeat % max(1, len(servers))
+        for plan in servers[turn:] + servers[:turn]:
             try:
-                with serve_column(kind, setup) as served:
-                    engine[kind.value] = served.server.kv_cache_tokens
+                with serve_column(plan.kind, setup, plan.big) as served:
+                    engine[plan.name] = served.server.kv_cache_tokens
                     killer = None
-                    if config.kill_daemon_at_s is not None and kind is kill_column and repeat == 0:
+                    if config.kill_daemon_at_s is not None and plan is kill_plan and repeat == 0:
                         assert served.daemon is not None
                         killer = _Killer(served.daemon, config.kill_daemon_at_s, config.kill_pause_s)
                     try:
-                        got = _measure_column(served, config, todo, repeat, str(model), killer)
+                        got = _measure_column(served, plan, config, todo, repeat, str(model), killer)
                     finally:
                         if killer is not None:
                             killer.finish()
@@ -394,13 +393,14 @@ def run_bench(config: ServeBenchConfig, work: Path) -> ServeResult:
                         probed = max((w for _, w in todo), key=lambda w: w.working_set_tokens)
                         probe = _probe(served, str(model), probed) if killer.restarted_at >= 0 else (0, 0, 0)
                         after = _daemon_tiers(served.daemon)
-                        kill = KillReport(kind.value, killer.killed_at, killer.restarted_at,
+                        kill = KillReport(plan.name, killer.killed_at, killer.restarted_at,
                                           sum(1 for m in got for o in m.outcomes if o.error),
                                           sum(v[0] for v in after.values()), *probe, killer.error)  # fmt: skip
             except (VllmServerError, DaemonStartError, RuntimeError, OSError) as exc:
                 reason = _why(exc)
-                logger.warning("column %s skipped: %s", kind.value, reason)
-                skipped[kind.value] = reason
+                logger.warning("server %s skipped: %s", plan.name, reason)
+                for column, fits in plan.rows:
+                    skipped[f"{column.value} ({'fits' if fits else 'outgrows'})"] = reason
     return ServeResult(tuple(measured), skipped, engine, dict(todo), kill, time.monotonic() - started)
 
 
