@@ -1,14 +1,14 @@
 """One run of ``tiercache-bench serve``: every (workload, fits|outgrows, concurrency) cell on every column.
 
 Each column is one or two ``vllm serve`` (:mod:`.columns`: its engine cache the run's, where the working set
-outgrows it, or the ideal's, where it fits), started once per repeat and used for every cell (cells never
-share tokens: each has its own seed), so a run costs a few server starts. Only one server runs at a
+outgrows it, or the ideal's, where it fits), started once per repeat and used for every cell (a workload and
+concurrency has its own tokens, the same on every server), so a run costs a few server starts. Only one server runs at a
 time (a small host cannot hold several engines); with ``repeats`` > 1 the columns are interleaved: every
 repeat runs every column, the order rotated. Per cell and column it keeps every request's outcome, the wall
 time, what vLLM's ``/metrics`` counted (prompt tokens from its own prefix cache, from the connector) and,
 for tiercache, the daemon's per-tier token counters (``Stats``: loaded and engine-reported tokens).
 
-``kill_daemon_at_s``: in the first tiercache column of the first repeat, a timer SIGKILLs the daemon that
+``kill_daemon_at_s``: on the first tiercache server of the first repeat, a timer SIGKILLs the daemon that
 many seconds after the column's first cell started (or when its cells end, if sooner), waits
 ``kill_pause_s`` and starts it again on the same L3 (socket and options unchanged). After the cells and the
 restart, a probe sends the largest workload's first turns again: the prompts vLLM's own cache has dropped
