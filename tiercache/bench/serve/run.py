@@ -79,7 +79,7 @@ class ServeBenchConfig:
     workloads: tuple[WorkloadKind, ...] = tuple(WorkloadKind)
     concurrency: tuple[int, ...] = (1, 8, 32)
     columns: tuple[ColumnKind, ...] = tuple(ColumnKind)
-    engine_tokens: int = 4096
+    engine_tokens: int = 2048
     sets: tuple[bool, ...] = (True, False)
     outgrow_factor: float = 6.0
     max_tokens: int = 16
