@@ -38,6 +38,7 @@ TIERS: dict[str, Tier] = {
     "tests/tiercache": Tier.UNIT,  # in process (the shared tier's conformance cases start a Redis Cluster)
     "tests/bench": Tier.INTEGRATION,  # tiny bench runs, most against a daemon process they start
     "tests/bench/vllm_engines/test_vllm_bench.py": Tier.E2E,
+    "tests/bench/serve/test_serve_bench.py": Tier.E2E,  # a real ``vllm serve``
     "tests/daemon": Tier.INTEGRATION,
     "tests/connector": Tier.INTEGRATION,
     "tests/connector/vllm": Tier.E2E,

@@ -14,7 +14,7 @@ docstring's first paragraph is the subcommand's description. :data:`COMMANDS` li
     fleet: a trace spread over several hosts' caches, the shared tier off vs on.
     faults: kill -9 mid-stores, corrupted L3 values, killed engines, garbage RPCs, as figures.
     soak: many engine processes against one daemon; errors, wrong bytes, daemon RSS/fd/thread drift.
-    layerwise, singleflight, engine, vllm: further benchmarks, registered when their modules import.
+    layerwise, singleflight, engine, vllm, serve: further benchmarks, registered when their modules import.
 
 Every subcommand prints a table; ``--json PATH`` writes every figure with the machine and config,
 ``--plot PATH.png`` a chart. Exit status: 0 on success (missed targets are reported, not failed); 1 when a
@@ -126,6 +126,12 @@ COMMANDS: tuple[Command, ...] = (
         "vllm",
         ".vllm_engines.command",
         "TTFT of fresh vLLM engines: tiercache vs vLLM's prefix cache, LMCache and ExampleConnector",
+        required=False,
+    ),
+    Command(
+        "serve",
+        ".serve.command",
+        "a real vllm serve under concurrent multi-turn load: plain, ideal, tiercache, LMCache, native",
         required=False,
     ),
 )

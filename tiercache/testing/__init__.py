@@ -12,4 +12,5 @@ Modules:
     faults: kill -9 on one L3, corrupted L3 values, engines killed while holding, garbage RPCs.
     soak: many engines against one daemon, its footprint measured between two phases.
     waits: wait_until, polling with a deadline for what a daemon or a background thread does on its own.
+    vllm_server: a ``vllm serve`` process (start, wait for /health, its KV cache size, stop).
 """

@@ -1,0 +1,57 @@
+"""``tiercache-bench serve --quick`` through a real ``vllm serve``, with the daemon SIGKILLed mid-run.
+
+One run (two servers: plain vLLM, then tiercache) answers every assert, so the test costs two server starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'tiercache[vllm]')")
+
+from tiercache.bench.serve.command import configure_parser, run
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    configure_parser(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_quick_serve_with_the_daemon_killed_mid_run(
+    work: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "serve.json"
+    workloads = tmp_path / "workloads"
+    args = _args("--quick", "--kill-daemon-at", "1", "--json", str(out), "--dir", str(work),
+                 "--workloads-dir", str(workloads), "-q")  # fmt: skip
+    assert run(args) == 0
+    text = capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "tiercache-bench/serve/1" and doc["skipped"] == {}
+    rows = {(r["fits"], r["column"]): r for r in doc["rows"]}
+    assert sorted(rows) == [(False, "plain"), (False, "tiercache_l2")]
+    for row in rows.values():
+        assert row["failed"] == 0 and row["requests"] > 0 and row["req_per_s"] > 0, row
+        assert row["ttft_p50_ms"] > 0 and row["ttft_p99_ms"] >= row["ttft_p50_ms"]
+    # Outgrowing the engine cache, follow-up turns came back from the daemon's tiers, and greedy decoding
+    # gave plain vLLM's tokens.
+    ours = rows[(False, "tiercache_l2")]
+    assert ours["connector_tokens"] > 0 and ours["l2_tokens"] + ours["l3_tokens"] > 0, ours
+    assert ours["greedy_mismatches"] == 0
+    assert set(ours["ratios"]) >= {"req_per_s_vs_plain", "ttft_p50_vs_plain"}
+    # The daemon was SIGKILLed mid-run and restarted on its L3: no request failed, and the connector
+    # re-attached: the new daemon process served tokens.
+    kill = doc["kill"]
+    assert kill["error"] == "" and 0 <= kill["killed_at_s"] < kill["restarted_at_s"], kill
+    assert kill["failed_requests"] == 0 and kill["hit_tokens_after"] > 0, kill
+    assert kill["probe_requests"] > 0 and kill["probe_failed"] == 0 and kill["probe_connector_tokens"] > 0, (
+        kill
+    )
+    assert "daemon kill (tiercache_l2-small)" in text
+    print(text)  # the table, for a run with -s
+    assert [p.name for p in workloads.iterdir()] == ["chat-c4.jsonl"]

@@ -1,0 +1,88 @@
+"""The workloads and the config of ``tiercache-bench serve`` (no vLLM needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tiercache.bench.serve.client import _prompt, _reusable
+from tiercache.bench.serve.columns import ColumnKind, plans
+from tiercache.bench.serve.run import Cell, ServeBenchConfig, cells, workload_of
+from tiercache.bench.serve.workloads import WorkloadKind, build, read_jsonl, write_jsonl
+
+
+@pytest.mark.parametrize("kind", list(WorkloadKind), ids=lambda k: k.value)
+def test_a_workload_is_sized_to_its_working_set_and_replays_from_jsonl(
+    kind: WorkloadKind, tmp_path: Path
+) -> None:
+    small, big = build(kind, 4096, 1, 16), build(kind, 6 * 4096, 1, 16)
+    for w, target in ((small, 4096), (big, 6 * 4096)):
+        assert 0.6 * target <= w.working_set_tokens <= target, (w.working_set_tokens, target)
+    assert len(big.sessions) > 4 * len(small.sessions)
+    assert build(kind, 4096, 1, 16) == small and build(kind, 4096, 2, 16) != small  # seeded
+    write_jsonl(big, tmp_path / "w.jsonl")
+    assert read_jsonl(tmp_path / "w.jsonl") == big
+
+
+def test_a_session_resends_its_history_with_the_outputs_and_whole_turn_reuse_counts_whole_blocks() -> None:
+    chat = build(WorkloadKind.CHAT, 2048, 0, 8).sessions[0]
+    outputs: list[tuple[int, ...]] = [(1,) * 8, (2,) * 8]
+    turn2 = _prompt(chat, 2, outputs)
+    assert turn2 == [*chat.turns[0], *outputs[0], *chat.turns[1], *outputs[1], *chat.turns[2]]
+    # The previous turn: its prompt and its outputs but the last, in whole 32-token blocks.
+    assert _reusable(chat, 2, 100, outputs[1], 32) == 96
+    assert _reusable(chat, 0, 100, (), 32) == 0
+    doc = build(WorkloadKind.DOCQA, 2048, 0, 8).sessions[0]
+    assert _prompt(doc, 3, []) == [*doc.prefix, *doc.turns[3]] and _reusable(doc, 3, 800, (1,) * 8, 32) == 0
+
+
+def test_cells_have_their_own_tokens() -> None:
+    config = ServeBenchConfig(workloads=(WorkloadKind.CHAT,), concurrency=(1, 8))
+    assert cells(config) == [Cell(WorkloadKind.CHAT, f, c) for f in (True, False) for c in (1, 8)]
+    firsts = {c: workload_of(config, c).sessions[0].turns[0][:32] for c in cells(config)}
+    # A workload's fits and outgrows rows send the same tokens (only the engine cache differs); each
+    # concurrency its own.
+    assert firsts[Cell(WorkloadKind.CHAT, True, 1)] == firsts[Cell(WorkloadKind.CHAT, False, 1)]
+    assert len(set(firsts.values())) == 2
+
+
+def test_a_bad_jsonl_line_names_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    line = {"kind": "chat", "max_tokens": 8, "prefix": [], "turns": [[1, -2]], "history": True}
+    path.write_text(json.dumps(line) + "\n")
+    with pytest.raises(ValueError, match=r"bad\.jsonl:1"):
+        read_jsonl(path)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("engine_tokens", 0), ("chunk_tokens", 48), ("concurrency", (0,)), ("outgrow_factor", 0.5), ("sets", ()),
+     ("kill_daemon_at_s", -1.0)],
+)  # fmt: skip
+def test_a_bad_config_names_its_field(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        ServeBenchConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_fits_rows_come_from_servers_with_the_ideals_cache_and_plain_big_is_the_ideal() -> None:
+    every = plans(list(ColumnKind), (True, False))
+    assert [(p.name, p.rows) for p in every] == [
+        ("plain-small", ((ColumnKind.PLAIN, False),)),
+        ("plain-big", ((ColumnKind.PLAIN, True), (ColumnKind.IDEAL, False))),
+        ("tiercache_l2-small", ((ColumnKind.TIERCACHE_L2, False),)),
+        ("tiercache_l2-big", ((ColumnKind.TIERCACHE_L2, True),)),
+        ("tiercache_l3-small", ((ColumnKind.TIERCACHE_L3, False),)),
+        ("lmcache-small", ((ColumnKind.LMCACHE, False),)),
+        ("lmcache-big", ((ColumnKind.LMCACHE, True),)),
+        ("native-small", ((ColumnKind.NATIVE, False),)),
+    ]
+    assert [p.name for p in plans([ColumnKind.PLAIN, ColumnKind.TIERCACHE_L2], (False,))] == [
+        "plain-small", "tiercache_l2-small"
+    ]  # fmt: skip
+
+
+def test_a_daemon_kill_needs_a_tiercache_column() -> None:
+    with pytest.raises(ValueError, match="kill_daemon_at_s"):
+        ServeBenchConfig(columns=(ColumnKind.PLAIN, ColumnKind.LMCACHE), kill_daemon_at_s=1.0)

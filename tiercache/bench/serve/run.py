@@ -1,0 +1,413 @@
+"""One run of ``tiercache-bench serve``: every (workload, fits|outgrows, concurrency) cell on every column.
+
+Each column is one or two ``vllm serve`` (:mod:`.columns`: its engine cache the run's, where the working set
+outgrows it, or the ideal's, where it fits), started once per repeat and used for every cell (a workload and
+concurrency has its own tokens, the same on every server), so a run costs a few server starts. Only one server runs at a
+time (a small host cannot hold several engines); with ``repeats`` > 1 the columns are interleaved: every
+repeat runs every column, the order rotated. Per cell and column it keeps every request's outcome, the wall
+time, what vLLM's ``/metrics`` counted (prompt tokens from its own prefix cache, from the connector) and,
+for tiercache, the daemon's per-tier token counters (``Stats``: loaded and engine-reported tokens).
+
+``kill_daemon_at_s``: on the first tiercache server of the first repeat, a timer SIGKILLs the daemon that
+many seconds after the column's first cell started (or when its cells end, if sooner), waits
+``kill_pause_s`` and starts it again on the same L3 (socket and options unchanged). After the cells and the
+restart, a probe sends the largest workload's first turns again: the prompts vLLM's own cache has dropped
+must come back from the restarted daemon. The run records when, the failures, and what the new daemon
+served.
+
+Primitives:
+    ServeBenchConfig: what to run.
+    Cell: a (workload, fits, concurrency) cell.
+    Measured: one cell on one column.
+    KillReport: what the daemon kill did.
+    ServeResult: every measurement and skipped column of a run.
+    cells / workload_of: the cells of a config and the workload of a cell.
+    run_bench: the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from tiercache.connector.client import TierCacheClient
+from tiercache.errors import TierCacheError
+from tiercache.testing.daemon import DaemonProcess, DaemonStartError
+from tiercache.testing.vllm_server import VllmServerError
+
+from ..vllm_engines.columns import VllmBenchConfig, build_model, prompt
+from ..vllm_engines.peers import _lmcache_missing
+from .client import Outcome, drive
+from .columns import TIERCACHE, ColumnKind, Served, ServerPlan, Setup, kv_bytes_per_token, plans, serve_column
+from .workloads import Workload, WorkloadKind, build, write_jsonl
+
+logger = logging.getLogger(__name__)
+
+TIER_NAMES = ("L1", "L2", "L3", "SHARED")
+
+
+@dataclass(frozen=True, slots=True)
+class ServeBenchConfig:
+    """What ``tiercache-bench serve`` runs.
+
+    Attributes:
+        workloads: the workload kinds.
+        concurrency: requests in flight per cell.
+        columns: the columns, in run order.
+        engine_tokens: the engine KV cache of every column but the ideal (tokens).
+        sets: the rows to measure: True, the working set fits the engine cache (servers with the ideal's
+            cache); False, it outgrows the engine cache (``engine_tokens``).
+        outgrow_factor: every workload's working set, in engine caches of ``engine_tokens``.
+        max_tokens: output tokens per request.
+        block_size: vLLM's block size.
+        chunk_tokens: tiercache's chunk size.
+        hidden / layers: the model.
+        threads: OMP threads of every server.
+        repeats: how many times every column runs (interleaved).
+        lmcache_python: the interpreter of LMCache's venv ("" skips the LMCache column).
+        kill_daemon_at_s: SIGKILL the daemon this long into the first tiercache column (None: never).
+        kill_pause_s: how long the daemon stays down.
+        seed: weights and tokens.
+        workloads_dir: where the workloads' JSONL go (None: the scratch directory).
+    """
+
+    workloads: tuple[WorkloadKind, ...] = tuple(WorkloadKind)
+    concurrency: tuple[int, ...] = (1, 8, 32)
+    columns: tuple[ColumnKind, ...] = tuple(ColumnKind)
+    engine_tokens: int = 2048
+    sets: tuple[bool, ...] = (True, False)
+    outgrow_factor: float = 6.0
+    max_tokens: int = 16
+    block_size: int = 32
+    chunk_tokens: int = 256
+    hidden: int = 256
+    layers: int = 2
+    threads: int = 2
+    repeats: int = 1
+    lmcache_python: str = ""
+    kill_daemon_at_s: float | None = None
+    kill_pause_s: float = 2.0
+    seed: int = 0
+    workloads_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("engine_tokens", "max_tokens", "block_size", "chunk_tokens", "threads", "repeats"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not self.concurrency or min(self.concurrency) <= 0:
+            raise ValueError(f"concurrency must be positive integers, got {self.concurrency}")
+        if self.chunk_tokens % self.block_size:
+            raise ValueError(f"chunk_tokens ({self.chunk_tokens}) must be a multiple of block_size")
+        if not self.outgrow_factor > 1:
+            raise ValueError(f"outgrow_factor must be > 1, got {self.outgrow_factor}")
+        if not self.sets or not set(self.sets) <= {True, False}:
+            raise ValueError(f"sets must name fits (True) and/or outgrows (False), got {self.sets}")
+        if self.kill_daemon_at_s is not None and self.kill_daemon_at_s < 0:
+            raise ValueError(f"kill_daemon_at_s must be >= 0, got {self.kill_daemon_at_s}")
+        if self.kill_daemon_at_s is not None and not set(self.columns) & set(TIERCACHE):
+            raise ValueError("kill_daemon_at_s needs a tiercache column (tiercache_l2 or tiercache_l3)")
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """A workload, sized to fit the engine cache or to outgrow it, at a concurrency."""
+
+    workload: WorkloadKind
+    fits: bool
+    concurrency: int
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """One cell on one column (one repeat).
+
+    Attributes:
+        cell / column / repeat: which.
+        outcomes: every request.
+        wall_s: from the first request sent to the last answered.
+        vllm_hits: prompt tokens vLLM's own prefix cache served (``/metrics``).
+        connector_hits: prompt tokens the KV connector served (``/metrics``).
+        tiers: per tier, the daemon's ``(load_success_tokens, effective_hit_tokens)`` during the cell.
+        daemon_restarted: the daemon was killed and restarted during the cell (its counters restarted).
+    """
+
+    cell: Cell
+    column: ColumnKind
+    repeat: int
+    outcomes: tuple[Outcome, ...]
+    wall_s: float
+    vllm_hits: int
+    connector_hits: int
+    tiers: dict[str, tuple[int, int]] = field(default_factory=dict)
+    daemon_restarted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class KillReport:
+    """What ``--kill-daemon-at`` did.
+
+    Attributes:
+        column: the column whose daemon was killed.
+        killed_at_s / restarted_at_s: seconds into the column.
+        failed_requests: requests of that column's cells that failed.
+        hit_tokens_after: tokens the restarted daemon served (its own counters: all after the restart), the
+            probe included.
+        probe_requests / probe_failed / probe_connector_tokens: after the cells and the restart, the largest
+            workload's first turns again (:func:`_probe`): how many, how many failed, and the prompt tokens
+            vLLM got from the connector for them.
+        error: what did not go as asked ("" when the kill came on time and the restart worked).
+    """
+
+    column: str
+    killed_at_s: float
+    restarted_at_s: float
+    failed_requests: int
+    hit_tokens_after: int
+    probe_requests: int
+    probe_failed: int
+    probe_connector_tokens: int
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ServeResult:
+    """A run.
+
+    Attributes:
+        measured: every (cell, column, repeat).
+        skipped: "column (fits|outgrows)" -> why it did not run.
+        engine_tokens: per server, what its engine cache held (read back from the server's log).
+        workloads: per cell, the workload (for the table: sessions, requests, working set).
+        kill: the daemon kill, when asked for.
+        wall_s: the whole run.
+    """
+
+    measured: tuple[Measured, ...]
+    skipped: dict[str, str]
+    engine_tokens: dict[str, int]
+    workloads: dict[Cell, Workload]
+    kill: KillReport | None
+    wall_s: float
+
+
+def cells(config: ServeBenchConfig) -> list[Cell]:
+    """Every cell, in run order."""
+    return [Cell(w, fits, c) for w in config.workloads for fits in config.sets for c in config.concurrency]
+
+
+def workload_of(config: ServeBenchConfig, cell: Cell) -> Workload:
+    """The seeded workload of ``cell``: its working set outgrows ``engine_tokens`` by ``outgrow_factor``; the
+    same tokens for its fits and outgrows rows (only the server's engine cache differs), its own tokens
+    otherwise."""
+    seed = config.seed * 1_000_003 + list(WorkloadKind).index(cell.workload) * 10_007 + cell.concurrency
+    return build(cell.workload, int(config.engine_tokens * config.outgrow_factor), seed, config.max_tokens)
+
+
+def _metric(text: str, name: str) -> int:
+    return int(
+        sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+    )
+
+
+def _vllm_counters(url: str) -> tuple[int, int]:
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return _metric(text, "vllm:prefix_cache_hits_total"), _metric(
+        text, "vllm:external_prefix_cache_hits_total"
+    )
+
+
+def _daemon_tiers(daemon: DaemonProcess | None) -> dict[str, tuple[int, int]]:
+    if daemon is None or not daemon.alive():
+        return {}
+    client = TierCacheClient.connect(daemon.address, timeout_s=10.0)
+    try:
+        stats = client.stats()
+    except TierCacheError as exc:
+        logger.warning("daemon stats unavailable: %s", exc)
+        return {}
+    finally:
+        client.close()
+    return {t.level.name: (t.load_success_tokens, t.effective_hit_tokens) for t in stats.tiers}
+
+
+class _Killer:
+    """Kills the daemon ``at_s`` after :meth:`arm` (or when the column ends, if that comes first), restarts it
+    after ``pause_s`` (a timer thread)."""
+
+    def __init__(self, daemon: DaemonProcess, at_s: float, pause_s: float) -> None:
+        self.daemon, self.at_s, self.pause_s = daemon, at_s, pause_s
+        self.killed_at = self.restarted_at = -1.0
+        self.error = ""
+        self._t0 = 0.0
+        self._ended = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="serve-daemon-killer", daemon=True)
+
+    def arm(self) -> None:
+        self._t0 = time.monotonic()
+        self._thread.start()
+
+    def _run(self) -> None:
+        if self._ended.wait(self.at_s):
+            self.error = "the column's cells ended before the kill was due: killed after them"
+        self.daemon.kill()
+        self.killed_at = time.monotonic() - self._t0
+        logger.info("daemon SIGKILLed %.1f s into the column", self.killed_at)
+        self._ended.wait(self.pause_s)
+        try:
+            self.daemon.start()
+        except DaemonStartError as exc:
+            self.error = f"restart failed: {exc}"
+            return
+        self.restarted_at = time.monotonic() - self._t0
+        logger.info("daemon restarted %.1f s into the column", self.restarted_at)
+
+    def finish(self) -> None:
+        """The column's cells ended: kill now if the kill is not done yet, and wait for the restart."""
+        self._ended.set()
+        self._thread.join()
+
+    def restarted_between(self, t0: float, t1: float) -> bool:
+        return self.killed_at >= 0 and t0 - self._t0 <= self.killed_at <= t1 - self._t0
+
+
+def _probe(served: Served, model: str, workload: Workload) -> tuple[int, int, int]:
+    """After a daemon restart: every session's first turn again, one at a time (those that vLLM's own cache
+    dropped can only come from the restarted daemon). Returns (requests, failed, tokens the connector
+    served, as vLLM counted them)."""
+    before = _vllm_counters(served.server.url)[1]
+    failed = 0
+    for session in workload.sessions:
+        body = {
+            "model": model,
+            "prompt": [*session.prefix, *session.turns[0]],
+            "max_tokens": 1,
+            "temperature": 0.0,
+        }
+        try:
+            httpx.post(f"{served.server.url}/v1/completions", json=body, timeout=300).raise_for_status()
+        except httpx.HTTPError as exc:
+            logger.warning("probe request failed: %s", exc)
+            failed += 1
+    return len(workload.sessions), failed, _vllm_counters(served.server.url)[1] - before
+
+
+def _warm(served: Served, model: str) -> None:
+    """One untimed request (a fresh server's first request pays for lazy setup)."""
+    body = {"model": model, "prompt": prompt(999_999, 64), "max_tokens": 2, "temperature": 0.0}
+    httpx.post(f"{served.server.url}/v1/completions", json=body, timeout=300).raise_for_status()
+
+
+def _measure_column(
+    served: Served, plan: ServerPlan, config: ServeBenchConfig, todo: list[tuple[Cell, Workload]], repeat: int,
+    model: str, killer: _Killer | None,
+) -> list[Measured]:  # fmt: skip
+    """Every (workload, concurrency) once on ``served``, recorded as each of the plan's rows."""
+    _warm(served, model)
+    out = []
+    if killer is not None:
+        killer.arm()
+    fits_rows = {fits for _, fits in plan.rows}
+    done: set[tuple[WorkloadKind, int]] = set()
+    for cell, workload in todo:
+        if cell.fits not in fits_rows or (cell.workload, cell.concurrency) in done:
+            continue
+        done.add((cell.workload, cell.concurrency))
+        logger.info(
+            "%s: %s c=%d (%d requests)", plan.name, cell.workload.value, cell.concurrency, workload.requests
+        )
+        before_v, before_t = _vllm_counters(served.server.url), _daemon_tiers(served.daemon)
+        t0 = time.monotonic()
+        outcomes = drive(served.server.url, model, workload, cell.concurrency, config.block_size)
+        t1 = time.monotonic()
+        after_v, after_t = _vllm_counters(served.server.url), _daemon_tiers(served.daemon)
+        restarted = killer is not None and killer.restarted_between(t0, t1)
+        tiers = {
+            name: after if restarted or name not in before_t
+            else (after[0] - before_t[name][0], after[1] - before_t[name][1])
+            for name, after in after_t.items()
+        }  # fmt: skip
+        wall = max(o.end for o in outcomes) - min(o.start for o in outcomes)
+        for column, fits in plan.rows:
+            out.append(Measured(Cell(cell.workload, fits, cell.concurrency), column, repeat, tuple(outcomes), wall,
+                                after_v[0] - before_v[0], after_v[1] - before_v[1], tiers, restarted))  # fmt: skip
+    return out
+
+
+def run_bench(config: ServeBenchConfig, work: Path) -> ServeResult:
+    """Run every column over every cell (see the module docstring).
+
+    A column whose processes do not start is skipped with the reason (vLLM's error for ``native``); the
+    other columns still run.
+    """
+    started = time.monotonic()
+    todo = [(cell, workload_of(config, cell)) for cell in cells(config)]
+    wdir = config.workloads_dir or work / "workloads"
+    wdir.mkdir(parents=True, exist_ok=True)
+    for cell, workload in todo:
+        write_jsonl(workload, wdir / f"{cell.workload.value}-c{cell.concurrency}.jsonl")
+    longest = max(w.longest_prompt for _, w in todo)
+    max_len = -(-(longest + config.block_size) // config.block_size) * config.block_size
+    if max_len > config.engine_tokens:
+        raise ValueError(
+            f"engine_tokens ({config.engine_tokens}) must hold the longest request ({max_len} tokens)"
+        )
+    biggest = max(w.working_set_tokens for _, w in todo)
+    margin = (max(config.concurrency) + 2) * config.block_size * 2
+    model = build_model(work / "model", VllmBenchConfig(lengths=(max_len,), hidden=config.hidden,
+                                                        layers=config.layers, throughput=False, seed=config.seed))  # fmt: skip
+    setup = Setup(model, work, config.engine_tokens, biggest + margin, 2 * biggest, max_len, config.block_size,
+                  config.chunk_tokens, kv_bytes_per_token(config.hidden, config.layers), config.threads,
+                  config.lmcache_python)  # fmt: skip
+    skipped: dict[str, str] = {}
+    if ColumnKind.LMCACHE in config.columns:
+        missing = _lmcache_missing(config.lmcache_python)
+        if missing:
+            skipped[ColumnKind.LMCACHE.value] = missing
+    measured: list[Measured] = []
+    engine: dict[str, int] = {}
+    kill: KillReport | None = None
+    servers = [p for p in plans(config.columns, config.sets) if p.kind.value not in skipped]
+    kill_plan = next((p for p in servers if p.kind in TIERCACHE), None)
+    for repeat in range(config.repeats):
+        turn = repeat % max(1, len(servers))
+        for plan in servers[turn:] + servers[:turn]:
+            try:
+                with serve_column(plan.kind, setup, plan.big) as served:
+                    engine[plan.name] = served.server.kv_cache_tokens
+                    killer = None
+                    if config.kill_daemon_at_s is not None and plan is kill_plan and repeat == 0:
+                        assert served.daemon is not None
+                        killer = _Killer(served.daemon, config.kill_daemon_at_s, config.kill_pause_s)
+                    try:
+                        got = _measure_column(served, plan, config, todo, repeat, str(model), killer)
+                    finally:
+                        if killer is not None:
+                            killer.finish()
+                    measured += got
+                    if killer is not None:
+                        probed = max((w for _, w in todo), key=lambda w: w.working_set_tokens)
+                        probe = _probe(served, str(model), probed) if killer.restarted_at >= 0 else (0, 0, 0)
+                        after = _daemon_tiers(served.daemon)
+                        kill = KillReport(plan.name, killer.killed_at, killer.restarted_at,
+                                          sum(1 for m in got for o in m.outcomes if o.error),
+                                          sum(v[0] for v in after.values()), *probe, killer.error)  # fmt: skip
+            except (VllmServerError, DaemonStartError, RuntimeError, OSError) as exc:
+                reason = _why(exc)
+                logger.warning("server %s skipped: %s", plan.name, reason)
+                for column, fits in plan.rows:
+                    skipped[f"{column.value} ({'fits' if fits else 'outgrows'})"] = reason
+    return ServeResult(tuple(measured), skipped, engine, dict(todo), kill, time.monotonic() - started)
+
+
+def _why(exc: BaseException) -> str:
+    """The telling line of a failure (vLLM's own error where its log has one)."""
+    text = str(exc)
+    for line in reversed(text.splitlines()):
+        if "Error:" in line and "Engine core initialization failed" not in line:
+            return line.strip()[-400:]
+    return text.strip().splitlines()[0][-400:] if text.strip() else type(exc).__name__
