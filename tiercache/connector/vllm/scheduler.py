@@ -1,17 +1,24 @@
-"""The scheduler-side connector (in vLLM's EngineCore): one daemon call per request, and each step's plan.
+"""The scheduler-side connector (in vLLM's EngineCore): at most one daemon call per request, each step's plan.
 
 * At start the engine's namespace is registered in the background (:mod:`.ahead`).
-* ``get_num_new_matched_tokens`` asks the daemon once per request how many of the prompt's full chunks it
-  holds, and offers vLLM the cached tokens beyond what vLLM has locally, in whole blocks — the last cached
-  chunk may be loaded in part, and never the whole prompt (vLLM computes at least the last token).
+* ``get_num_new_matched_tokens`` asks the daemon at most once per request how many of the prompt's full
+  chunks it holds, and offers vLLM the cached tokens beyond what vLLM has locally, in whole blocks — the last
+  cached chunk may be loaded in part, and never the whole prompt (vLLM computes at least the last token).
+  No call at all when tiercache cannot add a block: the prompt is shorter than a loadable chunk, vLLM's own
+  prefix cache (``num_computed_tokens``) already covers every block tiercache could offer, or the request
+  said ``tiercache_skip_load`` (:mod:`.params`). The call asks only for the chunks from the one holding
+  vLLM's first uncomputed token on (keys are a hash chain: a chunk's key names its whole prefix).
   With TP = PP = 1 that one call is AcquireLoad (under the configured load policy): it looks the chunks up,
   promotes them into shared memory and leases their slots, and the lease travels to the worker in the
-  step's :class:`~.metadata.LoadSpec` — the worker only copies, and releases it (the daemon ties a lease to
-  the namespace's handle, which the worker's connection registers too), so a loaded request costs one
-  round trip. A lease the worker never gets is released here (deferred: it rides on the namespace's next
+  step's :class:`~.metadata.LoadSpec` (its slots numbered by chunk position in the prompt) — the worker only
+  copies, and releases it (the daemon ties a lease to the namespace's handle, which the worker's connection
+  registers too), so a loaded request costs one round trip. A request that vLLM asked about but could not
+  schedule (no free blocks) keeps its answer and its lease for its retries while the lease is young
+  (:data:`HOLD_FRACTION` of its TTL): a request waiting for blocks is not looked up and leased again at
+  every step. A lease the worker never gets is released here (deferred: it rides on the namespace's next
   call, or goes one-way shortly after): when vLLM allocates no external tokens (everything is in its own
-  prefix cache), when the request is not scheduled in the step that asked (no blocks: it is asked again
-  when it is tried again), when it is preempted before its load, and when it finishes.
+  prefix cache), when a waiting request's lease grows old, when it is preempted before its load, and when
+  it finishes.
   With TP or PP > 1 every worker holds its own shard of each chunk: the call is a Lookup that starts
   promoting the prefix, and each worker leases its shard (:mod:`.worker`). With the byte stream
   (``data_plane`` ``stream``, or ``auto`` when the daemon names no shared-memory segment) there are no slots
@@ -20,8 +27,9 @@
   A daemon that is down or fails is a miss (logged and counted), never an exception.
 * ``update_state_after_alloc`` records which tokens the worker loads; ``build_connector_meta`` turns that
   and the step's block tables into a :class:`~.metadata.TierCacheMetadata`: the blocks to load, and the
-  full chunks of each prompt completed by this step, to be copied into one store reservation per request,
-  committed in the step that completes the prompt's last full chunk.
+  full chunks of each prompt completed by this step (from the first chunk neither vLLM nor tiercache had
+  when it was looked up; none under ``tiercache_skip_save``), to be copied into one store reservation per
+  request, committed in the step that completes the prompt's last full chunk.
 * The worker copies and commits in the background (:mod:`.saves`), so ``request_finished`` returns True
   for a request that had save work: vLLM holds its blocks until the worker's ``get_finished`` reports the
   request (its copies done, its reservation committed — or dropped, when the request ended before its last
@@ -30,9 +38,10 @@
   blocks, and drops its reservation.
 
 Primitives:
+    HOLD_FRACTION: how much of its TTL a waiting request's lease is kept for its retries.
     SchedulerSide: get_num_new_matched_tokens, update_state_after_alloc, build_connector_meta,
-        request_finished, shutdown; ``lookup_failures`` counts daemon failures, ``held_leases`` the leases
-        taken and not yet handed to the worker or released.
+        request_finished, shutdown; ``lookup_failures`` counts daemon failures, ``lookups`` the daemon calls
+        made, ``held_leases`` the leases taken and not yet handed to the worker or released.
 """
 
 from __future__ import annotations
@@ -40,7 +49,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tiercache.errors import TierCacheError
@@ -56,8 +65,15 @@ from .config import VllmConnectorConfig
 from .loads import leased_prefix
 from .metadata import LoadSpec, SaveSpec, TierCacheMetadata
 from .namespace import EngineIdentity, request_factors
+from .params import RequestParams, request_params
 
 logger = logging.getLogger(__name__)
+
+HOLD_FRACTION = 0.5
+"""A request that vLLM could not schedule keeps its answer and lease for its retries while the lease is
+younger than this share of its TTL (then it is released, and a retry asks again)."""
+ANSWER_FRESH_S = 1.0
+"""A retried request's answer without a lease (a miss, or a Lookup's) is reused for this long."""
 
 
 @dataclass
@@ -67,9 +83,11 @@ class _Request:
     request: Any
     adapter: str
     salt: str
+    params: RequestParams
     full_chunks: int
     cached_chunks: int
-    loadable_tokens: int
+    loadable_tokens: int = 0
+    asked_from: int = -1  # the first chunk the daemon was asked about; -1: not asked
     pending_load: tuple[int, int] | None = None
     block_ids: list[int] = field(default_factory=list)
     saved_upto: int = 0
@@ -77,7 +95,7 @@ class _Request:
     save_done: bool = False
     namespace: Namespace | None = None
     lease: LoadLease | None = None
-    leased_at: float = 0.0
+    asked_at: float = 0.0  # the clock just before the daemon was asked (a lease's TTL starts after)
 
 
 class SchedulerSide:
@@ -99,8 +117,9 @@ class SchedulerSide:
         self._lease_here = identity.tp_size == 1 and identity.pp_size == 1
         self._timeout_s = config.timeout_s if config.load_policy is LoadPolicyKind.TIMEOUT else 0.0
         self._requests: dict[str, _Request] = {}
-        self._asked: set[str] = set()  # asked in this step and not allocated (yet)
+        self._waiting: set[str] = set()  # leased for, and not allocated (yet)
         self.lookup_failures = 0
+        self.lookups = 0
         self._connecting = connect_ahead(
             client,
             identity.namespace(),
@@ -124,34 +143,55 @@ class SchedulerSide:
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
         """Cached tokens beyond ``num_computed_tokens`` the worker can load (synchronously: False)."""
-        tracked = self._requests.get(request.request_id)
+        req_id = request.request_id
+        tracked = self._requests.get(req_id)
+        if tracked is not None and not self._answers(tracked, num_computed_tokens):
+            self._forget(req_id)
+            tracked = None
         if tracked is None:
-            tracked = self._lookup(request)
-            self._requests[request.request_id] = tracked
+            tracked = self._lookup(request, num_computed_tokens)
+            self._requests[req_id] = tracked
         if tracked.lease is not None:
-            self._asked.add(request.request_id)
+            self._waiting.add(req_id)
         return max(0, tracked.loadable_tokens - num_computed_tokens), False
 
-    def _lookup(self, request: Any) -> _Request:
+    def _answers(self, tracked: _Request, num_computed: int) -> bool:
+        """Whether a retried request's earlier answer still holds: the daemon was asked about every chunk
+        vLLM does not have now, and its lease (if any) is young."""
+        if tracked.asked_from < 0 or num_computed // self._chunk < tracked.asked_from:
+            return False  # deciding again costs no call, or vLLM lost blocks it had
+        return self._young(tracked)
+
+    def _young(self, tracked: _Request) -> bool:
+        """Whether the request's answer (and lease) is young enough to be used again."""
+        fresh_s = ANSWER_FRESH_S if tracked.lease is None else HOLD_FRACTION * tracked.lease.expires_in_s
+        return self._clock() < tracked.asked_at + fresh_s
+
+    def _lookup(self, request: Any, num_computed: int) -> _Request:
         prompt = list(request.prompt_token_ids or ())
         adapter, salt = request_factors(request)
+        params = request_params(request)
         full = len(prompt) // self._chunk
-        tracked = _Request(request, adapter, salt, full, 0, 0)
-        if full:
-            ns = self._identity.namespace(adapter, salt)
-            keys = chunk_keys(ns, prompt[: full * self._chunk])
-            try:
-                if self._leases(ns):
-                    self._acquire(tracked, ns, keys)
-                else:
-                    tracked.cached_chunks = self._client.lookup(ns, keys, prefetch=True).chunks
-            except TierCacheError as exc:
-                self.lookup_failures += 1
-                logger.warning("tiercache lookup failed (%s); request %s recomputes", exc, request.request_id)
-        # Whole blocks of the cached chunks (the last chunk may be loaded in part), never the last token.
-        loadable = min(tracked.cached_chunks * self._chunk, (len(prompt) - 1) // self._block * self._block)
-        tracked.loadable_tokens = max(0, loadable)
-        if tracked.loadable_tokens == 0:
+        first = min(num_computed // self._chunk, full)  # vLLM has the chunks before this one
+        tracked = _Request(request, adapter, salt, params, full, first, save_done=not params.save)
+        # Whole blocks of cached chunks (the last one may be loaded in part), never the last token.
+        most = min(full * self._chunk, (len(prompt) - 1) // self._block * self._block)
+        if not params.load or most <= num_computed:
+            return tracked  # tiercache cannot add a block: no daemon call
+        ns = self._identity.namespace(adapter, salt)
+        keys = chunk_keys(ns, prompt[: full * self._chunk])
+        tracked.asked_from, tracked.asked_at = first, self._clock()
+        self.lookups += 1
+        try:
+            if self._leases(ns):
+                self._acquire(tracked, ns, keys, first)
+            else:
+                tracked.cached_chunks = self._client.lookup(ns, keys, prefetch=True).chunks
+        except TierCacheError as exc:
+            self.lookup_failures += 1
+            logger.warning("tiercache lookup failed (%s); request %s recomputes", exc, request.request_id)
+        tracked.loadable_tokens = max(0, min(tracked.cached_chunks * self._chunk, most))
+        if tracked.loadable_tokens <= num_computed:
             self._release(tracked)
         return tracked
 
@@ -165,18 +205,20 @@ class SchedulerSide:
 
         return daemon_medium(self._config.data_plane, offered) is Medium.SHARED_MEMORY
 
-    def _acquire(self, tracked: _Request, ns: Namespace, keys: list[bytes]) -> None:
-        """Lease the cached prefix for the worker (the lookup, the promotion and the lease in one call)."""
+    def _acquire(self, tracked: _Request, ns: Namespace, keys: list[bytes], first: int) -> None:
+        """Lease the cached chunks from position ``first`` on for the worker (the lookup, the promotion and
+        the lease in one call); the lease's slots are renumbered by position in the prompt."""
         if self._config.prefill is not None:
             self._client.declare_models(ns, self._config.prefill)  # sent with the (first) registration
-        started = self._clock()
         lease = self._client.acquire_load(
-            ns, keys, policy=self._config.load_policy, timeout_s=self._timeout_s
+            ns, keys[first:], policy=self._config.load_policy, timeout_s=self._timeout_s
         )
-        tracked.namespace, tracked.leased_at = ns, started
+        if first:
+            lease = replace(lease, slots=tuple(replace(r, index=r.index + first) for r in lease.slots))
+        tracked.namespace = ns
         if lease.lease_id:
             tracked.lease = lease
-        tracked.cached_chunks = len(leased_prefix(lease, self._identity.layout.chunk_bytes))
+        tracked.cached_chunks = first + len(leased_prefix(lease, self._identity.layout.chunk_bytes))
 
     def _release(self, tracked: _Request) -> None:
         """Release the request's lease, if it still holds one (deferred: nothing was copied from it)."""
@@ -184,9 +226,17 @@ class SchedulerSide:
         if lease is not None and tracked.namespace is not None:
             self._client.defer_release(tracked.namespace, lease.lease_id)
 
+    def _forget(self, req_id: str) -> _Request | None:
+        """Stop tracking a request (releasing its lease)."""
+        self._waiting.discard(req_id)
+        tracked = self._requests.pop(req_id, None)
+        if tracked is not None:
+            self._release(tracked)
+        return tracked
+
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         """Remember the tokens ``[end - num_external_tokens, end)`` for the worker to load."""
-        self._asked.discard(request.request_id)
+        self._waiting.discard(request.request_id)
         tracked = self._requests.get(request.request_id)
         if tracked is None:
             return
@@ -201,11 +251,10 @@ class SchedulerSide:
     def build_connector_meta(self, so: Any) -> TierCacheMetadata:
         """The step's loads, saves and dropped reservations (see the module docstring)."""
         meta = TierCacheMetadata()
-        for req_id in self._asked:  # asked, but not scheduled: no blocks (it is asked again when retried)
-            unscheduled = self._requests.pop(req_id, None)
-            if unscheduled is not None:
-                self._release(unscheduled)
-        self._asked.clear()
+        for req_id in list(self._waiting):  # leased for, not scheduled: kept for its retries while young
+            waiting = self._requests.get(req_id)
+            if waiting is None or waiting.lease is None or not self._young(waiting):
+                self._forget(req_id)
         for req_id in so.preempted_req_ids or ():
             self._preempted(req_id, meta)
         for new in so.scheduled_new_reqs:
@@ -247,7 +296,7 @@ class SchedulerSide:
                     tuple(tracked.block_ids[: end // self._block]),
                     first // self._block,
                     tracked.lease,
-                    tracked.leased_at,
+                    tracked.asked_at,
                 )
             )
             tracked.lease = None  # the worker's now: it releases the lease after its copy
@@ -275,17 +324,11 @@ class SchedulerSide:
 
     def _preempted(self, req_id: str, meta: TierCacheMetadata) -> None:
         """A preempted request loses its blocks: fence its copies and look it up again when resumed."""
-        tracked = self._requests.pop(req_id, None)
-        if tracked is None:
-            return
-        self._release(tracked)  # preempted before its load was planned
-        if tracked.save_open:
+        tracked = self._forget(req_id)  # (its lease, when preempted before its load was planned)
+        if tracked is not None and tracked.save_open:
             meta.preempted.append(req_id)
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         """Forget the request; hold its blocks (True) when it had save work, until the worker reports it."""
-        tracked = self._requests.pop(request.request_id, None)
-        if tracked is None:
-            return False, None
-        self._release(tracked)
-        return tracked.save_open, None
+        tracked = self._forget(request.request_id)
+        return (tracked is not None and tracked.save_open), None
