@@ -6,8 +6,9 @@
   cached chunk may be loaded in part, and never the whole prompt (vLLM computes at least the last token).
   No call at all when tiercache cannot add a block: the prompt is shorter than a loadable chunk, vLLM's own
   prefix cache (``num_computed_tokens``) already covers every block tiercache could offer, or the request
-  said ``tiercache_skip_load`` (:mod:`.params`). The call asks only for the chunks from the one holding
-  vLLM's first uncomputed token on (keys are a hash chain: a chunk's key names its whole prefix).
+  said ``tiercache_skip_load`` (:mod:`.params`) or skips reading caches (vLLM's
+  ``skip_reading_prefix_cache``, e.g. for prompt logprobs). The call asks only for the chunks from the one
+  holding vLLM's first uncomputed token on (keys are a hash chain: a chunk's key names its whole prefix).
   With TP = PP = 1 that one call is AcquireLoad (under the configured load policy): it looks the chunks up,
   promotes them into shared memory and leases their slots, and the lease travels to the worker in the
   step's :class:`~.metadata.LoadSpec` (its slots numbered by chunk position in the prompt) — the worker only
@@ -176,8 +177,8 @@ class SchedulerSide:
         tracked = _Request(request, adapter, salt, params, full, first, save_done=not params.save)
         # Whole blocks of cached chunks (the last one may be loaded in part), never the last token.
         most = min(full * self._chunk, (len(prompt) - 1) // self._block * self._block)
-        if not params.load or most <= num_computed:
-            return tracked  # tiercache cannot add a block: no daemon call
+        if not params.load or most <= num_computed or getattr(request, "skip_reading_prefix_cache", False):
+            return tracked  # tiercache cannot add a block (or vLLM would not take it): no daemon call
         ns = self._identity.namespace(adapter, salt)
         keys = chunk_keys(ns, prompt[: full * self._chunk])
         tracked.asked_from, tracked.asked_at = first, self._clock()
