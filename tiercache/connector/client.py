@@ -257,9 +257,10 @@ class TierCacheClient:
         policy: LoadPolicyKind = LoadPolicyKind.WAIT_COMPLETE,
         timeout_s: float = 0.0,
         prompt_tokens: int = 0,
+        more_chains: Sequence[Sequence[bytes]] = (),
     ) -> LoadLease:
-        """Lease the slots of the cached prefix of ``keys`` that ``policy`` chooses (promoted into L2 first);
-        carries the namespace's deferred releases and usage (settled first).
+        """Lease the slots of the cached prefix of ``keys`` that ``policy`` chooses (promoted into L2 first), and
+        of each of ``more_chains`` (own leases, in ``more``); carries deferred releases and usage (settled first).
 
         Args:
             namespace: the namespace.
@@ -274,6 +275,7 @@ class TierCacheClient:
                 model (naming ``timeout_s`` / ``prefill``).
         """
         settle = self._take_settlement(namespace)
+        num_keys = max(map(len, (keys, *more_chains)))  # the chains wait together, from the call's arrival
         resp = self._conn.unary(
             rpcs.ACQUIRE_LOAD,
             namespace,
@@ -285,8 +287,9 @@ class TierCacheClient:
                 timeout_s=timeout_s,
                 prompt_tokens=prompt_tokens,
                 settle=settle,
+                more_chains=[pb.KeyChain(keys=more) for more in more_chains],
             ),
-            self.config.timeout_s + self._load_wait_s(namespace, len(keys), policy, timeout_s, prompt_tokens),
+            self.config.timeout_s + self._load_wait_s(namespace, num_keys, policy, timeout_s, prompt_tokens),
         )
         return LoadLease.from_proto(resp)
 

@@ -38,6 +38,7 @@ from tiercache.connector.vllm.layout import BackendLayout
 from tiercache.connector.vllm.params import SKIP_LOAD, SKIP_SAVE
 from tiercache.connector.vllm.scheduler import HOLD_FRACTION, SchedulerSide
 from tiercache.connector.vllm.worker import WorkerSide
+from tiercache.errors import InvalidArgumentError
 from tiercache.keys import Namespace
 from tiercache.testing.daemon import DaemonProcess as Daemon
 
@@ -56,18 +57,23 @@ def daemon(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
 
 
 class CountingClient(TierCacheClient):
-    """A real client that records how many keys each lookup it sends carries."""
+    """A real client that records the lookups it sends: per call, how many keys each chain carries."""
 
     def __init__(self, address: str) -> None:
         super().__init__(parse_address(address), settle_after_s=600.0)
-        self.asked: list[int] = []
+        self.calls: list[list[int]] = []
+
+    @property
+    def asked(self) -> list[int]:
+        """The calls that carried one chain: its keys."""
+        return [chains[0] for chains in self.calls if len(chains) == 1]
 
     def acquire_load(self, namespace: Namespace, keys: Sequence[bytes], *args: Any, **kwargs: Any) -> Any:
-        self.asked.append(len(keys))
+        self.calls.append([len(keys), *(len(more) for more in kwargs.get("more_chains", ()))])
         return super().acquire_load(namespace, keys, *args, **kwargs)
 
     def lookup(self, namespace: Namespace, keys: Sequence[bytes], *args: Any, **kwargs: Any) -> Any:
-        self.asked.append(len(keys))
+        self.calls.append([len(keys)])
         return super().lookup(namespace, keys, *args, **kwargs)
 
 
@@ -105,7 +111,7 @@ def test_no_daemon_call_when_tiercache_cannot_add_a_block(daemon: Daemon) -> Non
         # shorter than a chunk, and one chunk whose only block holds the last token
         assert sched.get_num_new_matched_tokens(_Request("short", prompt[:20]), 0) == (0, False)
         assert sched.get_num_new_matched_tokens(_Request("one", prompt[:32]), 0) == (0, False)
-        assert client.asked == [] and sched.lookups == 0
+        assert client.calls == [] and sched.lookups == 0
         assert sched.get_num_new_matched_tokens(_Request("control", prompt), 0) == (3 * 32, False)
         assert client.asked == [3]
         assert sched.request_finished(_Request("control", prompt), []) == (False, None)
@@ -189,7 +195,7 @@ def test_kv_transfer_params_skip_load_and_save(daemon: Daemon, caplog: pytest.Lo
         skip_load = _Request("skip-load", prompt)
         skip_load.kv_transfer_params = {SKIP_LOAD: True, "do_remote_prefill": False}  # (another's key)
         assert sched.get_num_new_matched_tokens(skip_load, 0) == (0, False)
-        assert client.asked == []
+        assert client.calls == []
         sched.update_state_after_alloc(skip_load, None, 0)
 
         skip_save = _Request("skip-save", fresh)
@@ -219,3 +225,47 @@ def test_kv_transfer_params_skip_load_and_save(daemon: Daemon, caplog: pytest.Lo
         client.settle()
         assert _active_leases(daemon) == 0
         sched.shutdown()
+
+
+def test_the_requests_that_arrived_together_are_looked_up_in_one_call(daemon: Daemon) -> None:
+    a, b = _prompt(10000), _prompt(11000)
+    _store_chunks(daemon, a)
+    _store_chunks(daemon, b)
+    c = a[: 2 * 32] + _prompt(12000)[2 * 32 :]  # A's first two chunks, then its own
+    local = {"b": 32}  # vLLM's own prefix cache holds B's first block
+    with CountingClient(daemon.address) as client:
+        sched = SchedulerSide(IDENTITY, client, _config(daemon.address))
+        sched.bind_local_hit(lambda request: local.get(request.request_id, 0))
+        reqs = {r.request_id: r for r in (_Request("a", a), _Request("b", b), _Request("c", c))}
+        reqs["short"] = _Request("short", a[:20])
+        for r in reqs.values():
+            sched.on_new_request(r)
+        assert sched.get_num_new_matched_tokens(reqs["a"], 0) == (3 * 32, False)
+        # one call: A whole, B beyond vLLM's block, C beyond the chunks A brings; none for the short one
+        assert client.calls == [[3, 2, 1]] and sched.lookups == 1
+        assert sched.get_num_new_matched_tokens(reqs["b"], 32) == (2 * 32, False)
+        assert sched.get_num_new_matched_tokens(reqs["c"], 2 * 32) == (0, False)  # its own chunk: a miss
+        assert sched.get_num_new_matched_tokens(reqs["short"], 0) == (0, False)
+        assert client.calls == [[3, 2, 1]]  # answered without a call
+        client.settle()
+        assert _active_leases(daemon) == 2 and sched.held_leases == 2
+
+        # C tried again while vLLM lacks A's blocks (A was not scheduled): asked again, alone
+        sched.request_finished(reqs["c"], [])
+        again = _Request("c2", c)
+        assert sched.get_num_new_matched_tokens(again, 0) == (2 * 32, False)
+        assert client.calls == [[3, 2, 1], [3]]
+        for r in (*reqs.values(), again):
+            sched.request_finished(r, [])
+        client.settle()
+        assert _active_leases(daemon) == 0
+        sched.shutdown()
+
+
+def test_the_daemon_refuses_too_many_chains_naming_the_field(daemon: Daemon) -> None:
+    with TierCacheClient.connect(daemon.address) as client:
+        keys = [bytes([i % 256, i // 256]) * 16 for i in range(300)]
+        with pytest.raises(InvalidArgumentError, match="more_chains"):
+            client.acquire_load(IDENTITY.namespace(), keys[:1], more_chains=[[k] for k in keys[1:]])
+        lease = client.acquire_load(IDENTITY.namespace(), keys[:1], more_chains=[[k] for k in keys[1:3]])
+        assert len(lease.more) == 2  # the daemon is still up (and answers every chain)

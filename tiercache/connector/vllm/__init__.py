@@ -145,6 +145,13 @@ class TierCacheConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
     # ------------------------------------------------------------------ scheduler side
 
+    def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
+        super().bind_kv_cache_manager(kv_cache_manager)
+        self._s().bind_local_hit(lambda request: int(kv_cache_manager.get_computed_blocks(request)[1]))
+
+    def on_new_request(self, request: Any) -> None:
+        self._s().on_new_request(request)
+
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         return self._s().get_num_new_matched_tokens(request, num_computed_tokens)
 

@@ -9,6 +9,11 @@
   said ``tiercache_skip_load`` (:mod:`.params`) or skips reading caches (vLLM's
   ``skip_reading_prefix_cache``, e.g. for prompt logprobs). The call asks only for the chunks from the one
   holding vLLM's first uncomputed token on (keys are a hash chain: a chunk's key names its whole prefix).
+  One call serves a scheduler step: the request vLLM asks about is looked up together with the requests
+  that arrived with it (``on_new_request``; up to :data:`BATCH_MAX`), each from the chunks vLLM's own prefix
+  cache does not hold of it (``bind_local_hit``) nor an earlier request of the batch brings — one
+  AcquireLoad carrying a chain per request (``more_chains``), each under its own lease — so vLLM's later
+  questions in the step are answered without a call, and no request waits a step for its answer.
   With TP = PP = 1 that one call is AcquireLoad (under the configured load policy): it looks the chunks up,
   promotes them into shared memory and leases their slots, and the lease travels to the worker in the
   step's :class:`~.metadata.LoadSpec` (its slots numbered by chunk position in the prompt) — the worker only
@@ -40,9 +45,10 @@
 
 Primitives:
     HOLD_FRACTION: how much of its TTL a waiting request's lease is kept for its retries.
+    BATCH_MAX: the most requests looked up in one call.
     SchedulerSide: get_num_new_matched_tokens, update_state_after_alloc, build_connector_meta,
         request_finished, shutdown; ``lookup_failures`` counts daemon failures, ``lookups`` the daemon calls
-        made, ``held_leases`` the leases taken and not yet handed to the worker or released.
+        made (one per namespace of a batch), ``held_leases`` the leases taken and not yet handed to the worker or released.
 """
 
 from __future__ import annotations
@@ -73,6 +79,8 @@ logger = logging.getLogger(__name__)
 HOLD_FRACTION = 0.5
 """A request that vLLM could not schedule keeps its answer and lease for its retries while the lease is
 younger than this share of its TTL (then it is released, and a retry asks again)."""
+BATCH_MAX = 32
+"""Most requests looked up in one daemon call: the one vLLM asks about and those that arrived with it."""
 ANSWER_FRESH_S = 1.0
 """A retried request's answer without a lease (a miss, or a Lookup's) is reused for this long."""
 
@@ -99,6 +107,18 @@ class _Request:
     asked_at: float = 0.0  # the clock just before the daemon was asked (a lease's TTL starts after)
 
 
+@dataclass
+class _Ask:
+    """What one request asks the daemon: its chunk keys from position ``first`` on."""
+
+    tracked: _Request
+    namespace: Namespace
+    keys: list[bytes]
+    first: int
+    most: int  # the most tokens vLLM could take from tiercache
+    num_computed: int  # the tokens vLLM has
+
+
 class SchedulerSide:
     """The scheduler role of :class:`~tiercache.connector.vllm.TierCacheConnector`."""
 
@@ -119,6 +139,8 @@ class SchedulerSide:
         self._timeout_s = config.timeout_s if config.load_policy is LoadPolicyKind.TIMEOUT else 0.0
         self._requests: dict[str, _Request] = {}
         self._waiting: set[str] = set()  # leased for, and not allocated (yet)
+        self._arrived: dict[str, Any] = {}  # received by vLLM, not asked about yet (in order)
+        self._local_hit: Callable[[Any], int] | None = None
         self.lookup_failures = 0
         self.lookups = 0
         self._connecting = connect_ahead(
@@ -150,11 +172,33 @@ class SchedulerSide:
             self._forget(req_id)
             tracked = None
         if tracked is None:
-            tracked = self._lookup(request, num_computed_tokens)
-            self._requests[req_id] = tracked
-        if tracked.lease is not None:
-            self._waiting.add(req_id)
+            self._arrived.pop(req_id, None)
+            for looked_up in self._lookup([(request, num_computed_tokens), *self._take_arrived()]):
+                self._requests[looked_up.request.request_id] = looked_up
+                if looked_up.lease is not None:
+                    self._waiting.add(looked_up.request.request_id)
+            tracked = self._requests[req_id]
         return max(0, tracked.loadable_tokens - num_computed_tokens), False
+
+    def bind_local_hit(self, local_hit: Callable[[Any], int]) -> None:
+        """How many tokens of a request vLLM's own prefix cache holds (for the requests looked up ahead)."""
+        self._local_hit = local_hit
+
+    def on_new_request(self, request: Any) -> None:
+        """Note a request vLLM just received: it is looked up with the next request vLLM asks about."""
+        self._arrived[request.request_id] = request
+
+    def _take_arrived(self) -> list[tuple[Any, int]]:
+        """The requests that arrived and were not asked about yet (up to :data:`BATCH_MAX` in all), with
+        the tokens vLLM's own prefix cache holds of each now."""
+        taken: list[tuple[Any, int]] = []
+        while self._arrived and len(taken) < BATCH_MAX - 1:
+            req_id = next(iter(self._arrived))
+            request = self._arrived.pop(req_id)
+            if req_id not in self._requests:
+                local = self._local_hit(request) if self._local_hit is not None else 0
+                taken.append((request, local - local % self._block))
+        return taken
 
     def _answers(self, tracked: _Request, num_computed: int) -> bool:
         """Whether a retried request's earlier answer still holds: the daemon was asked about every chunk
@@ -168,7 +212,35 @@ class SchedulerSide:
         fresh_s = ANSWER_FRESH_S if tracked.lease is None else HOLD_FRACTION * tracked.lease.expires_in_s
         return self._clock() < tracked.asked_at + fresh_s
 
-    def _lookup(self, request: Any, num_computed: int) -> _Request:
+    def _lookup(self, batch: list[tuple[Any, int]]) -> list[_Request]:
+        """Look requests up (each with the tokens vLLM has of it), one daemon call per namespace.
+
+        A chunk an earlier request of the batch asks about counts as vLLM's for the later ones: vLLM
+        schedules in order, and caches the earlier request's blocks when it allocates them (a later request
+        that finds fewer is asked about again: :meth:`_answers`).
+        """
+        looked_up: list[_Request] = []
+        calls: dict[Namespace, list[_Ask]] = {}
+        seen: dict[Namespace, set[bytes]] = {}
+        for request, num_computed in batch:
+            tracked, ask = self._decide(request, num_computed)
+            looked_up.append(tracked)
+            if ask is None:
+                continue
+            asked = seen.setdefault(ask.namespace, set())
+            while ask.first < tracked.full_chunks and ask.keys[ask.first] in asked:
+                ask.first += 1
+            tracked.cached_chunks = ask.first
+            if ask.first * self._chunk >= ask.most:
+                continue  # the batch's earlier requests bring every block: decided again when asked
+            asked.update(ask.keys[ask.first :])
+            calls.setdefault(ask.namespace, []).append(ask)
+        for ns, asks in calls.items():
+            self._ask(ns, asks)
+        return looked_up
+
+    def _decide(self, request: Any, num_computed: int) -> tuple[_Request, _Ask | None]:
+        """A request's tracking, and what to ask the daemon about it (None: no call can add a block)."""
         prompt = list(request.prompt_token_ids or ())
         adapter, salt = request_factors(request)
         params = request_params(request)
@@ -178,23 +250,51 @@ class SchedulerSide:
         # Whole blocks of cached chunks (the last one may be loaded in part), never the last token.
         most = min(full * self._chunk, (len(prompt) - 1) // self._block * self._block)
         if not params.load or most <= num_computed or getattr(request, "skip_reading_prefix_cache", False):
-            return tracked  # tiercache cannot add a block (or vLLM would not take it): no daemon call
+            return tracked, None  # tiercache cannot add a block (or vLLM would not take it)
         ns = self._identity.namespace(adapter, salt)
         keys = chunk_keys(ns, prompt[: full * self._chunk])
-        tracked.asked_from, tracked.asked_at = first, self._clock()
+        return tracked, _Ask(tracked, ns, keys, first, most, num_computed)
+
+    def _ask(self, ns: Namespace, asks: list[_Ask]) -> None:
+        """One daemon call for the requests of one namespace (a Lookup each without leases)."""
+        now = self._clock()
         self.lookups += 1
+        for ask in asks:
+            ask.tracked.asked_from, ask.tracked.asked_at, ask.tracked.namespace = ask.first, now, ns
         try:
             if self._leases(ns):
-                self._acquire(tracked, ns, keys, first)
+                if self._config.prefill is not None:
+                    self._client.declare_models(ns, self._config.prefill)  # sent with the first registration
+                chains = [ask.keys[ask.first :] for ask in asks]
+                first = self._client.acquire_load(
+                    ns,
+                    chains[0],
+                    policy=self._config.load_policy,
+                    timeout_s=self._timeout_s,
+                    more_chains=chains[1:],
+                )
+                leases = [replace(first, more=()), *first.more]  # (a daemon without more_chains: none)
+                for ask, lease in zip(asks, leases, strict=False):
+                    self._take(ask, lease)
             else:
-                tracked.cached_chunks = self._client.lookup(ns, keys, prefetch=True).chunks
+                for ask in asks:
+                    ask.tracked.cached_chunks = self._client.lookup(ns, ask.keys, prefetch=True).chunks
         except TierCacheError as exc:
             self.lookup_failures += 1
-            logger.warning("tiercache lookup failed (%s); request %s recomputes", exc, request.request_id)
-        tracked.loadable_tokens = max(0, min(tracked.cached_chunks * self._chunk, most))
-        if tracked.loadable_tokens <= num_computed:
-            self._release(tracked)
-        return tracked
+            logger.warning("tiercache lookup failed (%s); %d requests recompute", exc, len(asks))
+        for ask in asks:
+            tracked = ask.tracked
+            tracked.loadable_tokens = max(0, min(tracked.cached_chunks * self._chunk, ask.most))
+            if tracked.loadable_tokens <= ask.num_computed:
+                self._release(tracked)
+
+    def _take(self, ask: _Ask, lease: LoadLease) -> None:
+        """Keep a request's lease, its slots renumbered by chunk position in the prompt."""
+        if ask.first:
+            lease = replace(lease, slots=tuple(replace(r, index=r.index + ask.first) for r in lease.slots))
+        if lease.lease_id:
+            ask.tracked.lease = lease
+        ask.tracked.cached_chunks = ask.first + len(leased_prefix(lease, self._identity.layout.chunk_bytes))
 
     def _leases(self, ns: Namespace) -> bool:
         """Whether the lookup leases the prefix for the worker (TP = PP = 1 and shared memory to lease in)."""
@@ -205,21 +305,6 @@ class SchedulerSide:
             return self._client.registration(ns).segment is not None
 
         return daemon_medium(self._config.data_plane, offered) is Medium.SHARED_MEMORY
-
-    def _acquire(self, tracked: _Request, ns: Namespace, keys: list[bytes], first: int) -> None:
-        """Lease the cached chunks from position ``first`` on for the worker (the lookup, the promotion and
-        the lease in one call); the lease's slots are renumbered by position in the prompt."""
-        if self._config.prefill is not None:
-            self._client.declare_models(ns, self._config.prefill)  # sent with the (first) registration
-        lease = self._client.acquire_load(
-            ns, keys[first:], policy=self._config.load_policy, timeout_s=self._timeout_s
-        )
-        if first:
-            lease = replace(lease, slots=tuple(replace(r, index=r.index + first) for r in lease.slots))
-        tracked.namespace = ns
-        if lease.lease_id:
-            tracked.lease = lease
-        tracked.cached_chunks = first + len(leased_prefix(lease, self._identity.layout.chunk_bytes))
 
     def _release(self, tracked: _Request) -> None:
         """Release the request's lease, if it still holds one (deferred: nothing was copied from it)."""
@@ -331,5 +416,6 @@ class SchedulerSide:
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         """Forget the request; hold its blocks (True) when it had save work, until the worker reports it."""
+        self._arrived.pop(request.request_id, None)
         tracked = self._forget(request.request_id)
         return (tracked is not None and tracked.save_open), None
