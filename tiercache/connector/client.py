@@ -257,9 +257,10 @@ class TierCacheClient:
         policy: LoadPolicyKind = LoadPolicyKind.WAIT_COMPLETE,
         timeout_s: float = 0.0,
         prompt_tokens: int = 0,
+        more_chains: Sequence[Sequence[bytes]] = (),
     ) -> LoadLease:
-        """Lease the slots of the cached prefix of ``keys`` that ``policy`` chooses (promoted into L2 first);
-        carries the namespace's deferred releases and usage (settled first).
+        """Lease the slots of the cached prefix of ``keys`` that ``policy`` chooses (promoted into L2 first), and
+        of each of ``more_chains`` (own leases, in ``more``); carries deferred releases and usage (settled first).
 
         Args:
             namespace: the namespace.
@@ -274,6 +275,7 @@ class TierCacheClient:
                 model (naming ``timeout_s`` / ``prefill``).
         """
         settle = self._take_settlement(namespace)
+        num_keys = max(map(len, (keys, *more_chains)))  # the chains wait together, from the call's arrival
         resp = self._conn.unary(
             rpcs.ACQUIRE_LOAD,
             namespace,
@@ -285,8 +287,9 @@ class TierCacheClient:
                 timeout_s=timeout_s,
                 prompt_tokens=prompt_tokens,
                 settle=settle,
+                more_chains=[pb.KeyChain(keys=more) for more in more_chains],
             ),
-            self.config.timeout_s + self._load_wait_s(namespace, len(keys), policy, timeout_s, prompt_tokens),
+            self.config.timeout_s + self._load_wait_s(namespace, num_keys, policy, timeout_s, prompt_tokens),
         )
         return LoadLease.from_proto(resp)
 
@@ -414,14 +417,10 @@ class TierCacheClient:
         daemon counts loaded tokens only from these reports). With ``wait=False`` the report is sent without
         waiting for the answer (off the engine's critical path; failures are logged)."""
         s = usage_settlement(namespace, effective_chunks, recomputed_tokens, loaded_tokens, effective_tokens)
-
-        def build(h: bytes) -> pb.ReportUsageRequest:
-            return usage_request(h, s)
-
         if wait:
-            self._conn.unary(rpcs.REPORT_USAGE, namespace, build, retry=False)
+            self._conn.unary(rpcs.REPORT_USAGE, namespace, partial(usage_request, settlement=s), retry=False)
         else:
-            self._conn.unary_nowait(rpcs.REPORT_USAGE, namespace, build)
+            self._conn.unary_nowait(rpcs.REPORT_USAGE, namespace, partial(usage_request, settlement=s))
 
     def pin(self, namespace: Namespace, keys: Sequence[bytes] | None = None) -> int:
         """Pin chunks (all of the namespace when ``keys`` is None); returns how many."""

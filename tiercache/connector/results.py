@@ -193,6 +193,7 @@ class LoadLease:
         cached: contiguous chunks cached in any tier (the slots may be fewer: policy, deadline, room).
         estimated_load_s: cost-aware loads: estimated time to load the chosen prefix.
         estimated_recompute_s: cost-aware loads: estimated time to recompute it instead.
+        more: the leases of the further chains asked in the same call (``more_chains``), in order.
     """
 
     lease_id: int
@@ -201,6 +202,7 @@ class LoadLease:
     cached: int = 0
     estimated_load_s: float = 0.0
     estimated_recompute_s: float = 0.0
+    more: tuple[LoadLease, ...] = ()
 
     @classmethod
     def from_proto(cls, msg: pb.AcquireLoadResponse) -> LoadLease:
@@ -212,6 +214,7 @@ class LoadLease:
             msg.cached,
             msg.estimated_load_s,
             msg.estimated_recompute_s,
+            tuple(cls.from_proto(m) for m in msg.more),
         )
 
 

@@ -16,6 +16,7 @@ load that may wait for promotion out of a slow L3 runs in the bounded wait execu
 nothing (``wait_s == 0``) in the short one.
 
 Primitives:
+    MAX_MORE_CHAINS: the most further chains one AcquireLoad carries.
     SharedMemoryRpcs: the handlers (a part of :class:`~tiercache.daemon.servicer.KVCacheServicer`).
 """
 
@@ -24,12 +25,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
 from tiercache.cache import StoreTicket
 from tiercache.cache.rules import DEVICE_LEVEL
-from tiercache.errors import ExpiredError, NotFoundError
+from tiercache.errors import ExpiredError, InvalidArgumentError, NotFoundError
+from tiercache.policies.load import LoadPolicy
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.wire import LOAD_POLICIES
 
@@ -41,6 +44,9 @@ from .rpc import Caller, ServiceDeps, ServicerBase, unary
 from .settle import Settled, apply, taken
 
 logger = logging.getLogger(__name__)
+
+MAX_MORE_CHAINS = 256
+"""Most further chains one AcquireLoad may carry (a scheduler step's requests)."""
 
 
 class SharedMemoryRpcs(ServicerBase):
@@ -132,22 +138,45 @@ class SharedMemoryRpcs(ServicerBase):
     async def AcquireLoad(
         self, request: pb.AcquireLoadRequest, caller: Caller, context: Any
     ) -> pb.AcquireLoadResponse:
-        """Lease the L2 slots of the cached prefix the load policy chooses (promoting chunks from L3 first).
+        """Lease the L2 slots of the cached prefix the load policy chooses (promoting chunks from L3 first);
+        each of ``more_chains`` likewise, under its own lease, answered in ``more`` (one call for a
+        scheduler step's requests).
 
         See :mod:`.loads` for the policies. A call cancelled by its client while the lease is being taken
         releases the lease as soon as it exists.
         """
         arrived = time.monotonic()
-        handle, info = caller.namespace_id, caller.info
-        keys = convert.keys_from_proto(request.keys)
+        if len(request.more_chains) > MAX_MORE_CHAINS:
+            raise InvalidArgumentError(
+                "more_chains", f"at most {MAX_MORE_CHAINS} chains in one call, got {len(request.more_chains)}"
+            )
         ttl = convert.ttl_from_proto(request.ttl_s)
         kind = LOAD_POLICIES.from_proto(int(request.policy), "policy")
         timeout = convert.timeout_from_proto(request.timeout_s)
-        policy = resolve_policy(kind, timeout, info)
-        wait_s = policy.wait_s(request.prompt_tokens or len(keys) * info.chunk_tokens)
+        policy = resolve_policy(kind, timeout, caller.info)
+        settled = self._settled(request.settle, caller) if request.HasField("settle") else None
+        keys = convert.keys_from_proto(request.keys)
+        response = await self._load_one(keys, request.prompt_tokens, ttl, policy, arrived, settled, caller)
+        for chain in request.more_chains:
+            more = convert.keys_from_proto(chain.keys)
+            response.more.append(await self._load_one(more, 0, ttl, policy, arrived, None, caller))
+        return response
+
+    async def _load_one(
+        self,
+        keys: Sequence[bytes],
+        prompt_tokens: int,
+        ttl: float | None,
+        policy: LoadPolicy,
+        arrived: float,
+        settled: Settled | None,
+        caller: Caller,
+    ) -> pb.AcquireLoadResponse:
+        """One chain's lookup, promotion and lease (see :meth:`AcquireLoad`)."""
+        handle, info = caller.namespace_id, caller.info
+        wait_s = policy.wait_s(prompt_tokens or len(keys) * info.chunk_tokens)
         executor = self._deps.executor if wait_s == 0 else self.long_executor(caller.tenant)
         level = self._rules.shared_level
-        settled = self._settled(request.settle, caller) if request.HasField("settle") else None
         outcome = run_load_now(self._manager, handle, keys, level, ttl, policy, settled)
         if outcome is None:  # it may wait (a promotion, the lock): in an executor
             fut = executor.submit(

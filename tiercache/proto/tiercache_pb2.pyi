@@ -306,7 +306,7 @@ class AbortStoreResponse(_message.Message):
     def __init__(self, aborted: _Optional[bool] = ...) -> None: ...
 
 class AcquireLoadRequest(_message.Message):
-    __slots__ = ("handle", "keys", "ttl_s", "policy", "timeout_s", "prompt_tokens", "settle")
+    __slots__ = ("handle", "keys", "ttl_s", "policy", "timeout_s", "prompt_tokens", "settle", "more_chains")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     TTL_S_FIELD_NUMBER: _ClassVar[int]
@@ -314,6 +314,7 @@ class AcquireLoadRequest(_message.Message):
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SETTLE_FIELD_NUMBER: _ClassVar[int]
+    MORE_CHAINS_FIELD_NUMBER: _ClassVar[int]
     handle: bytes
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     ttl_s: float
@@ -321,23 +322,32 @@ class AcquireLoadRequest(_message.Message):
     timeout_s: float
     prompt_tokens: int
     settle: Settlement
-    def __init__(self, handle: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., ttl_s: _Optional[float] = ..., policy: _Optional[_Union[LoadPolicy, str]] = ..., timeout_s: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., settle: _Optional[_Union[Settlement, _Mapping]] = ...) -> None: ...
+    more_chains: _containers.RepeatedCompositeFieldContainer[KeyChain]
+    def __init__(self, handle: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., ttl_s: _Optional[float] = ..., policy: _Optional[_Union[LoadPolicy, str]] = ..., timeout_s: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., settle: _Optional[_Union[Settlement, _Mapping]] = ..., more_chains: _Optional[_Iterable[_Union[KeyChain, _Mapping]]] = ...) -> None: ...
+
+class KeyChain(_message.Message):
+    __slots__ = ("keys",)
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class AcquireLoadResponse(_message.Message):
-    __slots__ = ("lease_id", "slots", "expires_in_s", "cached", "estimated_load_s", "estimated_recompute_s")
+    __slots__ = ("lease_id", "slots", "expires_in_s", "cached", "estimated_load_s", "estimated_recompute_s", "more")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_IN_S_FIELD_NUMBER: _ClassVar[int]
     CACHED_FIELD_NUMBER: _ClassVar[int]
     ESTIMATED_LOAD_S_FIELD_NUMBER: _ClassVar[int]
     ESTIMATED_RECOMPUTE_S_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     lease_id: int
     slots: _containers.RepeatedCompositeFieldContainer[SlotRef]
     expires_in_s: float
     cached: int
     estimated_load_s: float
     estimated_recompute_s: float
-    def __init__(self, lease_id: _Optional[int] = ..., slots: _Optional[_Iterable[_Union[SlotRef, _Mapping]]] = ..., expires_in_s: _Optional[float] = ..., cached: _Optional[int] = ..., estimated_load_s: _Optional[float] = ..., estimated_recompute_s: _Optional[float] = ...) -> None: ...
+    more: _containers.RepeatedCompositeFieldContainer[AcquireLoadResponse]
+    def __init__(self, lease_id: _Optional[int] = ..., slots: _Optional[_Iterable[_Union[SlotRef, _Mapping]]] = ..., expires_in_s: _Optional[float] = ..., cached: _Optional[int] = ..., estimated_load_s: _Optional[float] = ..., estimated_recompute_s: _Optional[float] = ..., more: _Optional[_Iterable[_Union[AcquireLoadResponse, _Mapping]]] = ...) -> None: ...
 
 class ReleaseLoadRequest(_message.Message):
     __slots__ = ("handle", "lease_id")

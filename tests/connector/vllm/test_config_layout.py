@@ -19,8 +19,10 @@ from tiercache.policies.load import LoadPolicyKind
 
 def test_defaults_and_chunk_size() -> None:
     cfg = VllmConnectorConfig.from_extra_config({"address": "unix:/tmp/x.sock"}, block_size=32)
-    assert (cfg.load_policy, cfg.chunk_tokens, cfg.token) == (LoadPolicyKind.WAIT_COMPLETE, 256, None)
-    assert VllmConnectorConfig.from_extra_config(None, block_size=96).chunk_tokens == 288
+    assert (cfg.load_policy, cfg.chunk_tokens, cfg.token) == (LoadPolicyKind.WAIT_COMPLETE, 128, None)
+    assert VllmConnectorConfig.from_extra_config(None, block_size=96).chunk_tokens == 192
+    # vLLM's usual blocks of 128 tokens and more: one block per chunk, so no computed block is left out
+    assert VllmConnectorConfig.from_extra_config({}, block_size=128).chunk_tokens == 128
     assert VllmConnectorConfig.from_extra_config({}, block_size=512).chunk_tokens == 512
     timeout = VllmConnectorConfig.from_extra_config({"load_policy": "timeout", "timeout_s": 0.5}, 16)
     assert (timeout.load_policy, timeout.timeout_s) == (LoadPolicyKind.TIMEOUT, 0.5)

@@ -63,6 +63,7 @@ class _Request:
     prompt_token_ids: list[int]
     lora_request: Any = None
     cache_salt: str | None = None
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 def _step(new: list[tuple[str, list[int]]] = (), preempted: tuple[str, ...] = ()) -> Any:  # type: ignore[assignment]
@@ -149,15 +150,14 @@ def test_unscheduled_finished_or_local_requests_release_their_lease(daemon: Daem
         sched = SchedulerSide(IDENTITY, client, _config(daemon.address))
         req = _Request("r", prompt)
         assert sched.get_num_new_matched_tokens(req, 0)[0] == 3 * 32
-        meta = sched.build_connector_meta(_step())  # not scheduled (no blocks): the lease goes at once
-        assert meta.loads == [] and sched.held_leases == 0
-        client.settle()
-        assert _active_leases(daemon) == 0
-
-        assert sched.get_num_new_matched_tokens(req, 0)[0] == 3 * 32  # tried again: leased again
+        meta = sched.build_connector_meta(_step())  # not scheduled (no blocks): kept for its retries
+        assert meta.loads == [] and sched.held_leases == 1
+        assert sched.get_num_new_matched_tokens(req, 0)[0] == 3 * 32  # tried again: the same lease
         assert sched.held_leases == 1
         assert sched.request_finished(req, []) == (False, None)  # aborted while waiting
         assert sched.held_leases == 0
+        client.settle()
+        assert _active_leases(daemon) == 0
 
         local = _Request("local", prompt)
         assert sched.get_num_new_matched_tokens(local, 3 * 32)[0] == 0  # vLLM has the prefix itself

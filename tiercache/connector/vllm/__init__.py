@@ -18,12 +18,18 @@ One instance per role and process: the SCHEDULER role (EngineCore) looks prompts
 engine's config (:mod:`.namespace`) and parse the same options (:mod:`.config`); the step's plan travels as
 :class:`~.metadata.TierCacheMetadata`.
 
+Per request, vLLM's ``kv_transfer_params`` turn tiercache off for that request (:mod:`.params`):
+``{"tiercache_skip_load": true}`` (no lookup, no load), ``{"tiercache_skip_save": true}`` (nothing stored).
+A bad value logs a warning naming the key and the request runs with the defaults (vLLM gives a connector
+no way to fail one request).
+
 Modules:
     ahead: registering the namespace (and mapping the segment) at engine start, in the background.
     config: ``VllmConnectorConfig`` from ``kv_connector_extra_config``.
     namespace: the engine's and each request's namespace.
     layout: vLLM's CPU and GPU (flash) cache layouts, each layer viewed as block planes.
     metadata: the per-step plan (loads, saves, preempted saving requests).
+    params: per-request choices from ``kv_transfer_params`` (skip load, skip save).
     scheduler: ``SchedulerSide``.
     loads: a request's load as a ``LayerwiseLoad`` from leased slots, or a byte-stream receive.
     saves: ``SaveQueue`` (a background thread filling the data plane's ``LayerwiseSave``, two-phase).
@@ -138,6 +144,13 @@ class TierCacheConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self.client.close()
 
     # ------------------------------------------------------------------ scheduler side
+
+    def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
+        super().bind_kv_cache_manager(kv_cache_manager)
+        self._s().bind_local_hit(lambda request: int(kv_cache_manager.get_computed_blocks(request)[1]))
+
+    def on_new_request(self, request: Any) -> None:
+        self._s().on_new_request(request)
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         return self._s().get_num_new_matched_tokens(request, num_computed_tokens)

@@ -6,11 +6,20 @@ Keys (all optional):
     load_policy: ``wait_complete`` | ``best_effort`` | ``timeout`` | ``cost_aware`` (default wait_complete).
     timeout_s: deadline of each daemon call, and the load deadline of the ``timeout`` policy (default 2).
     chunk_tokens: tokens per chunk, a positive multiple of vLLM's block size (default: the smallest multiple
-        of the block size that is at least :data:`DEFAULT_MIN_CHUNK_TOKENS`, i.e. 256 for vLLM's usual
-        block sizes of 32 to 256 and one block above; measured below).
+        of the block size that is at least :data:`DEFAULT_MIN_CHUNK_TOKENS`, i.e. one block for vLLM's
+        usual blocks of 128 tokens and more, 128 tokens for smaller blocks; why: below).
+    prefill_tokens_per_s: the engine's prefill rate, declared to the daemon; required by ``cost_aware``
+        (which loads only the prefix whose load beats recomputing it).
+    data_plane: how the bytes move: ``auto`` (default: the daemon's shared memory when it can be mapped in
+        the worker, else the byte stream), ``shm`` (shared memory only: an engine that cannot map it
+        recomputes) or ``stream`` (the daemon's gRPC byte stream, e.g. for a daemon on another host).
 
-Why 256 by default: TTFT of a fresh engine loading from L2 (``tiercache-bench vllm`` model, 32-token blocks,
-median of 2 prompts each, 2-core machine loaded by other jobs: figures vary by +-50 % between runs), ms:
+Why one block from 128 tokens up: only full chunks are stored, so a chunk larger than a block leaves a
+prompt's last full blocks out of the cache — with 256-token chunks over 128-token blocks, a chat turn's tail
+block was lost about half the time (issue 26: 9 of 24 follow-up turns got their whole previous turn back).
+Smaller chunks cost per-chunk work (keys, slots, copies). With 32-token blocks, one-block chunks were 2-3x
+slower to load than 128 to 512, which were within the noise of each other (TTFT ms of a fresh engine loading
+from L2, ``tiercache-bench vllm`` model, median of 2 prompts, 2-core machine loaded by other jobs)::
 
     chunk tokens     1K 50 %   1K 100 %   2K 50 %   2K 100 %
     32 (1 block)       1004       312       2274       230
@@ -18,16 +27,11 @@ median of 2 prompts each, 2-core machine loaded by other jobs: figures vary by +
     256                 578       164        792        98
     512                 671       193        790       142
 
-One-block chunks lose clearly (per-chunk keys, slots and copies: 32 chunks per 1K prompt); 128, 256 and 512
-are within the noise of each other, with 256 best or near-best in every cell, and a larger chunk wastes more
-of a prefix that ends inside it (only the whole blocks of the last cached chunk are loaded, but a prompt's
-last partial chunk is never stored). The command: ``tiercache-bench vllm --lengths 1024,2048 --fractions
-50,100 --repeats 2 --no-peers --no-throughput --chunk-tokens N`` (bench/results/vllm-chunk-sweep.txt).
-    prefill_tokens_per_s: the engine's prefill rate, declared to the daemon; required by ``cost_aware``
-        (which loads only the prefix whose load beats recomputing it).
-    data_plane: how the bytes move: ``auto`` (default: the daemon's shared memory when it can be mapped in
-        the worker, else the byte stream), ``shm`` (shared memory only: an engine that cannot map it
-        recomputes) or ``stream`` (the daemon's gRPC byte stream, e.g. for a daemon on another host).
+With 128-token blocks, 128-token chunks showed no cost against 256 (100 % cached, median of 3 prompts, two
+interleaved runs each on the same loaded machine, where figures varied up to 10x between runs: 393 and 474
+ms vs 547 and 732 at 1K, 502 and 50 vs 59 and 334 at 2K). The commands: ``tiercache-bench vllm --lengths
+1024,2048 --fractions 50,100 --repeats 2 --no-peers --no-throughput --chunk-tokens N``
+(bench/results/vllm-chunk-sweep.txt) and ``... --fractions 100 --repeats 3 --block-size 128``.
 
 An unknown key or a bad value raises :class:`~tiercache.errors.InvalidArgumentError` naming the key, so vLLM
 fails at engine start instead of serving without a cache.
@@ -49,8 +53,9 @@ from tiercache.policies.registry import parse_kind
 from ..config import DataPlaneMode
 from ..local_daemon import default_socket
 
-DEFAULT_MIN_CHUNK_TOKENS = 256
-"""Default chunk size: the first multiple of vLLM's block size at or above this many tokens."""
+DEFAULT_MIN_CHUNK_TOKENS = 128
+"""Default chunk size: the first multiple of vLLM's block size at or above this many tokens (one block from
+128-token blocks up: nothing the engine computed is lost to chunk granularity)."""
 DEFAULT_TIMEOUT_S = 2.0
 """Default deadline of a daemon call (a slow daemon never stalls the engine longer than this)."""
 _KEYS = (

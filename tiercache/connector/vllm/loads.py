@@ -22,7 +22,7 @@ Either way the worker knows which tokens it wrote and from which tier each chunk
 which is what vLLM skips (its ``num_external_computed_tokens``), for the worker's usage report.
 
 Primitives:
-    leased_prefix: the slots of a lease that hold whole chunks ``0, 1, ...`` in order.
+    leased_prefix: the slots of a lease that hold whole consecutive chunks, in order.
     LeasedLoad: one request's lease, slots and target blocks; ``start`` -> its LayerwiseLoad.
     release_lease: release a lease after its copy; False when it may not have held.
     receive_into: a request's chunks over the byte stream into its blocks; the block ids that failed and
@@ -71,11 +71,14 @@ def tokens_by_tier(
 
 
 def leased_prefix(lease: LoadLease, chunk_bytes: int) -> tuple[SlotRef, ...]:
-    """The slots of ``lease`` holding chunks ``0 .. n - 1`` whole (a chunk missing or short ends the prefix)."""
+    """The slots of ``lease`` holding chunks ``first, first + 1, ...`` whole, from its lowest chunk position
+    ``first`` (0, or where the scheduler asked from); a chunk missing or short ends the run."""
     by_index = {r.index: r for r in lease.slots}
+    position = min(by_index, default=0)
     refs: list[SlotRef] = []
-    while len(refs) in by_index and by_index[len(refs)].nbytes == chunk_bytes:
-        refs.append(by_index[len(refs)])
+    while position in by_index and by_index[position].nbytes == chunk_bytes:
+        refs.append(by_index[position])
+        position += 1
     return tuple(refs)
 
 
@@ -85,7 +88,7 @@ class LeasedLoad:
 
     Attributes:
         namespace: the request's namespace.
-        lease: the daemon's lease (its slots hold chunks ``0 .. len(refs) - 1``).
+        lease: the daemon's lease (its slots hold the chunks of ``refs``).
         refs: the leased slots to copy, in chunk order.
         mapping: the shared-memory segment the slots are in.
         block_ids: the request's blocks covering the loaded chunks.

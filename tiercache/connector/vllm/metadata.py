@@ -32,7 +32,8 @@ class LoadSpec:
         tokens: the prompt tokens of the chunks to load (whole chunks).
         block_ids: the request's blocks to fill, in order (the last chunk's may be only its first blocks).
         first_block: blocks before this one hold KV vLLM computed or cached itself: not overwritten.
-        lease: the lease the scheduler took when it looked the request up (TP = PP = 1): the worker copies
+        lease: the lease the scheduler took when it looked the request up (TP = PP = 1; its slots numbered
+            by chunk position in the prompt, from the first chunk vLLM did not have): the worker copies
             from its slots and releases it; None: the worker leases the chunks itself.
         leased_at: the scheduler's ``time.monotonic()`` just before it asked for ``lease`` (the lease's TTL
             started after it; the clock is the host's, shared by the engine's processes).

@@ -1,17 +1,30 @@
-"""The scheduler-side connector (in vLLM's EngineCore): one daemon call per request, and each step's plan.
+"""The scheduler-side connector (in vLLM's EngineCore): at most one daemon call per request, each step's plan.
 
 * At start the engine's namespace is registered in the background (:mod:`.ahead`).
-* ``get_num_new_matched_tokens`` asks the daemon once per request how many of the prompt's full chunks it
-  holds, and offers vLLM the cached tokens beyond what vLLM has locally, in whole blocks — the last cached
-  chunk may be loaded in part, and never the whole prompt (vLLM computes at least the last token).
+* ``get_num_new_matched_tokens`` asks the daemon at most once per request how many of the prompt's full
+  chunks it holds, and offers vLLM the cached tokens beyond what vLLM has locally, in whole blocks — the last
+  cached chunk may be loaded in part, and never the whole prompt (vLLM computes at least the last token).
+  No call at all when tiercache cannot add a block: the prompt is shorter than a loadable chunk, vLLM's own
+  prefix cache (``num_computed_tokens``) already covers every block tiercache could offer, or the request
+  said ``tiercache_skip_load`` (:mod:`.params`) or skips reading caches (vLLM's
+  ``skip_reading_prefix_cache``, e.g. for prompt logprobs). The call asks only for the chunks from the one
+  holding vLLM's first uncomputed token on (keys are a hash chain: a chunk's key names its whole prefix).
+  One call serves a scheduler step: the request vLLM asks about is looked up together with the requests
+  that arrived with it (``on_new_request``; up to :data:`BATCH_MAX`), each from the chunks vLLM's own prefix
+  cache does not hold of it (``bind_local_hit``) nor an earlier request of the batch brings — one
+  AcquireLoad carrying a chain per request (``more_chains``), each under its own lease — so vLLM's later
+  questions in the step are answered without a call, and no request waits a step for its answer.
   With TP = PP = 1 that one call is AcquireLoad (under the configured load policy): it looks the chunks up,
   promotes them into shared memory and leases their slots, and the lease travels to the worker in the
-  step's :class:`~.metadata.LoadSpec` — the worker only copies, and releases it (the daemon ties a lease to
-  the namespace's handle, which the worker's connection registers too), so a loaded request costs one
-  round trip. A lease the worker never gets is released here (deferred: it rides on the namespace's next
+  step's :class:`~.metadata.LoadSpec` (its slots numbered by chunk position in the prompt) — the worker only
+  copies, and releases it (the daemon ties a lease to the namespace's handle, which the worker's connection
+  registers too), so a loaded request costs one round trip. A request that vLLM asked about but could not
+  schedule (no free blocks) keeps its answer and its lease for its retries while the lease is young
+  (:data:`HOLD_FRACTION` of its TTL): a request waiting for blocks is not looked up and leased again at
+  every step. A lease the worker never gets is released here (deferred: it rides on the namespace's next
   call, or goes one-way shortly after): when vLLM allocates no external tokens (everything is in its own
-  prefix cache), when the request is not scheduled in the step that asked (no blocks: it is asked again
-  when it is tried again), when it is preempted before its load, and when it finishes.
+  prefix cache), when a waiting request's lease grows old, when it is preempted before its load, and when
+  it finishes.
   With TP or PP > 1 every worker holds its own shard of each chunk: the call is a Lookup that starts
   promoting the prefix, and each worker leases its shard (:mod:`.worker`). With the byte stream
   (``data_plane`` ``stream``, or ``auto`` when the daemon names no shared-memory segment) there are no slots
@@ -20,8 +33,9 @@
   A daemon that is down or fails is a miss (logged and counted), never an exception.
 * ``update_state_after_alloc`` records which tokens the worker loads; ``build_connector_meta`` turns that
   and the step's block tables into a :class:`~.metadata.TierCacheMetadata`: the blocks to load, and the
-  full chunks of each prompt completed by this step, to be copied into one store reservation per request,
-  committed in the step that completes the prompt's last full chunk.
+  full chunks of each prompt completed by this step (from the first chunk neither vLLM nor tiercache had
+  when it was looked up; none under ``tiercache_skip_save``), to be copied into one store reservation per
+  request, committed in the step that completes the prompt's last full chunk.
 * The worker copies and commits in the background (:mod:`.saves`), so ``request_finished`` returns True
   for a request that had save work: vLLM holds its blocks until the worker's ``get_finished`` reports the
   request (its copies done, its reservation committed — or dropped, when the request ended before its last
@@ -30,9 +44,11 @@
   blocks, and drops its reservation.
 
 Primitives:
+    HOLD_FRACTION: how much of its TTL a waiting request's lease is kept for its retries.
+    BATCH_MAX: the most requests looked up in one call.
     SchedulerSide: get_num_new_matched_tokens, update_state_after_alloc, build_connector_meta,
-        request_finished, shutdown; ``lookup_failures`` counts daemon failures, ``held_leases`` the leases
-        taken and not yet handed to the worker or released.
+        request_finished, shutdown; ``lookup_failures`` counts daemon failures, ``lookups`` the daemon calls
+        made (one per namespace of a batch), ``held_leases`` the leases taken and not yet handed to the worker or released.
 """
 
 from __future__ import annotations
@@ -40,7 +56,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tiercache.errors import TierCacheError
@@ -56,8 +72,17 @@ from .config import VllmConnectorConfig
 from .loads import leased_prefix
 from .metadata import LoadSpec, SaveSpec, TierCacheMetadata
 from .namespace import EngineIdentity, request_factors
+from .params import RequestParams, request_params
 
 logger = logging.getLogger(__name__)
+
+HOLD_FRACTION = 0.5
+"""A request that vLLM could not schedule keeps its answer and lease for its retries while the lease is
+younger than this share of its TTL (then it is released, and a retry asks again)."""
+BATCH_MAX = 32
+"""Most requests looked up in one daemon call: the one vLLM asks about and those that arrived with it."""
+ANSWER_FRESH_S = 1.0
+"""A retried request's answer without a lease (a miss, or a Lookup's) is reused for this long."""
 
 
 @dataclass
@@ -67,9 +92,11 @@ class _Request:
     request: Any
     adapter: str
     salt: str
+    params: RequestParams
     full_chunks: int
     cached_chunks: int
-    loadable_tokens: int
+    loadable_tokens: int = 0
+    asked_from: int = -1  # the first chunk the daemon was asked about; -1: not asked
     pending_load: tuple[int, int] | None = None
     block_ids: list[int] = field(default_factory=list)
     saved_upto: int = 0
@@ -77,7 +104,19 @@ class _Request:
     save_done: bool = False
     namespace: Namespace | None = None
     lease: LoadLease | None = None
-    leased_at: float = 0.0
+    asked_at: float = 0.0  # the clock just before the daemon was asked (a lease's TTL starts after)
+
+
+@dataclass
+class _Ask:
+    """What one request asks the daemon: its chunk keys from position ``first`` on."""
+
+    tracked: _Request
+    namespace: Namespace
+    keys: list[bytes]
+    first: int
+    most: int  # the most tokens vLLM could take from tiercache
+    num_computed: int  # the tokens vLLM has
 
 
 class SchedulerSide:
@@ -99,8 +138,11 @@ class SchedulerSide:
         self._lease_here = identity.tp_size == 1 and identity.pp_size == 1
         self._timeout_s = config.timeout_s if config.load_policy is LoadPolicyKind.TIMEOUT else 0.0
         self._requests: dict[str, _Request] = {}
-        self._asked: set[str] = set()  # asked in this step and not allocated (yet)
+        self._waiting: set[str] = set()  # leased for, and not allocated (yet)
+        self._arrived: dict[str, Any] = {}  # received by vLLM, not asked about yet (in order)
+        self._local_hit: Callable[[Any], int] | None = None
         self.lookup_failures = 0
+        self.lookups = 0
         self._connecting = connect_ahead(
             client,
             identity.namespace(),
@@ -124,36 +166,135 @@ class SchedulerSide:
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
         """Cached tokens beyond ``num_computed_tokens`` the worker can load (synchronously: False)."""
-        tracked = self._requests.get(request.request_id)
+        req_id = request.request_id
+        tracked = self._requests.get(req_id)
+        if tracked is not None and not self._answers(tracked, num_computed_tokens):
+            self._forget(req_id)
+            tracked = None
         if tracked is None:
-            tracked = self._lookup(request)
-            self._requests[request.request_id] = tracked
-        if tracked.lease is not None:
-            self._asked.add(request.request_id)
+            self._arrived.pop(req_id, None)
+            for looked_up in self._lookup([(request, num_computed_tokens), *self._take_arrived()]):
+                self._requests[looked_up.request.request_id] = looked_up
+                if looked_up.lease is not None:
+                    self._waiting.add(looked_up.request.request_id)
+            tracked = self._requests[req_id]
         return max(0, tracked.loadable_tokens - num_computed_tokens), False
 
-    def _lookup(self, request: Any) -> _Request:
+    def bind_local_hit(self, local_hit: Callable[[Any], int]) -> None:
+        """How many tokens of a request vLLM's own prefix cache holds (for the requests looked up ahead)."""
+        self._local_hit = local_hit
+
+    def on_new_request(self, request: Any) -> None:
+        """Note a request vLLM just received: it is looked up with the next request vLLM asks about."""
+        self._arrived[request.request_id] = request
+
+    def _take_arrived(self) -> list[tuple[Any, int]]:
+        """The requests that arrived and were not asked about yet (up to :data:`BATCH_MAX` in all), with
+        the tokens vLLM's own prefix cache holds of each now."""
+        taken: list[tuple[Any, int]] = []
+        while self._arrived and len(taken) < BATCH_MAX - 1:
+            req_id = next(iter(self._arrived))
+            request = self._arrived.pop(req_id)
+            if req_id not in self._requests:
+                local = self._local_hit(request) if self._local_hit is not None else 0
+                taken.append((request, local - local % self._block))
+        return taken
+
+    def _answers(self, tracked: _Request, num_computed: int) -> bool:
+        """Whether a retried request's earlier answer still holds: the daemon was asked about every chunk
+        vLLM does not have now, and its lease (if any) is young."""
+        if tracked.asked_from < 0 or num_computed // self._chunk < tracked.asked_from:
+            return False  # deciding again costs no call, or vLLM lost blocks it had
+        return self._young(tracked)
+
+    def _young(self, tracked: _Request) -> bool:
+        """Whether the request's answer (and lease) is young enough to be used again."""
+        fresh_s = ANSWER_FRESH_S if tracked.lease is None else HOLD_FRACTION * tracked.lease.expires_in_s
+        return self._clock() < tracked.asked_at + fresh_s
+
+    def _lookup(self, batch: list[tuple[Any, int]]) -> list[_Request]:
+        """Look requests up (each with the tokens vLLM has of it), one daemon call per namespace.
+
+        A chunk an earlier request of the batch asks about counts as vLLM's for the later ones: vLLM
+        schedules in order, and caches the earlier request's blocks when it allocates them (a later request
+        that finds fewer is asked about again: :meth:`_answers`).
+        """
+        looked_up: list[_Request] = []
+        calls: dict[Namespace, list[_Ask]] = {}
+        seen: dict[Namespace, set[bytes]] = {}
+        for request, num_computed in batch:
+            tracked, ask = self._decide(request, num_computed)
+            looked_up.append(tracked)
+            if ask is None:
+                continue
+            asked = seen.setdefault(ask.namespace, set())
+            while ask.first < tracked.full_chunks and ask.keys[ask.first] in asked:
+                ask.first += 1
+            tracked.cached_chunks = ask.first
+            if ask.first * self._chunk >= ask.most:
+                continue  # the batch's earlier requests bring every block: decided again when asked
+            asked.update(ask.keys[ask.first :])
+            calls.setdefault(ask.namespace, []).append(ask)
+        for ns, asks in calls.items():
+            self._ask(ns, asks)
+        return looked_up
+
+    def _decide(self, request: Any, num_computed: int) -> tuple[_Request, _Ask | None]:
+        """A request's tracking, and what to ask the daemon about it (None: no call can add a block)."""
         prompt = list(request.prompt_token_ids or ())
         adapter, salt = request_factors(request)
+        params = request_params(request)
         full = len(prompt) // self._chunk
-        tracked = _Request(request, adapter, salt, full, 0, 0)
-        if full:
-            ns = self._identity.namespace(adapter, salt)
-            keys = chunk_keys(ns, prompt[: full * self._chunk])
-            try:
-                if self._leases(ns):
-                    self._acquire(tracked, ns, keys)
-                else:
-                    tracked.cached_chunks = self._client.lookup(ns, keys, prefetch=True).chunks
-            except TierCacheError as exc:
-                self.lookup_failures += 1
-                logger.warning("tiercache lookup failed (%s); request %s recomputes", exc, request.request_id)
-        # Whole blocks of the cached chunks (the last chunk may be loaded in part), never the last token.
-        loadable = min(tracked.cached_chunks * self._chunk, (len(prompt) - 1) // self._block * self._block)
-        tracked.loadable_tokens = max(0, loadable)
-        if tracked.loadable_tokens == 0:
-            self._release(tracked)
-        return tracked
+        first = min(num_computed // self._chunk, full)  # vLLM has the chunks before this one
+        tracked = _Request(request, adapter, salt, params, full, first, save_done=not params.save)
+        # Whole blocks of cached chunks (the last one may be loaded in part), never the last token.
+        most = min(full * self._chunk, (len(prompt) - 1) // self._block * self._block)
+        if not params.load or most <= num_computed or getattr(request, "skip_reading_prefix_cache", False):
+            return tracked, None  # tiercache cannot add a block (or vLLM would not take it)
+        ns = self._identity.namespace(adapter, salt)
+        keys = chunk_keys(ns, prompt[: full * self._chunk])
+        return tracked, _Ask(tracked, ns, keys, first, most, num_computed)
+
+    def _ask(self, ns: Namespace, asks: list[_Ask]) -> None:
+        """One daemon call for the requests of one namespace (a Lookup each without leases)."""
+        now = self._clock()
+        self.lookups += 1
+        for ask in asks:
+            ask.tracked.asked_from, ask.tracked.asked_at, ask.tracked.namespace = ask.first, now, ns
+        try:
+            if self._leases(ns):
+                if self._config.prefill is not None:
+                    self._client.declare_models(ns, self._config.prefill)  # sent with the first registration
+                chains = [ask.keys[ask.first :] for ask in asks]
+                first = self._client.acquire_load(
+                    ns,
+                    chains[0],
+                    policy=self._config.load_policy,
+                    timeout_s=self._timeout_s,
+                    more_chains=chains[1:],
+                )
+                leases = [replace(first, more=()), *first.more]  # (a daemon without more_chains: none)
+                for ask, lease in zip(asks, leases, strict=False):
+                    self._take(ask, lease)
+            else:
+                for ask in asks:
+                    ask.tracked.cached_chunks = self._client.lookup(ns, ask.keys, prefetch=True).chunks
+        except TierCacheError as exc:
+            self.lookup_failures += 1
+            logger.warning("tiercache lookup failed (%s); %d requests recompute", exc, len(asks))
+        for ask in asks:
+            tracked = ask.tracked
+            tracked.loadable_tokens = max(0, min(tracked.cached_chunks * self._chunk, ask.most))
+            if tracked.loadable_tokens <= ask.num_computed:
+                self._release(tracked)
+
+    def _take(self, ask: _Ask, lease: LoadLease) -> None:
+        """Keep a request's lease, its slots renumbered by chunk position in the prompt."""
+        if ask.first:
+            lease = replace(lease, slots=tuple(replace(r, index=r.index + ask.first) for r in lease.slots))
+        if lease.lease_id:
+            ask.tracked.lease = lease
+        ask.tracked.cached_chunks = ask.first + len(leased_prefix(lease, self._identity.layout.chunk_bytes))
 
     def _leases(self, ns: Namespace) -> bool:
         """Whether the lookup leases the prefix for the worker (TP = PP = 1 and shared memory to lease in)."""
@@ -165,28 +306,23 @@ class SchedulerSide:
 
         return daemon_medium(self._config.data_plane, offered) is Medium.SHARED_MEMORY
 
-    def _acquire(self, tracked: _Request, ns: Namespace, keys: list[bytes]) -> None:
-        """Lease the cached prefix for the worker (the lookup, the promotion and the lease in one call)."""
-        if self._config.prefill is not None:
-            self._client.declare_models(ns, self._config.prefill)  # sent with the (first) registration
-        started = self._clock()
-        lease = self._client.acquire_load(
-            ns, keys, policy=self._config.load_policy, timeout_s=self._timeout_s
-        )
-        tracked.namespace, tracked.leased_at = ns, started
-        if lease.lease_id:
-            tracked.lease = lease
-        tracked.cached_chunks = len(leased_prefix(lease, self._identity.layout.chunk_bytes))
-
     def _release(self, tracked: _Request) -> None:
         """Release the request's lease, if it still holds one (deferred: nothing was copied from it)."""
         lease, tracked.lease = tracked.lease, None
         if lease is not None and tracked.namespace is not None:
             self._client.defer_release(tracked.namespace, lease.lease_id)
 
+    def _forget(self, req_id: str) -> _Request | None:
+        """Stop tracking a request (releasing its lease)."""
+        self._waiting.discard(req_id)
+        tracked = self._requests.pop(req_id, None)
+        if tracked is not None:
+            self._release(tracked)
+        return tracked
+
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         """Remember the tokens ``[end - num_external_tokens, end)`` for the worker to load."""
-        self._asked.discard(request.request_id)
+        self._waiting.discard(request.request_id)
         tracked = self._requests.get(request.request_id)
         if tracked is None:
             return
@@ -201,11 +337,10 @@ class SchedulerSide:
     def build_connector_meta(self, so: Any) -> TierCacheMetadata:
         """The step's loads, saves and dropped reservations (see the module docstring)."""
         meta = TierCacheMetadata()
-        for req_id in self._asked:  # asked, but not scheduled: no blocks (it is asked again when retried)
-            unscheduled = self._requests.pop(req_id, None)
-            if unscheduled is not None:
-                self._release(unscheduled)
-        self._asked.clear()
+        for req_id in list(self._waiting):  # leased for, not scheduled: kept for its retries while young
+            waiting = self._requests.get(req_id)
+            if waiting is None or waiting.lease is None or not self._young(waiting):
+                self._forget(req_id)
         for req_id in so.preempted_req_ids or ():
             self._preempted(req_id, meta)
         for new in so.scheduled_new_reqs:
@@ -247,7 +382,7 @@ class SchedulerSide:
                     tuple(tracked.block_ids[: end // self._block]),
                     first // self._block,
                     tracked.lease,
-                    tracked.leased_at,
+                    tracked.asked_at,
                 )
             )
             tracked.lease = None  # the worker's now: it releases the lease after its copy
@@ -275,17 +410,12 @@ class SchedulerSide:
 
     def _preempted(self, req_id: str, meta: TierCacheMetadata) -> None:
         """A preempted request loses its blocks: fence its copies and look it up again when resumed."""
-        tracked = self._requests.pop(req_id, None)
-        if tracked is None:
-            return
-        self._release(tracked)  # preempted before its load was planned
-        if tracked.save_open:
+        tracked = self._forget(req_id)  # (its lease, when preempted before its load was planned)
+        if tracked is not None and tracked.save_open:
             meta.preempted.append(req_id)
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         """Forget the request; hold its blocks (True) when it had save work, until the worker reports it."""
-        tracked = self._requests.pop(request.request_id, None)
-        if tracked is None:
-            return False, None
-        self._release(tracked)
-        return tracked.save_open, None
+        self._arrived.pop(request.request_id, None)
+        tracked = self._forget(request.request_id)
+        return (tracked is not None and tracked.save_open), None

@@ -217,7 +217,9 @@ class WorkerSide:
             return None
         refs = leased_prefix(lease, self._layout.chunk_bytes)
         per = self._layout.chunk_tokens // self._layout.page_tokens
-        got = len(refs) * per
+        if refs and refs[0].index * per > spec.first_block:
+            refs = ()  # the lease starts past a block vLLM expects loaded: not usable
+        got = (refs[-1].index + 1) * per if refs else 0
         if got < len(spec.block_ids):
             self.load_failures += 1
             chunks = len(spec.tokens) // self._layout.chunk_tokens

@@ -1,0 +1,271 @@
+"""What the scheduler side asks the daemon, and when: no call when tiercache cannot help, only the chunks
+vLLM lacks, one answer per waiting request, per-request control through ``kv_transfer_params``.
+
+A real daemon; the scheduler's client counts the lookups it sends (how many keys each), and the daemon's own
+lease count and the worker's copies say what the calls did. vLLM's requests and scheduler outputs are stood
+in for by plain objects with the fields the connector reads.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'tiercache[vllm]')")
+
+from tests.connector.conftest import connector_daemon
+from tests.connector.vllm.test_scheduler_leases import (
+    BLOCKS,
+    IDENTITY,
+    LAYOUT,
+    PROMPT_TOKENS,
+    _active_leases,
+    _client,
+    _config,
+    _prompt,
+    _Request,
+    _store_chunks,
+)
+from tiercache.connector import TierCacheClient
+from tiercache.connector.channel import parse_address
+from tiercache.connector.paged import chunk_layer_planes
+from tiercache.connector.vllm.layout import BackendLayout
+from tiercache.connector.vllm.params import SKIP_LOAD, SKIP_SAVE
+from tiercache.connector.vllm.scheduler import HOLD_FRACTION, SchedulerSide
+from tiercache.connector.vllm.worker import WorkerSide
+from tiercache.errors import InvalidArgumentError
+from tiercache.keys import Namespace
+from tiercache.testing.daemon import DaemonProcess as Daemon
+
+LEASE_TTL_S = 2.0  # the directory's daemons (tests/connector/conftest.py)
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """One daemon for the module (each test leaves no lease behind)."""
+    d = connector_daemon(tmp_path_factory.mktemp("calls-daemon"))
+    try:
+        d.start()
+        yield d
+    finally:
+        d.cleanup()
+
+
+class CountingClient(TierCacheClient):
+    """A real client that records the lookups it sends: per call, how many keys each chain carries."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(parse_address(address), settle_after_s=600.0)
+        self.calls: list[list[int]] = []
+
+    @property
+    def asked(self) -> list[int]:
+        """The calls that carried one chain: its keys."""
+        return [chains[0] for chains in self.calls if len(chains) == 1]
+
+    def acquire_load(self, namespace: Namespace, keys: Sequence[bytes], *args: Any, **kwargs: Any) -> Any:
+        self.calls.append([len(keys), *(len(more) for more in kwargs.get("more_chains", ()))])
+        return super().acquire_load(namespace, keys, *args, **kwargs)
+
+    def lookup(self, namespace: Namespace, keys: Sequence[bytes], *args: Any, **kwargs: Any) -> Any:
+        self.calls.append([len(keys)])
+        return super().lookup(namespace, keys, *args, **kwargs)
+
+
+class Clock:
+    """A clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _step(new: list[tuple[str, list[int], int]] = ()) -> Any:  # type: ignore[assignment]
+    """A scheduler output scheduling the rest of each new request's prompt (``(id, blocks, computed)``)."""
+    return SimpleNamespace(
+        preempted_req_ids=set(),
+        scheduled_new_reqs=[
+            SimpleNamespace(req_id=r, block_ids=(b,), num_computed_tokens=c) for r, b, c in new
+        ],
+        scheduled_cached_reqs=SimpleNamespace(
+            req_ids=[], new_block_ids=[], resumed_req_ids=set(), num_computed_tokens=[]
+        ),
+        num_scheduled_tokens={r: PROMPT_TOKENS - c for r, _, c in new},
+    )
+
+
+def test_no_daemon_call_when_tiercache_cannot_add_a_block(daemon: Daemon) -> None:
+    prompt = _prompt(5000)
+    _store_chunks(daemon, prompt)
+    with CountingClient(daemon.address) as client:
+        sched = SchedulerSide(IDENTITY, client, _config(daemon.address))
+        # vLLM's own prefix cache holds every block tiercache could offer (never the last token's)
+        assert sched.get_num_new_matched_tokens(_Request("covered", prompt), 3 * 32) == (0, False)
+        # shorter than a chunk, and one chunk whose only block holds the last token
+        assert sched.get_num_new_matched_tokens(_Request("short", prompt[:20]), 0) == (0, False)
+        assert sched.get_num_new_matched_tokens(_Request("one", prompt[:32]), 0) == (0, False)
+        assert client.calls == [] and sched.lookups == 0
+        assert sched.get_num_new_matched_tokens(_Request("control", prompt), 0) == (3 * 32, False)
+        assert client.asked == [3]
+        assert sched.request_finished(_Request("control", prompt), []) == (False, None)
+        client.settle()
+        assert _active_leases(daemon) == 0
+        sched.shutdown()
+
+
+def test_only_the_chunks_beyond_vllms_are_leased_and_loaded(daemon: Daemon) -> None:
+    prompt = _prompt(6000)
+    chunks = _store_chunks(daemon, prompt)
+    with CountingClient(daemon.address) as sched_client, _client(daemon) as worker_client:
+        sched = SchedulerSide(IDENTITY, sched_client, _config(daemon.address))
+        req = _Request("r", prompt)
+        assert sched.get_num_new_matched_tokens(req, 2 * 32) == (32, False)  # vLLM has 2 chunks
+        assert sched_client.asked == [1]  # asked about the third chunk only
+        sched.update_state_after_alloc(req, None, 32)
+        meta = sched.build_connector_meta(_step([("r", BLOCKS, 2 * 32)]))
+        (spec,) = meta.loads
+        assert spec.first_block == 2 and spec.lease is not None
+        assert [r.index for r in spec.lease.slots] == [2]  # numbered by position in the prompt
+
+        worker = WorkerSide(IDENTITY, worker_client, _config(daemon.address), clock=lambda: 0.0)
+        shape = BackendLayout.CPU.expected_shape(8, LAYOUT)
+        worker.register_kv_caches({f"layer.{i}": torch.zeros(shape) for i in range(LAYOUT.num_layers)})
+        worker.start_load_kv(meta)
+        worker.wait_for_layer_load("layer.1")
+        assert worker.get_block_ids_with_load_errors() == set()
+        for layer, cache in enumerate(worker._caches):
+            want = chunk_layer_planes(LAYOUT, chunks[2], layer, 1)[:, 0]
+            assert torch.equal(cache[:, BLOCKS[2]], want)  # the third chunk, into the third block
+            assert not cache[:, BLOCKS[:2]].any()  # vLLM's blocks: not written
+        worker_client.settle()
+        assert _active_leases(daemon) == 0
+        worker.shutdown()
+        sched.shutdown()
+
+
+def test_a_waiting_request_keeps_its_answer_and_lease_while_young(daemon: Daemon) -> None:
+    prompt = _prompt(7000)
+    _store_chunks(daemon, prompt)
+    clock = Clock()
+    with CountingClient(daemon.address) as client:
+        sched = SchedulerSide(IDENTITY, client, _config(daemon.address), clock=clock)
+        req = _Request("r", prompt)
+        for _ in range(3):  # asked, no blocks for it: not scheduled; retried at the next steps
+            assert sched.get_num_new_matched_tokens(req, 0) == (3 * 32, False)
+            assert sched.build_connector_meta(_step()).loads == []
+            clock.now += 0.1
+        assert client.asked == [3]  # one lookup, one lease for all the retries
+        client.settle()
+        assert _active_leases(daemon) == 1 and sched.held_leases == 1
+        assert sched.get_num_new_matched_tokens(req, 32) == (2 * 32, False)  # vLLM got a block meanwhile
+        sched.update_state_after_alloc(req, None, 2 * 32)
+        meta = sched.build_connector_meta(_step([("r", BLOCKS, 32)]))
+        assert meta.loads[0].lease is not None and meta.loads[0].first_block == 1
+        assert client.asked == [3] and sched.held_leases == 0
+        client.defer_release(IDENTITY.namespace(), meta.loads[0].lease.lease_id)  # (the worker's job)
+
+        old = _Request("old", prompt)
+        assert sched.get_num_new_matched_tokens(old, 0)[0] == 3 * 32
+        clock.now += HOLD_FRACTION * LEASE_TTL_S  # the lease is no longer young: released at the step
+        sched.build_connector_meta(_step())
+        assert sched.held_leases == 0
+        client.settle()
+        assert _active_leases(daemon) == 0
+        assert sched.get_num_new_matched_tokens(old, 0)[0] == 3 * 32  # asked again
+        assert client.asked == [3, 3, 3]
+        assert sched.request_finished(old, []) == (False, None)  # aborted while waiting: released
+        client.settle()
+        assert _active_leases(daemon) == 0
+        sched.shutdown()
+
+
+def test_kv_transfer_params_skip_load_and_save(daemon: Daemon, caplog: pytest.LogCaptureFixture) -> None:
+    prompt = _prompt(8000)
+    _store_chunks(daemon, prompt)
+    fresh = _prompt(9000)  # nothing of it is cached
+    with CountingClient(daemon.address) as client:
+        sched = SchedulerSide(IDENTITY, client, _config(daemon.address))
+        skip_load = _Request("skip-load", prompt)
+        skip_load.kv_transfer_params = {SKIP_LOAD: True, "do_remote_prefill": False}  # (another's key)
+        assert sched.get_num_new_matched_tokens(skip_load, 0) == (0, False)
+        assert client.calls == []
+        sched.update_state_after_alloc(skip_load, None, 0)
+
+        skip_save = _Request("skip-save", fresh)
+        skip_save.kv_transfer_params = {SKIP_SAVE: True}
+        saves = _Request("saves", _prompt(9500))
+        for r in (skip_save, saves):
+            assert sched.get_num_new_matched_tokens(r, 0) == (0, False)
+            sched.update_state_after_alloc(r, None, 0)
+        assert client.asked == [3, 3]  # both looked up
+        meta = sched.build_connector_meta(
+            _step([("skip-load", BLOCKS, 0), ("skip-save", [0, 2, 4, 6], 0), ("saves", [8, 9, 10, 11], 0)])
+        )
+        assert meta.loads == []
+        assert [s.req_id for s in meta.saves] == ["skip-load", "saves"]  # skip-load still saves
+
+        caplog.set_level(logging.WARNING, logger="tiercache.connector.vllm.params")
+        bad = _Request("bad", prompt)
+        bad.kv_transfer_params = {SKIP_LOAD: "yes"}
+        assert sched.get_num_new_matched_tokens(bad, 0) == (3 * 32, False)  # the default: it loads
+        assert f"kv_transfer_params.{SKIP_LOAD} must be true or false" in caplog.text
+        typo = _Request("typo", prompt)
+        typo.kv_transfer_params = {"tiercache_skip_laod": True}
+        sched.get_num_new_matched_tokens(typo, 0)
+        assert "kv_transfer_params.tiercache_skip_laod is not a tiercache key" in caplog.text
+        for r in (bad, typo, skip_load, skip_save, saves):
+            sched.request_finished(r, [])
+        client.settle()
+        assert _active_leases(daemon) == 0
+        sched.shutdown()
+
+
+def test_the_requests_that_arrived_together_are_looked_up_in_one_call(daemon: Daemon) -> None:
+    a, b = _prompt(10000), _prompt(11000)
+    _store_chunks(daemon, a)
+    _store_chunks(daemon, b)
+    c = a[: 2 * 32] + _prompt(12000)[2 * 32 :]  # A's first two chunks, then its own
+    local = {"b": 32}  # vLLM's own prefix cache holds B's first block
+    with CountingClient(daemon.address) as client:
+        sched = SchedulerSide(IDENTITY, client, _config(daemon.address))
+        sched.bind_local_hit(lambda request: local.get(request.request_id, 0))
+        reqs = {r.request_id: r for r in (_Request("a", a), _Request("b", b), _Request("c", c))}
+        reqs["short"] = _Request("short", a[:20])
+        for r in reqs.values():
+            sched.on_new_request(r)
+        assert sched.get_num_new_matched_tokens(reqs["a"], 0) == (3 * 32, False)
+        # one call: A whole, B beyond vLLM's block, C beyond the chunks A brings; none for the short one
+        assert client.calls == [[3, 2, 1]] and sched.lookups == 1
+        assert sched.get_num_new_matched_tokens(reqs["b"], 32) == (2 * 32, False)
+        assert sched.get_num_new_matched_tokens(reqs["c"], 2 * 32) == (0, False)  # its own chunk: a miss
+        assert sched.get_num_new_matched_tokens(reqs["short"], 0) == (0, False)
+        assert client.calls == [[3, 2, 1]]  # answered without a call
+        client.settle()
+        assert _active_leases(daemon) == 2 and sched.held_leases == 2
+
+        # C tried again while vLLM lacks A's blocks (A was not scheduled): asked again, alone
+        sched.request_finished(reqs["c"], [])
+        again = _Request("c2", c)
+        assert sched.get_num_new_matched_tokens(again, 0) == (2 * 32, False)
+        assert client.calls == [[3, 2, 1], [3]]
+        for r in (*reqs.values(), again):
+            sched.request_finished(r, [])
+        client.settle()
+        assert _active_leases(daemon) == 0
+        sched.shutdown()
+
+
+def test_the_daemon_refuses_too_many_chains_naming_the_field(daemon: Daemon) -> None:
+    with TierCacheClient.connect(daemon.address) as client:
+        keys = [bytes([i % 256, i // 256]) * 16 for i in range(300)]
+        with pytest.raises(InvalidArgumentError, match="more_chains"):
+            client.acquire_load(IDENTITY.namespace(), keys[:1], more_chains=[[k] for k in keys[1:]])
+        lease = client.acquire_load(IDENTITY.namespace(), keys[:1], more_chains=[[k] for k in keys[1:3]])
+        assert len(lease.more) == 2  # the daemon is still up (and answers every chain)
