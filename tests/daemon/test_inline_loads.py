@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tiercache.cache import CacheManager
+from tiercache.daemon.convert import Usage
 from tiercache.daemon.loads import INLINE_LOAD_KEYS, run_load, run_load_now
 from tiercache.daemon.settle import Settled
 from tiercache.keys import Namespace, chunk_keys
@@ -72,7 +73,7 @@ def test_a_settlement_is_applied_once_before_the_lease(cache: tuple[CacheManager
     _put(manager, handle, keys)
     first = run_load_now(manager, handle, keys, L2, None, WAIT_COMPLETE)
     assert first is not None
-    settled = Settled(handle, (first.ticket.lease_id,), {}, 0)
+    settled = Settled(handle, (first.ticket.lease_id,), Usage({}, {}, 0))
     second = run_load_now(manager, handle, keys, L2, None, WAIT_COMPLETE, settled)
     assert second is not None and len(second.ticket.chunks) == 2
     assert not manager.release(first.ticket.lease_id)  # the settlement ended it
@@ -88,7 +89,7 @@ def test_nothing_is_done_when_a_chunk_must_be_promoted(cache: tuple[CacheManager
     assert found.chunks == 3 and found.by_tier[L2] == 1  # the second chunk is only in L3 now
     first = run_load_now(manager, handle, keys[:1], L2, None, WAIT_COMPLETE)
     assert first is not None
-    settled = Settled(handle, (first.ticket.lease_id,), {}, 0)
+    settled = Settled(handle, (first.ticket.lease_id,), Usage({}, {}, 0))
     assert run_load_now(manager, handle, keys, L2, None, WAIT_COMPLETE, settled) is None
     assert manager.release(first.ticket.lease_id)  # the settlement was not applied either
     slow = run_load(manager, handle, keys, L2, None, WAIT_COMPLETE, None, 0.0)  # the executor's way

@@ -118,7 +118,7 @@ def tenants_metrics(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[
     tmp: Path = tmp_path_factory.mktemp("hits")
     port = free_port()
     tokens = write_tokens(tmp / "tokens.toml")
-    d = new_daemon(tmp, ["--tokens-file", str(tokens), "--metrics-port", str(port)])
+    d = new_daemon(tmp, ["--tokens-file", str(tokens), "--metrics-port", str(port), "--metrics-public"])
     try:
         yield d.start(), port
     finally:

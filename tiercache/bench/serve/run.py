@@ -84,7 +84,7 @@ class ServeBenchConfig:
     outgrow_factor: float = 6.0
     max_tokens: int = 16
     block_size: int = 32
-    chunk_tokens: int = 256
+    chunk_tokens: int = 32  # one block: every block vLLM keeps is served back (the ideal keeps whole blocks)
     hidden: int = 256
     layers: int = 2
     threads: int = 2

@@ -110,7 +110,9 @@ class LeasedLoad:
 
     def loaded_by_tier(self, layout: KVLayout) -> dict[TierLevel, int]:
         """The tokens this load writes (once it succeeded), by the tier each chunk came from."""
-        sources = [ref.source for ref in self.refs]
+        first = self.refs[0].index if self.refs else 0  # the lease starts at the first chunk vLLM lacks
+        sources: list[TierLevel | None] = [None] * first
+        sources.extend(ref.source for ref in self.refs)
         return tokens_by_tier(sources, layout, self.first_block, len(self.block_ids))
 
     def start(
