@@ -56,12 +56,16 @@ class Chart:
     x_ticks: tuple[tuple[float, str], ...] = ()
 
 
+PANELS_PER_ROW = 4
+"""Panels side by side before the next row starts (a wide row is unreadable once scaled down)."""
+
+
 class PlotUnavailableError(RuntimeError):
     """matplotlib cannot be imported."""
 
 
 def save_chart(charts: Sequence[Chart], path: Path) -> None:
-    """Draw ``charts`` side by side into one PNG file.
+    """Draw ``charts`` into one PNG file, side by side in rows of at most :data:`PANELS_PER_ROW`.
 
     Args:
         charts: one or more charts (one panel each).
@@ -82,9 +86,13 @@ def save_chart(charts: Sequence[Chart], path: Path) -> None:
         raise PlotUnavailableError(
             f"--plot needs matplotlib ({exc}); install it with: pip install 'tiercache[bench]'"
         ) from None
-    fig, axes = plt.subplots(1, len(charts), figsize=(6.4 * len(charts), 4.8), squeeze=False)
+    cols = min(len(charts), PANELS_PER_ROW)
+    rows = -(-len(charts) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.4 * cols, 4.8 * rows), squeeze=False)
+    for ax in axes.flat[len(charts) :]:
+        ax.set_visible(False)
     try:
-        for ax, chart in zip(axes[0], charts, strict=True):
+        for ax, chart in zip(axes.flat, charts, strict=False):
             for s in chart.series:
                 style = {"linestyle": "--" if s.dashed else "-", "marker": "o", "label": s.label}
                 if not s.errors:
