@@ -86,3 +86,9 @@ def test_fits_rows_come_from_servers_with_the_ideals_cache_and_plain_big_is_the_
 def test_a_daemon_kill_needs_a_tiercache_column() -> None:
     with pytest.raises(ValueError, match="kill_daemon_at_s"):
         ServeBenchConfig(columns=(ColumnKind.PLAIN, ColumnKind.LMCACHE), kill_daemon_at_s=1.0)
+
+
+def test_servers_leave_one_core_to_the_daemon_by_default() -> None:
+    from tiercache.bench.serve.run import default_threads
+
+    assert [default_threads(n) for n in (None, 1, 2, 16)] == [1, 1, 1, 15]

@@ -77,7 +77,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--chunk-tokens", type=positive_int, default=d.chunk_tokens,
                         help=f"tiercache chunk ({d.chunk_tokens})")  # fmt: skip
-    parser.add_argument("--threads", type=positive_int, default=d.threads, help="OMP threads of every server")
+    parser.add_argument(
+        "--threads",
+        type=positive_int,
+        default=d.threads,
+        help=f"OMP threads of every server (all cores but one: {d.threads})",
+    )
     parser.add_argument(
         "--repeats", type=positive_int, default=1, help="runs of every column, interleaved (1)"
     )
