@@ -42,7 +42,7 @@ from tiercache.testing.daemon import DaemonProcess, DaemonStartError
 from tiercache.testing.vllm_server import VllmServerError
 
 from ..vllm_engines.columns import VllmBenchConfig, build_model, prompt
-from ..vllm_engines.peers import _lmcache_missing
+from ..vllm_engines.peers import lmcache_missing
 from .client import Outcome, drive
 from .columns import TIERCACHE, ColumnKind, Served, ServerPlan, Setup, kv_bytes_per_token, plans, serve_column
 from .workloads import Workload, WorkloadKind, build, write_jsonl
@@ -374,7 +374,7 @@ def run_bench(config: ServeBenchConfig, work: Path) -> ServeResult:
                   config.lmcache_python)  # fmt: skip
     skipped: dict[str, str] = {}
     if ColumnKind.LMCACHE in config.columns:
-        missing = _lmcache_missing(config.lmcache_python)
+        missing = lmcache_missing(config.lmcache_python)
         if missing:
             skipped[ColumnKind.LMCACHE.value] = missing
     measured: list[Measured] = []

@@ -79,7 +79,7 @@ def lmcache_server(work: Path, python: str = "") -> Iterator[int]:
                 proc.wait(30)
 
 
-def _lmcache_missing(python: str) -> str:
+def lmcache_missing(python: str) -> str:
     """Why the LMCache column cannot run ("" when it can)."""
     if python:
         return "" if Path(python).exists() else f"--lmcache-python {python}: no such interpreter"
@@ -95,7 +95,7 @@ def peer_columns(model: Path, config: VllmBenchConfig, work: Path) -> list[Colum
     """The ``lmcache`` and ``example`` columns (see the module docstring)."""
     columns = []
     python = config.lmcache_python
-    missing = _lmcache_missing(python)
+    missing = lmcache_missing(python)
     if missing:
         columns.append(Column("lmcache", skipped=missing))
     else:
