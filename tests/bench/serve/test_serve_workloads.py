@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from tiercache.bench.serve.client import _prompt, _reusable
 from tiercache.bench.serve.columns import ColumnKind, plans
-from tiercache.bench.serve.run import Cell, ServeBenchConfig, cells, workload_of
+from tiercache.bench.serve.run import (
+    Cell,
+    ServeBenchConfig,
+    cells,
+    engine_cache_tokens,
+    longest_request,
+    workload_of,
+)
 from tiercache.bench.serve.workloads import WorkloadKind, build, read_jsonl, write_jsonl
 
 
@@ -59,11 +67,29 @@ def test_a_bad_jsonl_line_names_its_line(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("field", "value"),
     [("engine_tokens", 0), ("chunk_tokens", 48), ("concurrency", (0,)), ("outgrow_factor", 0.5), ("sets", ()),
-     ("kill_daemon_at_s", -1.0)],
+     ("kill_daemon_at_s", -1.0), ("hidden", 200), ("layers", 0)],
 )  # fmt: skip
 def test_a_bad_config_names_its_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
         ServeBenchConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_the_default_engine_cache_holds_the_requests_in_flight() -> None:
+    # An engine cache smaller than the requests in flight caps vLLM's batch, which no cache tier lifts:
+    # the default holds 1.5x the largest concurrency's longest requests, in whole blocks, and the
+    # workloads outgrow that.
+    config = ServeBenchConfig(workloads=(WorkloadKind.CHAT, WorkloadKind.DOCQA), concurrency=(1, 8))
+    longest = longest_request(config)
+    assert longest == max(
+        build(k, 10_000, 1, config.max_tokens).longest_prompt for k in (WorkloadKind.CHAT, WorkloadKind.DOCQA)
+    )
+    engine = engine_cache_tokens(config)
+    assert engine % config.block_size == 0
+    assert 1.5 * 8 * longest <= engine < 1.5 * 8 * longest + config.block_size
+    chat = workload_of(config, Cell(WorkloadKind.CHAT, False, 8))
+    assert chat.working_set_tokens >= 0.9 * config.outgrow_factor * engine
+    assert engine_cache_tokens(replace(config, concurrency=(1,))) == 2048  # the floor
+    assert engine_cache_tokens(replace(config, engine_tokens=4096)) == 4096  # given: taken as is
 
 
 def test_fits_rows_come_from_servers_with_the_ideals_cache_and_plain_big_is_the_ideal() -> None:

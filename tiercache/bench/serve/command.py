@@ -34,8 +34,9 @@ from .workloads import WorkloadKind
 logger = logging.getLogger(__name__)
 
 QUICK = {"workloads": (WorkloadKind.CHAT,), "concurrency": (4,), "engine_tokens": 1024, "sets": (False,),
-         "columns": (ColumnKind.PLAIN, ColumnKind.TIERCACHE_L2), "max_tokens": 8}  # fmt: skip
-"""``--quick``: one outgrowing workload at one concurrency on plain vLLM and tiercache (CI size: two servers)."""
+         "columns": (ColumnKind.PLAIN, ColumnKind.TIERCACHE_L2), "max_tokens": 8, "hidden": 256, "layers": 2}  # fmt: skip
+"""``--quick``: one outgrowing workload at one concurrency on plain vLLM and tiercache, on a smaller model
+(CI size: two servers)."""
 
 
 def _kinds(kind: type[Any]) -> Any:
@@ -67,7 +68,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--columns", type=_kinds(ColumnKind), default=None,
                         help="plain,ideal,tiercache_l2,tiercache_l3,lmcache,native (all)")  # fmt: skip
     parser.add_argument("--engine-tokens", type=positive_int, default=None,
-                        help=f"the engine KV cache, tokens ({d.engine_tokens}); the ideal's holds everything")  # fmt: skip
+                        help="the outgrowing engines' KV cache, tokens (default: 1.5x the largest concurrency's"
+                        " longest requests, at least 2048); the ideal's holds everything")  # fmt: skip
     parser.add_argument("--outgrow-factor", type=positive_float, default=d.outgrow_factor,
                         help=f"every working set, in engine caches ({d.outgrow_factor})")  # fmt: skip
     parser.add_argument("--sets", type=_sets, default=None,
@@ -77,6 +79,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--chunk-tokens", type=positive_int, default=d.chunk_tokens,
                         help=f"tiercache chunk ({d.chunk_tokens})")  # fmt: skip
+    parser.add_argument("--hidden", type=positive_int, default=None,
+                        help=f"the model's hidden size ({d.hidden}; heads of 64)")  # fmt: skip
+    parser.add_argument("--layers", type=positive_int, default=None,
+                        help=f"the model's decoder layers ({d.layers})")  # fmt: skip
     parser.add_argument(
         "--threads",
         type=positive_int,
@@ -104,7 +110,8 @@ def config_from_args(args: argparse.Namespace) -> ServeBenchConfig:
     """The run's config: ``--quick``'s sizes, then the flags given."""
     base: dict[str, Any] = dict(QUICK) if args.quick else {}
     given = {"workloads": args.workloads, "concurrency": args.concurrency, "columns": args.columns,
-             "engine_tokens": args.engine_tokens, "max_tokens": args.max_tokens, "sets": args.sets}  # fmt: skip
+             "engine_tokens": args.engine_tokens, "max_tokens": args.max_tokens, "sets": args.sets,
+             "hidden": args.hidden, "layers": args.layers}  # fmt: skip
     base.update({k: v for k, v in given.items() if v is not None})
     return ServeBenchConfig(**base, outgrow_factor=args.outgrow_factor,
                             chunk_tokens=args.chunk_tokens, threads=args.threads, repeats=args.repeats,

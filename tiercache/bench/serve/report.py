@@ -190,6 +190,7 @@ def format_table(result: ServeResult) -> str:
         lines.append(f"{name}: skipped ({why})")
     lines.append("engine KV cache (tokens, read back): "
                  + ", ".join(f"{k} {v}" for k, v in result.engine_tokens.items()))  # fmt: skip
+    lines.extend(_live_note(result))
     if result.kill is not None:
         k = result.kill
         lines.append(f"daemon kill ({k.column}): killed at {k.killed_at_s:.1f} s, restarted at {k.restarted_at_s:.1f} s,"
@@ -198,6 +199,23 @@ def format_table(result: ServeResult) -> str:
                      + (f" ({k.error})" if k.error else ""))  # fmt: skip
     lines.append(f"run wall time {result.wall_s:.0f} s")
     return "\n".join(lines)
+
+
+def _live_note(result: ServeResult) -> list[str]:
+    """How many of the requests in flight the outgrowing engines' cache holds: fewer than the concurrency
+    caps their batch (vLLM queues the rest), which the ideal's cache does not, whatever a cache tier does."""
+    small = [v for k, v in result.engine_tokens.items() if k.endswith("-small")]
+    if not small or not result.longest_request or not result.measured:
+        return []
+    top = max(m.cell.concurrency for m in result.measured)
+    holds = min(small) / result.longest_request
+    line = (
+        f"outgrowing engines' cache: {min(small)} tokens = {holds:.1f} longest requests"
+        f" ({result.longest_request} tokens) at concurrency {top}"
+    )
+    if holds < top:
+        line += "; it caps their batch below the concurrency (the ideal's lead is then partly batch size)"
+    return [line]
 
 
 def _cdf(outcomes: Sequence[Outcome]) -> tuple[tuple[float, float], ...]:

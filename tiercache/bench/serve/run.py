@@ -22,6 +22,7 @@ Primitives:
     KillReport: what the daemon kill did.
     ServeResult: every measurement and skipped column of a run.
     cells / workload_of: the cells of a config and the workload of a cell.
+    longest_request / engine_cache_tokens: the run's longest request, and its "outgrows" engine cache.
     run_bench: the run.
 """
 
@@ -50,6 +51,10 @@ from .workloads import Workload, WorkloadKind, build, write_jsonl
 logger = logging.getLogger(__name__)
 
 TIER_NAMES = ("L1", "L2", "L3", "SHARED")
+LIVE_HEADROOM = 1.5
+"""The default engine cache holds this many times the largest concurrency's longest requests."""
+MIN_ENGINE_TOKENS = 2048
+"""The smallest default engine cache (tokens)."""
 
 
 def default_threads(cpus: int | None) -> int:
@@ -68,7 +73,8 @@ class ServeBenchConfig:
         workloads: the workload kinds.
         concurrency: requests in flight per cell.
         columns: the columns, in run order.
-        engine_tokens: the engine KV cache of every column but the ideal (tokens).
+        engine_tokens: the engine KV cache of every column but the ideal (tokens); None: enough for the
+            largest concurrency's requests with :data:`LIVE_HEADROOM` (:func:`engine_cache_tokens`).
         sets: the rows to measure: True, the working set fits the engine cache (servers with the ideal's
             cache); False, it outgrows the engine cache (``engine_tokens``).
         outgrow_factor: every workload's working set, in engine caches of ``engine_tokens``.
@@ -88,14 +94,14 @@ class ServeBenchConfig:
     workloads: tuple[WorkloadKind, ...] = tuple(WorkloadKind)
     concurrency: tuple[int, ...] = (1, 8, 32)
     columns: tuple[ColumnKind, ...] = tuple(ColumnKind)
-    engine_tokens: int = 2048
+    engine_tokens: int | None = None
     sets: tuple[bool, ...] = (True, False)
-    outgrow_factor: float = 6.0
+    outgrow_factor: float = 4.0
     max_tokens: int = 16
     block_size: int = 32
     chunk_tokens: int = 32  # one block: every block vLLM keeps is served back (the ideal keeps whole blocks)
-    hidden: int = 256
-    layers: int = 2
+    hidden: int = 512
+    layers: int = 4
     threads: int = field(default_factory=lambda: default_threads(os.cpu_count()))
     repeats: int = 1
     lmcache_python: str = ""
@@ -105,13 +111,22 @@ class ServeBenchConfig:
     workloads_dir: Path | None = None
 
     def __post_init__(self) -> None:
-        for name in ("engine_tokens", "max_tokens", "block_size", "chunk_tokens", "threads", "repeats"):
+        if self.engine_tokens is not None and self.engine_tokens <= 0:
+            raise ValueError(f"engine_tokens must be > 0, got {self.engine_tokens}")
+        for name in ("max_tokens", "block_size", "chunk_tokens", "threads", "repeats"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if not self.concurrency or min(self.concurrency) <= 0:
             raise ValueError(f"concurrency must be positive integers, got {self.concurrency}")
         if self.chunk_tokens % self.block_size:
             raise ValueError(f"chunk_tokens ({self.chunk_tokens}) must be a multiple of block_size")
+        for name in ("hidden", "layers"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.hidden % 128:
+            raise ValueError(
+                f"hidden must be a multiple of 128 (heads of 64, half as many KV heads), got {self.hidden}"
+            )
         if not self.outgrow_factor > 1:
             raise ValueError(f"outgrow_factor must be > 1, got {self.outgrow_factor}")
         if not self.sets or not set(self.sets) <= {True, False}:
@@ -194,6 +209,7 @@ class ServeResult:
         workloads: per cell, the workload (for the table: sessions, requests, working set).
         kill: the daemon kill, when asked for.
         wall_s: the whole run.
+        longest_request: the longest request's tokens (prompt and output).
     """
 
     measured: tuple[Measured, ...]
@@ -202,6 +218,7 @@ class ServeResult:
     workloads: dict[Cell, Workload]
     kill: KillReport | None
     wall_s: float
+    longest_request: int = 0
 
 
 def cells(config: ServeBenchConfig) -> list[Cell]:
@@ -209,12 +226,32 @@ def cells(config: ServeBenchConfig) -> list[Cell]:
     return [Cell(w, fits, c) for w in config.workloads for fits in config.sets for c in config.concurrency]
 
 
+def longest_request(config: ServeBenchConfig) -> int:
+    """The longest request (prompt and output) of the run's workloads: a session's length does not depend
+    on how many sessions a working set holds."""
+    return max(build(kind, 1, config.seed, config.max_tokens).longest_prompt for kind in config.workloads)
+
+
+def engine_cache_tokens(config: ServeBenchConfig) -> int:
+    """The engine cache of the run's "outgrows" servers: ``engine_tokens`` when given, else whole blocks
+    holding :data:`LIVE_HEADROOM` times the largest concurrency's longest requests (at least
+    :data:`MIN_ENGINE_TOKENS`). A cache that cannot hold the requests in flight caps the engine's batch
+    (vLLM queues the rest), which no cache tier can lift: the ideal would then lead by its batch size,
+    not by what it caches."""
+    if config.engine_tokens is not None:
+        return config.engine_tokens
+    live = LIVE_HEADROOM * max(config.concurrency) * longest_request(config)
+    blocks = -(-int(live) // config.block_size)
+    return max(MIN_ENGINE_TOKENS, blocks * config.block_size)
+
+
 def workload_of(config: ServeBenchConfig, cell: Cell) -> Workload:
-    """The seeded workload of ``cell``: its working set outgrows ``engine_tokens`` by ``outgrow_factor``; the
-    same tokens for its fits and outgrows rows (only the server's engine cache differs), its own tokens
-    otherwise."""
+    """The seeded workload of ``cell``: its working set outgrows the engine cache
+    (:func:`engine_cache_tokens`) by ``outgrow_factor``; the same tokens for its fits and outgrows rows
+    (only the server's engine cache differs), its own tokens otherwise."""
     seed = config.seed * 1_000_003 + list(WorkloadKind).index(cell.workload) * 10_007 + cell.concurrency
-    return build(cell.workload, int(config.engine_tokens * config.outgrow_factor), seed, config.max_tokens)
+    tokens = int(engine_cache_tokens(config) * config.outgrow_factor)
+    return build(cell.workload, tokens, seed, config.max_tokens)
 
 
 def _metric(text: str, name: str) -> int:
@@ -361,15 +398,14 @@ def run_bench(config: ServeBenchConfig, work: Path) -> ServeResult:
         write_jsonl(workload, wdir / f"{cell.workload.value}-c{cell.concurrency}.jsonl")
     longest = max(w.longest_prompt for _, w in todo)
     max_len = -(-(longest + config.block_size) // config.block_size) * config.block_size
-    if max_len > config.engine_tokens:
-        raise ValueError(
-            f"engine_tokens ({config.engine_tokens}) must hold the longest request ({max_len} tokens)"
-        )
+    engine_tokens = engine_cache_tokens(config)
+    if max_len > engine_tokens:
+        raise ValueError(f"engine_tokens ({engine_tokens}) must hold the longest request ({max_len} tokens)")
     biggest = max(w.working_set_tokens for _, w in todo)
     margin = (max(config.concurrency) + 2) * config.block_size * 2
     model = build_model(work / "model", VllmBenchConfig(lengths=(max_len,), hidden=config.hidden,
                                                         layers=config.layers, throughput=False, seed=config.seed))  # fmt: skip
-    setup = Setup(model, work, config.engine_tokens, biggest + margin, 2 * biggest, max_len, config.block_size,
+    setup = Setup(model, work, engine_tokens, biggest + margin, 2 * biggest, max_len, config.block_size,
                   config.chunk_tokens, kv_bytes_per_token(config.hidden, config.layers), config.threads,
                   config.lmcache_python)  # fmt: skip
     skipped: dict[str, str] = {}
@@ -410,7 +446,9 @@ def run_bench(config: ServeBenchConfig, work: Path) -> ServeResult:
                 logger.warning("server %s skipped: %s", plan.name, reason)
                 for column, fits in plan.rows:
                     skipped[f"{column.value} ({'fits' if fits else 'outgrows'})"] = reason
-    return ServeResult(tuple(measured), skipped, engine, dict(todo), kill, time.monotonic() - started)
+    return ServeResult(
+        tuple(measured), skipped, engine, dict(todo), kill, time.monotonic() - started, longest
+    )
 
 
 def _why(exc: BaseException) -> str:
