@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from tiercache.bench.serve.client import _prompt, _reusable
-from tiercache.bench.serve.columns import ColumnKind, plans
+from tiercache.bench.serve.columns import ColumnKind, Setup, plans
 from tiercache.bench.serve.run import (
     Cell,
     ServeBenchConfig,
@@ -118,3 +119,14 @@ def test_servers_leave_one_core_to_the_daemon_by_default() -> None:
     from tiercache.bench.serve.run import default_threads
 
     assert [default_threads(n) for n in (None, 1, 2, 16)] == [1, 1, 1, 15]
+
+
+def test_every_tiercache_server_starts_on_an_empty_l3(tmp_path: Path) -> None:
+    # A repeat's daemon once reopened the L3 of the repeat before it, and served its first turns from there.
+    setup = Setup(tmp_path / "model", tmp_path, 2048, 4096, 8192, 1024, 32, 32, 8192, 1, "")
+    left = tmp_path / "l3-tiercache_l2-big"
+    left.mkdir()
+    (left / "data.mdb").write_bytes(b"chunks of the repeat before")
+    daemon = setup.daemon(ColumnKind.TIERCACHE_L2, "tiercache_l2-big")
+    assert not left.exists()
+    shutil.rmtree(daemon.socket.parent, ignore_errors=True)

@@ -100,6 +100,7 @@ class Setup:
         return VllmServer(config, self.work / f"server-{name}.log")
 
     def daemon(self, kind: ColumnKind, name: str) -> DaemonProcess:
+        """A column's daemon (not started) on an empty L3 (a restart after a kill keeps it)."""
         chunk = self.chunk_tokens * self.bytes_per_token
         store = (self.store_tokens // self.chunk_tokens + 16) * chunk
         l2 = (
@@ -109,7 +110,10 @@ class Setup:
         )
         config = EmbeddedDaemonConfig(slot_bytes=chunk, l2_bytes=l2, l3_bytes=store)
         sock_dir = Path(tempfile.mkdtemp(prefix="tcserve-"))  # short: a unix socket path has ~107 bytes
-        return daemon_process(config, self.work, self.work / f"l3-{name}", sock_dir / "d.sock", "serve")
+        l3 = self.work / f"l3-{name}"
+        # Every server starts cold: a repeat must not find the chunks of the one before.
+        shutil.rmtree(l3, ignore_errors=True)
+        return daemon_process(config, self.work, l3, sock_dir / "d.sock", "serve")
 
 
 @dataclass(slots=True)
