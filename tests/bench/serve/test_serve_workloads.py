@@ -11,6 +11,7 @@ import pytest
 
 from tiercache.bench.serve.client import _prompt, _reusable
 from tiercache.bench.serve.columns import ColumnKind, Setup, plans
+from tiercache.bench.serve.report import _median
 from tiercache.bench.serve.run import (
     Cell,
     ServeBenchConfig,
@@ -130,3 +131,10 @@ def test_every_tiercache_server_starts_on_an_empty_l3(tmp_path: Path) -> None:
     daemon = setup.daemon(ColumnKind.TIERCACHE_L2, "tiercache_l2-big")
     assert not left.exists()
     shutil.rmtree(daemon.socket.parent, ignore_errors=True)
+
+
+def test_medians_of_counts_stay_whole() -> None:
+    # With 2 repeats the table printed token counts as 74400.0 and turns as 225.0/225.0.
+    assert _median([225, 225]) == 225 and isinstance(_median([225, 225]), int)
+    assert _median([3, 4]) == 4 and isinstance(_median([3, 4]), int)
+    assert _median([1.5, 2.0]) == 1.75

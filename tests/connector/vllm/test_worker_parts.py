@@ -100,6 +100,25 @@ def test_save_thread_runs_at_a_lower_priority() -> None:
     assert seen == [min(19, os.getpriority(os.PRIO_PROCESS, 0) + SAVE_NICE)]
 
 
+def test_one_save_thread_serves_requests_that_follow_each_other() -> None:
+    # Starting a thread per request made the engine's thread wait for the new one to be scheduled.
+    identity = EngineIdentity("tiny", "", BackendLayout.CPU, LAYOUT)
+    seen: list[int] = []
+    done = threading.Event()
+    with TierCacheClient.connect("unix:/nonexistent/tiercache.sock") as client:
+        queue = SaveQueue(
+            client, identity, lambda: [], lambda ns: ByteStreamPlane(client, ns, ConnectorConfig())
+        )
+        queue._post("a", lambda: (seen.append(threading.get_ident()), done.set()))
+        assert done.wait(30)
+        with queue._cond:  # the job ran: the thread now waits for more work (or exits after SAVE_IDLE_S)
+            queue._cond.wait_for(lambda: not queue._pending["a"], timeout=30)
+        queue._post("b", lambda: seen.append(threading.get_ident()))
+        queue.close()  # ends the idle wait at once
+        assert queue._thread is None
+    assert len(seen) == 2 and seen[0] == seen[1]
+
+
 def _caches(blocks: int, seed: int | None) -> dict[str, torch.Tensor]:
     shape = BackendLayout.CPU.expected_shape(blocks, LAYOUT)
     gen = torch.Generator().manual_seed(seed or 0)

@@ -86,7 +86,9 @@ def _median(values: list[Any]) -> Any:
         return None
     if isinstance(present[0], bool):
         return any(present)
-    if isinstance(present[0], (int, float)):
+    if isinstance(present[0], int):
+        return round(statistics.median(present))  # token and request counts stay whole
+    if isinstance(present[0], float):
         return statistics.median(present)
     return present[0]
 

@@ -20,13 +20,15 @@ Wrong KV stays impossible because a block is only read while vLLM cannot reuse i
 A finished request whose reservation is still open (aborted before its last chunk) has it dropped; its slots
 are never published. Daemon trouble is logged and counted (``failures``), never raised into vLLM.
 
-The thread is started on demand and exits when the queue is empty; it is not a daemon thread, so a process
-that exits right after a request (a test or bench engine) still finishes its commits first. It runs at a
+The thread is started on demand and exits when the queue has been empty for :data:`SAVE_IDLE_S` (or at
+``close``); it is not a daemon thread, so a process that exits right after a request (a test or bench engine)
+still finishes its commits first. It runs at a
 lower CPU priority (:data:`SAVE_NICE`): a save is never on a request's path, but on a machine with few
 cores its copies and commits otherwise compete with the next request's forward pass.
 
 Primitives:
     SAVE_NICE: how much the save thread lowers its CPU priority (Linux nice increment).
+    SAVE_IDLE_S: how long the save thread waits for work before it exits.
     SaveQueue: submit, fence, finished, close; ``open_saves`` and ``failures``.
 """
 
@@ -57,6 +59,9 @@ logger = logging.getLogger(__name__)
 
 SAVE_NICE = 10
 """Nice increment of the save thread (Linux sets it per thread): it yields the CPU to the engine's threads."""
+SAVE_IDLE_S = 2.0
+"""How long the save thread waits for more work before it exits: starting a thread makes the engine's
+thread wait until the new one runs, which on a busy host is a scheduler tick or more, once per request."""
 
 
 def _lower_priority() -> None:
@@ -93,6 +98,7 @@ class SaveQueue:
         self._jobs: collections.deque[tuple[str, Callable[[], None]]] = collections.deque()
         self._pending: collections.Counter[str] = collections.Counter()
         self._thread: threading.Thread | None = None
+        self._closing = False
         self._reservations: dict[str, LayerwiseSave] = {}  # the background thread's
         self._owed: set[str] = set()  # requests with work: vLLM holds them when they finish
         self._reporting: set[str] = set()  # finished, reported once their work is done
@@ -150,6 +156,8 @@ class SaveQueue:
         self._owed.clear()
         self._uncommitted.clear()
         with self._cond:
+            self._closing = True
+            self._cond.notify_all()
             self._cond.wait_for(lambda: not self._jobs and self._thread is None)
 
     def _on_cuda(self) -> bool:
@@ -170,6 +178,8 @@ class SaveQueue:
         _lower_priority()
         while True:
             with self._cond:
+                if not self._jobs and not self._closing:
+                    self._cond.wait_for(lambda: bool(self._jobs) or self._closing, timeout=SAVE_IDLE_S)
                 if not self._jobs:
                     self._thread = None
                     self._cond.notify_all()
