@@ -28,6 +28,8 @@ Modules:
     config: ``VllmConnectorConfig`` from ``kv_connector_extra_config``.
     namespace: the engine's and each request's namespace.
     layout: vLLM's CPU and GPU (flash) cache layouts, each layer viewed as block planes.
+    kv_events: tiercache's tiers in vLLM's KV events (``BlockStored`` / ``BlockRemoved`` per tier), from
+        the daemon's event feed, when vLLM runs with ``--kv-events-config``.
     metadata: the per-step plan (loads, saves, preempted saving requests).
     params: per-request choices from ``kv_transfer_params`` (skip load, skip save).
     scheduler: ``SchedulerSide``.
@@ -48,7 +50,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 from vllm.platforms import current_platform
 
 from ..client import TierCacheClient
+from ..watch import EventWatch
 from .config import VllmConnectorConfig
+from .kv_events import KVEventsBridge
 from .layout import BackendLayout
 from .metadata import TierCacheMetadata
 from .namespace import engine_identity
@@ -94,6 +98,14 @@ class TierCacheConnector(KVConnectorBase_V1):  # type: ignore[misc]
         )
         self._scheduler = SchedulerSide(self.identity, self.client, self.config) if scheduler else None
         self._worker = None if scheduler else WorkerSide(self.identity, self.client, self.config)
+        self.kv_events: KVEventsBridge | None = None
+        self._watch: EventWatch | None = None
+        events_config = getattr(vllm_config, "kv_events_config", None)
+        if scheduler and events_config is not None and events_config.enable_kv_cache_events:
+            self.kv_events = KVEventsBridge(self.identity)
+            self._watch = EventWatch(
+                self.client.endpoint, self.config.token, self.client.config.channel, self.kv_events.on_event
+            ).start()
 
     # ------------------------------------------------------------------ worker side
 
@@ -137,6 +149,8 @@ class TierCacheConnector(KVConnectorBase_V1):  # type: ignore[misc]
         return self._w().get_block_ids_with_load_errors()
 
     def shutdown(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
         if self._worker is not None:
             self._worker.shutdown()
         if self._scheduler is not None:
@@ -150,6 +164,8 @@ class TierCacheConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._s().bind_local_hit(lambda request: int(kv_cache_manager.get_computed_blocks(request)[1]))
 
     def on_new_request(self, request: Any) -> None:
+        if self.kv_events is not None:
+            self.kv_events.note(request)
         self._s().on_new_request(request)
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -163,3 +179,7 @@ class TierCacheConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self._s().request_finished(request, block_ids)
+
+    def take_events(self) -> list[Any]:
+        """tiercache's tiers as vLLM KV events, when vLLM's KV events are on (:mod:`.kv_events`)."""
+        return self.kv_events.take_events() if self.kv_events is not None else []

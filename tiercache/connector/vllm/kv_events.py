@@ -1,0 +1,270 @@
+"""tiercache's tiers in vLLM's own KV events: what prefix-aware routers (llm-d, Dynamo) read.
+
+vLLM publishes ``BlockStored`` / ``BlockRemoved`` events for the blocks of its own cache when it runs with
+``--kv-events-config``; a connector adds its own through ``take_events`` (scheduler side, once per engine
+step). :class:`KVEventsBridge` adds tiercache's: every chunk of this engine's namespaces that the daemon
+stores in or drops from a tier — stored by this engine or by any other engine of the same namespace on the
+daemon — becomes a ``BlockStored`` / ``BlockRemoved`` for the chunk's vLLM blocks, with vLLM's own block
+hashes, parent hash, token ids, LoRA and extra keys (from vLLM's functions, as its block pool fills them),
+and per tier (:data:`TIER_MEDIA`): L2 ``medium="CPU"``, L3 ``STORAGE``, the shared tier ``STORAGE`` with
+``locality="REMOTE"``; ``ownership="tiercache"``.
+
+How chunks become blocks: the daemon sees keys, never token ids, so its event feed (:mod:`..watch`) names
+chunk keys. The bridge keeps a bounded catalog (``max_chunks``, least recently noted out first) of the chunks
+of every prompt this engine's scheduler was asked about (:meth:`KVEventsBridge.note`): key -> the chunk's
+vLLM blocks. A chunk the feed names is reported once the catalog knows it — at once when it does, or when a
+request with that prefix arrives later (the feed's residency is remembered by key for the same bound). A
+chunk of a prompt this engine never saw cannot be named in vLLM's terms and is not reported. A chunk
+forgotten by the bounded catalog while reported is reported removed (a router then under-estimates, never
+over-estimates); so is everything when the feed says events were missed (RESYNC), until the feed reports
+the chunks again.
+
+Not reported: L1 (tiercache's own device pool) — its ``GPU`` medium would be confused with vLLM's own GPU
+blocks by routers that key on medium. With TP or PP > 1 the scheduler's keys are rank 0's: a chunk is
+reported by where rank 0's shard is.
+
+Primitives:
+    TIER_MEDIA: (medium, locality) per tier.
+    OWNERSHIP: the ``ownership`` every event carries.
+    ChunkBlocks: one chunk's vLLM blocks (hashes, parent, token ids, LoRA, extra keys).
+    chunk_blocks: a vLLM request's full chunks as ChunkBlocks.
+    KVEventsBridge: ``note(request)``, ``on_event`` (the feed's callback), ``take_events``, ``close``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm.distributed.kv_events import (
+    MEDIUM_CPU,
+    MEDIUM_STORAGE,
+    BlockRemoved,
+    BlockStored,
+    KVCacheEvent,
+)
+from vllm.v1.core.kv_cache_utils import (
+    generate_block_hash_extra_keys,
+    maybe_convert_block_hash,
+    to_event_extra_keys,
+)
+
+from tiercache.keys import chunk_keys
+from tiercache.tiers.base import TierLevel
+
+from ..watch import WatchedEvent, WatchedKind
+from .namespace import EngineIdentity, request_factors
+
+logger = logging.getLogger(__name__)
+
+TIER_MEDIA: dict[TierLevel, tuple[str, str]] = {
+    TierLevel.L2: (MEDIUM_CPU, "LOCAL"),
+    TierLevel.L3: (MEDIUM_STORAGE, "LOCAL"),
+    TierLevel.SHARED: (MEDIUM_STORAGE, "REMOTE"),
+}
+"""vLLM ``medium`` and ``locality`` of the tiers reported (L1 is not: see the module docstring)."""
+OWNERSHIP = "tiercache"
+"""The ``ownership`` ("secondary offloading tier identifier") of every event the bridge makes."""
+MAX_CHUNKS = 65536
+"""Chunks the catalog (and the residency of chunks not in it) remembers by default."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkBlocks:
+    """One chunk's blocks as vLLM names them.
+
+    Attributes:
+        block_hashes: vLLM's hashes of the chunk's blocks, in order (as its events carry them).
+        parent_block_hash: the hash of the block before the chunk (None for the prompt's first chunk).
+        token_ids: the chunk's tokens.
+        block_size: tokens per block.
+        lora_id, lora_name: the request's LoRA adapter (None for the base model).
+        extra_keys: per block, what vLLM's hash mixed in besides tokens (cache salt, LoRA), or None.
+    """
+
+    block_hashes: tuple[Any, ...]
+    parent_block_hash: Any
+    token_ids: tuple[int, ...]
+    block_size: int
+    lora_id: int | None = None
+    lora_name: str | None = None
+    extra_keys: tuple[tuple[Any, ...] | None, ...] | None = None
+
+    def stored(self, tier: TierLevel) -> BlockStored:
+        """vLLM's event for the chunk stored in ``tier``."""
+        medium, locality = TIER_MEDIA[tier]
+        return BlockStored(
+            block_hashes=list(self.block_hashes),
+            parent_block_hash=self.parent_block_hash,
+            token_ids=list(self.token_ids),
+            block_size=self.block_size,
+            lora_id=self.lora_id,
+            medium=medium,
+            lora_name=self.lora_name,
+            extra_keys=list(self.extra_keys) if self.extra_keys is not None else None,
+            group_idx=0,
+            locality=locality,
+            ownership=OWNERSHIP,
+        )
+
+    def removed(self, tier: TierLevel) -> BlockRemoved:
+        """vLLM's event for the chunk dropped from ``tier``."""
+        medium, locality = TIER_MEDIA[tier]
+        return BlockRemoved(
+            block_hashes=list(self.block_hashes),
+            medium=medium,
+            group_idx=0,
+            locality=locality,
+            ownership=OWNERSHIP,
+        )
+
+
+def chunk_blocks(request: Any, chunk_tokens: int, block_size: int) -> list[ChunkBlocks]:
+    """The full chunks of a vLLM ``Request``'s prompt as vLLM's blocks (empty when vLLM hashed no blocks:
+    prefix caching off)."""
+    prompt = list(request.prompt_token_ids or ())
+    hashes = list(getattr(request, "block_hashes", ()) or ())
+    per = chunk_tokens // block_size
+    full = min(len(prompt) // chunk_tokens, len(hashes) // per)
+    lora = getattr(request, "lora_request", None)
+    lora_id = int(lora.adapter_id) if lora is not None else None
+    lora_name = str(lora.name) if lora is not None else None
+    chunks: list[ChunkBlocks] = []
+    mm_index = 0
+    for i in range(full):
+        extra: list[tuple[Any, ...] | None] = []
+        for b in range(i * per, (i + 1) * per):
+            keys, mm_index = generate_block_hash_extra_keys(
+                request, b * block_size, (b + 1) * block_size, mm_index
+            )
+            extra.append(keys)
+        event_keys = to_event_extra_keys(extra)
+        first = i * per
+        chunks.append(
+            ChunkBlocks(
+                block_hashes=tuple(maybe_convert_block_hash(h) for h in hashes[first : first + per]),
+                parent_block_hash=maybe_convert_block_hash(hashes[first - 1]) if first else None,
+                token_ids=tuple(prompt[i * chunk_tokens : (i + 1) * chunk_tokens]),
+                block_size=block_size,
+                lora_id=lora_id,
+                lora_name=lora_name,
+                extra_keys=tuple(event_keys) if event_keys is not None else None,
+            )
+        )
+    return chunks
+
+
+@dataclass(slots=True)
+class _Entry:
+    """What the bridge knows of one chunk key."""
+
+    handle: bytes = b""  # the namespace's handle, from the feed
+    blocks: ChunkBlocks | None = None
+    tiers: set[TierLevel] = field(default_factory=set)  # where the daemon holds it (by its feed)
+    reported: set[TierLevel] = field(default_factory=set)  # tiers vLLM's events say it is in
+
+
+class KVEventsBridge:
+    """tiercache's tiers as vLLM KV events (see the module docstring). Thread-safe: ``on_event`` runs on the
+    feed's thread, ``note`` and ``take_events`` on vLLM's scheduler thread."""
+
+    def __init__(
+        self,
+        identity: EngineIdentity,
+        max_chunks: int = MAX_CHUNKS,
+    ) -> None:
+        """Args:
+        identity: the engine (its chunk and block sizes, its namespaces).
+        max_chunks: the catalog's bound (chunks).
+        """
+        self._identity = identity
+        self._max = max_chunks
+        self._chunk = identity.layout.chunk_tokens
+        self._block = identity.layout.page_tokens
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
+        self._events: list[KVCacheEvent] = []
+
+    # ------------------------------------------------------------------ vLLM's side
+
+    def note(self, request: Any) -> None:
+        """Learn the chunks of a request's prompt (reporting those the daemon already holds)."""
+        if len(request.prompt_token_ids or ()) < self._chunk:
+            return
+        blocks = chunk_blocks(request, self._chunk, self._block)
+        if not blocks:
+            return
+        ns = self._identity.namespace(*request_factors(request))
+        keys = chunk_keys(ns, list(request.prompt_token_ids)[: len(blocks) * self._chunk])
+        with self._lock:
+            for key, chunk in zip(keys, blocks, strict=True):
+                entry = self._entry(key)
+                if entry.blocks is None:
+                    entry.blocks = chunk
+                    for tier in sorted(entry.tiers):
+                        self._report(entry, tier, True)
+            self._trim()
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """The events made since the last call (vLLM publishes them with the step's own)."""
+        with self._lock:
+            events, self._events = self._events, []
+        return events
+
+    # ------------------------------------------------------------------ the daemon's side
+
+    def on_event(self, event: WatchedEvent) -> None:
+        """Follow one event of the daemon's feed (:class:`~tiercache.connector.watch.EventWatch`)."""
+        with self._lock:
+            if event.kind is WatchedKind.RESYNC:
+                for entry in self._entries.values():
+                    entry.tiers.clear()
+                    self._unreport(entry)
+            elif event.kind is WatchedKind.CLEARED:
+                for entry in self._entries.values():
+                    if entry.handle == event.handle:
+                        entry.tiers.clear()
+                        self._unreport(entry)
+            elif event.tier is not None:
+                entry = self._entry(event.key)
+                entry.handle = event.handle
+                if event.kind is WatchedKind.STORED:
+                    entry.tiers.add(event.tier)
+                    self._report(entry, event.tier, True)
+                else:
+                    entry.tiers.discard(event.tier)
+                    self._report(entry, event.tier, False)
+                self._trim()
+
+    # ------------------------------------------------------------------ internals (under the lock)
+
+    def _entry(self, key: bytes) -> _Entry:
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = _Entry()
+        else:
+            self._entries.move_to_end(key)
+        return entry
+
+    def _report(self, entry: _Entry, tier: TierLevel, stored: bool) -> None:
+        """Say that the chunk is (or is no longer) in ``tier``, when vLLM's events do not say so yet."""
+        if entry.blocks is None or tier not in TIER_MEDIA or (tier in entry.reported) == stored:
+            return
+        if stored:
+            entry.reported.add(tier)
+            self._events.append(entry.blocks.stored(tier))
+        else:
+            entry.reported.discard(tier)
+            self._events.append(entry.blocks.removed(tier))
+
+    def _unreport(self, entry: _Entry) -> None:
+        for tier in sorted(entry.reported):
+            self._report(entry, tier, False)
+
+    def _trim(self) -> None:
+        while len(self._entries) > self._max:
+            _, entry = self._entries.popitem(last=False)
+            self._unreport(entry)
