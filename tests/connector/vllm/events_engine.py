@@ -7,8 +7,9 @@ further line (a JSON command) with one message:
 
 * ``{"op": "generate", "prompts": [{"tokens": [...], "skip_save": bool}], "max_tokens": n}``: generate;
   answers ``{"cached": [num_cached_tokens per prompt]}``.
-* ``{"op": "metrics"}``: vLLM's own metrics (``LLM.get_metrics``: name -> summed value of counters and
-  gauges, with ``{label=value}`` suffixes for tiercache's per-tier series).
+* ``{"op": "reset_prefix_cache"}``: empty vLLM's own prefix cache (the next request finds only tiercache).
+* ``{"op": "metrics"}``: vLLM's own metrics (its Prometheus registry: name -> summed value of counters and
+  gauges, with ``{label=value}`` suffixes for labels other than the engine's).
 
 An empty line (stdin closed) ends it; its result is ``{"bye": true}``. EngineCore and Worker run in this
 process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
@@ -18,22 +19,25 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
 
 from tiercache.testing.engine import next_line, read_params, say
 
 
-def _metrics(llm: Any) -> dict[str, float]:
-    from vllm.v1.metrics.reader import Counter, Gauge
+def _metrics() -> dict[str, float]:
+    """vLLM's Prometheus registry (what its ``/metrics`` serves): counters and gauges, summed over engines."""
+    from prometheus_client import REGISTRY
 
     out: dict[str, float] = {}
-    for m in llm.get_metrics():
-        if isinstance(m, Counter | Gauge):
-            labels = {k: v for k, v in m.labels.items() if k not in ("engine", "model_name")}
-            name = m.name + (
-                "{" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())) + "}" if labels else ""
-            )
-            out[name] = out.get(name, 0.0) + float(m.value)
+    for family in REGISTRY.collect():
+        if not family.name.startswith("vllm:") or family.type not in ("counter", "gauge"):
+            continue
+        for sample in family.samples:
+            if family.type == "counter" and not sample.name.endswith("_total"):
+                continue  # (a counter's _created sample)
+            labels = {k: v for k, v in sample.labels.items() if k not in ("engine", "model_name")}
+            suffix = "{" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())) + "}" if labels else ""
+            name = family.name + suffix
+            out[name] = out.get(name, 0.0) + float(sample.value)
     return out
 
 
@@ -84,8 +88,10 @@ def main() -> None:
             ]
             outs = llm.generate(prompts, params, use_tqdm=False)
             say({"cached": [o.num_cached_tokens for o in outs]})
+        elif cmd["op"] == "reset_prefix_cache":
+            say({"reset": bool(llm.reset_prefix_cache())})
         elif cmd["op"] == "metrics":
-            say({"metrics": _metrics(llm)})
+            say({"metrics": _metrics()})
     say({"bye": True})
 
 

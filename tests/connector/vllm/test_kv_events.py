@@ -220,3 +220,40 @@ def test_own_store_reaches_vllm_events_per_tier(setup: tuple[Engine, Subscriber]
             lambda ev, m=medium: set(wanted) <= set(_hashes(_ours(ev, BlockStored, m))),
             f"BlockStored({medium}) for the engine's own store",
         )
+
+
+def _forget(engine: Engine) -> None:
+    """Empty vLLM's own prefix cache (it holds a finished request's blocks until its save is committed, and
+    learns of the commit at a step)."""
+    for _ in range(200):
+        if engine.ask("reset_prefix_cache")["reset"]:
+            return
+        engine.generate(FILLER, max_tokens=1)
+    raise AssertionError("vLLM's prefix cache could not be reset")
+
+
+def test_vllm_metrics_carry_tiercache_counters_after_a_hit(setup: tuple[Engine, Subscriber]) -> None:
+    engine, _ = setup
+    doc = prompt(53, 4 * CHUNK + 3)
+    assert engine.generate(doc) == [0]  # computed, and stored by the connector
+    before = engine.ask("metrics")["metrics"]
+    cached = 0
+    for _ in range(50):  # the save is committed in the background: the first tries may miss
+        _forget(engine)
+        cached = engine.generate(doc)[0]
+        if cached:
+            break
+    assert cached == 4 * CHUNK
+    after = engine.ask("metrics")["metrics"]
+
+    def moved(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    assert moved("vllm:tiercache_loaded_tokens{tier=L2}") == 4 * CHUNK
+    assert moved("vllm:external_prefix_cache_hits") == 4 * CHUNK  # vLLM's own count of the same hit
+    assert moved("vllm:tiercache_lookups") >= 1
+    assert moved("vllm:tiercache_lookup_hit_tokens") >= 4 * CHUNK
+    assert moved("vllm:tiercache_load_seconds") > 0
+    assert after["vllm:tiercache_saved_tokens"] >= 4 * CHUNK
+    assert after["vllm:tiercache_save_seconds"] > 0
+    assert after["vllm:tiercache_lookup_misses"] >= 1  # the first, computed request of each prompt

@@ -33,6 +33,7 @@ Modules:
     metadata: the per-step plan (loads, saves, preempted saving requests).
     params: per-request choices from ``kv_transfer_params`` (skip load, skip save).
     scheduler: ``SchedulerSide``.
+    stats: tiercache's counters in vLLM's stats (logged, and on vLLM's ``/metrics`` as ``vllm:tiercache_*``).
     loads: a request's load as a ``LayerwiseLoad`` from leased slots, or a byte-stream receive.
     saves: ``SaveQueue`` (a background thread filling the data plane's ``LayerwiseSave``, two-phase).
     worker: ``WorkerSide``.
@@ -44,6 +45,7 @@ Primitives:
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
@@ -57,6 +59,7 @@ from .layout import BackendLayout
 from .metadata import TierCacheMetadata
 from .namespace import engine_identity
 from .scheduler import SchedulerSide
+from .stats import StatsTaker, TierCachePromMetrics, TierCacheStats, scheduler_counters, worker_counters
 from .worker import WorkerSide
 
 __all__ = ["TierCacheConnector", "TierCacheMetadata", "VllmConnectorConfig"]
@@ -98,6 +101,8 @@ class TierCacheConnector(KVConnectorBase_V1):  # type: ignore[misc]
         )
         self._scheduler = SchedulerSide(self.identity, self.client, self.config) if scheduler else None
         self._worker = None if scheduler else WorkerSide(self.identity, self.client, self.config)
+        self._stats = StatsTaker()
+        self._load_s = 0.0  # time the model steps waited for loads (start_load_kv, wait_for_layer_load)
         self.kv_events: KVEventsBridge | None = None
         self._watch: EventWatch | None = None
         events_config = getattr(vllm_config, "kv_events_config", None)
@@ -126,10 +131,14 @@ class TierCacheConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._w().register_kv_caches(kv_caches)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        started = time.perf_counter()
         self._w().start_load_kv(self._meta())
+        self._load_s += time.perf_counter() - started
 
     def wait_for_layer_load(self, layer_name: str) -> None:
+        started = time.perf_counter()
         self._w().wait_for_layer_load(layer_name)
+        self._load_s += time.perf_counter() - started
 
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
         super().bind_connector_metadata(connector_metadata)
@@ -156,6 +165,27 @@ class TierCacheConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if self._scheduler is not None:
             self._scheduler.shutdown()
         self.client.close()
+
+    # ------------------------------------------------------------------ stats (both sides: :mod:`.stats`)
+
+    def get_kv_connector_stats(self) -> TierCacheStats | None:
+        if self._worker is not None:
+            return self._stats.take(worker_counters(self._worker, self._load_s))
+        return self._stats.take(scheduler_counters(self._s()))
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> TierCacheStats:
+        return TierCacheStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: Any,
+        metric_types: dict[type, type],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> TierCachePromMetrics:
+        return TierCachePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     # ------------------------------------------------------------------ scheduler side
 
