@@ -77,7 +77,8 @@ class ChunkBlocks:
     """One chunk's blocks as vLLM names them.
 
     Attributes:
-        block_hashes: vLLM's hashes of the chunk's blocks, in order (as its events carry them).
+        block_hashes: vLLM's hashes of the chunk's blocks, in order (its ``BlockHash`` bytes: converted as
+            its events carry them when an event is made, which is rarer than a chunk being noted).
         parent_block_hash: the hash of the block before the chunk (None for the prompt's first chunk).
         token_ids: the chunk's tokens.
         block_size: tokens per block.
@@ -93,12 +94,16 @@ class ChunkBlocks:
     lora_name: str | None = None
     extra_keys: tuple[tuple[Any, ...] | None, ...] | None = None
 
+    def _hashes(self) -> list[Any]:
+        return [maybe_convert_block_hash(h) for h in self.block_hashes]
+
     def stored(self, tier: TierLevel) -> BlockStored:
         """vLLM's event for the chunk stored in ``tier``."""
         medium, locality = TIER_MEDIA[tier]
+        parent = self.parent_block_hash
         return BlockStored(
-            block_hashes=list(self.block_hashes),
-            parent_block_hash=self.parent_block_hash,
+            block_hashes=self._hashes(),
+            parent_block_hash=maybe_convert_block_hash(parent) if parent is not None else None,
             token_ids=list(self.token_ids),
             block_size=self.block_size,
             lora_id=self.lora_id,
@@ -114,7 +119,7 @@ class ChunkBlocks:
         """vLLM's event for the chunk dropped from ``tier``."""
         medium, locality = TIER_MEDIA[tier]
         return BlockRemoved(
-            block_hashes=list(self.block_hashes),
+            block_hashes=self._hashes(),
             medium=medium,
             group_idx=0,
             locality=locality,
@@ -145,8 +150,8 @@ def chunk_blocks(request: Any, chunk_tokens: int, block_size: int) -> list[Chunk
         first = i * per
         chunks.append(
             ChunkBlocks(
-                block_hashes=tuple(maybe_convert_block_hash(h) for h in hashes[first : first + per]),
-                parent_block_hash=maybe_convert_block_hash(hashes[first - 1]) if first else None,
+                block_hashes=tuple(hashes[first : first + per]),
+                parent_block_hash=hashes[first - 1] if first else None,
                 token_ids=tuple(prompt[i * chunk_tokens : (i + 1) * chunk_tokens]),
                 block_size=block_size,
                 lora_id=lora_id,
