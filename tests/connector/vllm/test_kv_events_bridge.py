@@ -149,3 +149,14 @@ def test_salt_and_lora_travel_as_vllm_fills_them() -> None:
     ]  # the salt only at the prompt's start
     assert second.extra_keys == [("adapter",), ("adapter",)]
     assert first.block_hashes == [maybe_convert_block_hash(h) for h in request.block_hashes[:2]]
+
+
+def test_the_catalog_bound_is_an_option_checked_at_start() -> None:
+    from tiercache.connector.vllm.config import DEFAULT_KV_EVENTS_CHUNKS, VllmConnectorConfig
+    from tiercache.errors import InvalidArgumentError
+
+    assert VllmConnectorConfig.from_extra_config({}, 16).kv_events_chunks == DEFAULT_KV_EVENTS_CHUNKS
+    assert VllmConnectorConfig.from_extra_config({"kv_events_chunks": 0}, 16).kv_events_chunks == 0
+    for bad in (-1, 1.5, True, "many"):
+        with pytest.raises(InvalidArgumentError, match="kv_events_chunks"):
+            VllmConnectorConfig.from_extra_config({"kv_events_chunks": bad}, 16)

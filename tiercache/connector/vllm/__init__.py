@@ -106,8 +106,9 @@ class TierCacheConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self.kv_events: KVEventsBridge | None = None
         self._watch: EventWatch | None = None
         events_config = getattr(vllm_config, "kv_events_config", None)
-        if scheduler and events_config is not None and events_config.enable_kv_cache_events:
-            self.kv_events = KVEventsBridge(self.identity)
+        events_on = events_config is not None and events_config.enable_kv_cache_events
+        if scheduler and events_on and self.config.kv_events_chunks > 0:
+            self.kv_events = KVEventsBridge(self.identity, self.config.kv_events_chunks)
             self._watch = EventWatch(
                 self.client.endpoint, self.config.token, self.client.config.channel, self.kv_events.on_event
             ).start()

@@ -10,7 +10,7 @@ and per tier (:data:`TIER_MEDIA`): L2 ``medium="CPU"``, L3 ``STORAGE``, the shar
 ``locality="REMOTE"``; ``ownership="tiercache"``.
 
 How chunks become blocks: the daemon sees keys, never token ids, so its event feed (:mod:`..watch`) names
-chunk keys. The bridge keeps a bounded catalog (``max_chunks``, least recently noted out first) of the chunks
+chunk keys. The bridge keeps a bounded catalog (``max_chunks``: the ``kv_events_chunks`` option; least recently noted out first) of the chunks
 of every prompt this engine's scheduler was asked about (:meth:`KVEventsBridge.note`): key -> the chunk's
 vLLM blocks. A chunk the feed names is reported once the catalog knows it — at once when it does, or when a
 request with that prefix arrives later (the feed's residency is remembered by key for the same bound). A
@@ -56,6 +56,7 @@ from tiercache.keys import chunk_keys
 from tiercache.tiers.base import TierLevel
 
 from ..watch import WatchedEvent, WatchedKind
+from .config import DEFAULT_KV_EVENTS_CHUNKS
 from .namespace import EngineIdentity, request_factors
 
 logger = logging.getLogger(__name__)
@@ -68,8 +69,6 @@ TIER_MEDIA: dict[TierLevel, tuple[str, str]] = {
 """vLLM ``medium`` and ``locality`` of the tiers reported (L1 is not: see the module docstring)."""
 OWNERSHIP = "tiercache"
 """The ``ownership`` ("secondary offloading tier identifier") of every event the bridge makes."""
-MAX_CHUNKS = 65536
-"""Chunks the catalog (and the residency of chunks not in it) remembers by default."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +178,7 @@ class KVEventsBridge:
     def __init__(
         self,
         identity: EngineIdentity,
-        max_chunks: int = MAX_CHUNKS,
+        max_chunks: int = DEFAULT_KV_EVENTS_CHUNKS,
     ) -> None:
         """Args:
         identity: the engine (its chunk and block sizes, its namespaces).
