@@ -160,3 +160,19 @@ def test_the_catalog_bound_is_an_option_checked_at_start() -> None:
     for bad in (-1, 1.5, True, "many"):
         with pytest.raises(InvalidArgumentError, match="kv_events_chunks"):
             VllmConnectorConfig.from_extra_config({"kv_events_chunks": bad}, 16)
+
+
+def test_changes_between_two_steps_are_coalesced() -> None:
+    bridge = KVEventsBridge(IDENTITY)
+    request = _request(prompt(6, CHUNK))
+    bridge.note(request)
+    (key,) = _keys(request)
+    for _ in range(1000):  # an engine that does not step while another engine churns the chunk
+        bridge.on_event(_event(WatchedKind.STORED, key))
+        bridge.on_event(_event(WatchedKind.REMOVED, key))
+    assert bridge.take_events() == []  # dropped again before vLLM asked: nothing to say
+    bridge.on_event(_event(WatchedKind.STORED, key))
+    bridge.on_event(_event(WatchedKind.REMOVED, key))
+    bridge.on_event(_event(WatchedKind.STORED, key))
+    (stored,) = bridge.take_events()
+    assert isinstance(stored, BlockStored)

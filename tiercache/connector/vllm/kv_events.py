@@ -10,8 +10,8 @@ and per tier (:data:`TIER_MEDIA`): L2 ``medium="CPU"``, L3 ``STORAGE``, the shar
 ``locality="REMOTE"``; ``ownership="tiercache"``.
 
 How chunks become blocks: the daemon sees keys, never token ids, so its event feed (:mod:`..watch`) names
-chunk keys. The bridge keeps a bounded catalog (``max_chunks``: the ``kv_events_chunks`` option; least recently noted out first) of the chunks
-of every prompt this engine's scheduler was asked about (:meth:`KVEventsBridge.note`): key -> the chunk's
+chunk keys. The bridge keeps a bounded catalog (``max_chunks``: the ``kv_events_chunks`` option; least
+recently noted out first) of the chunks of every prompt this engine's scheduler was asked about (:meth:`KVEventsBridge.note`): key -> the chunk's
 vLLM blocks. A chunk the feed names is reported once the catalog knows it — at once when it does, or when a
 request with that prefix arrives later (the feed's residency is remembered by key for the same bound). A
 chunk of a prompt this engine never saw cannot be named in vLLM's terms and is not reported. A chunk
@@ -28,7 +28,7 @@ Primitives:
     OWNERSHIP: the ``ownership`` every event carries.
     ChunkBlocks: one chunk's vLLM blocks (hashes, parent, token ids, LoRA, extra keys).
     chunk_blocks: a vLLM request's full chunks as ChunkBlocks.
-    KVEventsBridge: ``note(request)``, ``on_event`` (the feed's callback), ``take_events``, ``close``.
+    KVEventsBridge: ``note(request)``, ``on_event`` (the feed's callback), ``take_events``.
 """
 
 from __future__ import annotations
@@ -168,12 +168,21 @@ class _Entry:
     handle: bytes = b""  # the namespace's handle, from the feed
     blocks: ChunkBlocks | None = None
     tiers: set[TierLevel] = field(default_factory=set)  # where the daemon holds it (by its feed)
-    reported: set[TierLevel] = field(default_factory=set)  # tiers vLLM's events say it is in
+    published: set[TierLevel] = field(default_factory=set)  # where the events handed to vLLM say it is
+
+    def shown(self) -> set[TierLevel]:
+        """The tiers vLLM's events should say it is in."""
+        return {t for t in self.tiers if t in TIER_MEDIA} if self.blocks is not None else set()
 
 
 class KVEventsBridge:
     """tiercache's tiers as vLLM KV events (see the module docstring). Thread-safe: ``on_event`` runs on the
-    feed's thread, ``note`` and ``take_events`` on vLLM's scheduler thread."""
+    feed's thread, ``note`` and ``take_events`` on vLLM's scheduler thread.
+
+    Changes are kept as the chunks they touch, not as events, until vLLM takes them: what is pending stays
+    bounded by the catalog while the engine does not step, and a chunk stored and dropped between two steps
+    makes no event at all.
+    """
 
     def __init__(
         self,
@@ -190,7 +199,8 @@ class KVEventsBridge:
         self._block = identity.layout.page_tokens
         self._lock = threading.Lock()
         self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
-        self._events: list[KVCacheEvent] = []
+        self._changed: dict[bytes, None] = {}  # keys whose events are due, in the order they changed
+        self._forgotten: list[tuple[ChunkBlocks, frozenset[TierLevel]]] = []  # published, then trimmed
 
     # ------------------------------------------------------------------ vLLM's side
 
@@ -208,14 +218,27 @@ class KVEventsBridge:
                 entry = self._entry(key)
                 if entry.blocks is None:
                     entry.blocks = chunk
-                    for tier in sorted(entry.tiers):
-                        self._report(entry, tier, True)
+                    if entry.tiers:
+                        self._changed[key] = None
             self._trim()
 
     def take_events(self) -> list[KVCacheEvent]:
-        """The events made since the last call (vLLM publishes them with the step's own)."""
+        """The events due since the last call (vLLM publishes them with the step's own): removals of
+        forgotten chunks, then each changed chunk's, in the order the chunks changed (a prompt's chunks in
+        chain order)."""
         with self._lock:
-            events, self._events = self._events, []
+            events: list[KVCacheEvent] = [
+                blocks.removed(t) for blocks, tiers in self._forgotten for t in sorted(tiers)
+            ]
+            self._forgotten = []
+            for key in self._changed:
+                entry = self._entries[key]
+                shown = entry.shown()
+                if entry.blocks is not None:
+                    events += [entry.blocks.removed(t) for t in sorted(entry.published - shown)]
+                    events += [entry.blocks.stored(t) for t in sorted(shown - entry.published)]
+                entry.published = shown
+            self._changed = {}
         return events
 
     # ------------------------------------------------------------------ the daemon's side
@@ -223,24 +246,20 @@ class KVEventsBridge:
     def on_event(self, event: WatchedEvent) -> None:
         """Follow one event of the daemon's feed (:class:`~tiercache.connector.watch.EventWatch`)."""
         with self._lock:
-            if event.kind is WatchedKind.RESYNC:
-                for entry in self._entries.values():
-                    entry.tiers.clear()
-                    self._unreport(entry)
-            elif event.kind is WatchedKind.CLEARED:
-                for entry in self._entries.values():
-                    if entry.handle == event.handle:
+            if event.kind in (WatchedKind.RESYNC, WatchedKind.CLEARED):
+                resync = event.kind is WatchedKind.RESYNC
+                for key, entry in self._entries.items():
+                    if entry.tiers and (resync or entry.handle == event.handle):
                         entry.tiers.clear()
-                        self._unreport(entry)
+                        self._changed[key] = None
             elif event.tier is not None:
                 entry = self._entry(event.key)
                 entry.handle = event.handle
                 if event.kind is WatchedKind.STORED:
                     entry.tiers.add(event.tier)
-                    self._report(entry, event.tier, True)
                 else:
                     entry.tiers.discard(event.tier)
-                    self._report(entry, event.tier, False)
+                self._changed[event.key] = None
                 self._trim()
 
     # ------------------------------------------------------------------ internals (under the lock)
@@ -253,22 +272,9 @@ class KVEventsBridge:
             self._entries.move_to_end(key)
         return entry
 
-    def _report(self, entry: _Entry, tier: TierLevel, stored: bool) -> None:
-        """Say that the chunk is (or is no longer) in ``tier``, when vLLM's events do not say so yet."""
-        if entry.blocks is None or tier not in TIER_MEDIA or (tier in entry.reported) == stored:
-            return
-        if stored:
-            entry.reported.add(tier)
-            self._events.append(entry.blocks.stored(tier))
-        else:
-            entry.reported.discard(tier)
-            self._events.append(entry.blocks.removed(tier))
-
-    def _unreport(self, entry: _Entry) -> None:
-        for tier in sorted(entry.reported):
-            self._report(entry, tier, False)
-
     def _trim(self) -> None:
         while len(self._entries) > self._max:
-            _, entry = self._entries.popitem(last=False)
-            self._unreport(entry)
+            key, entry = self._entries.popitem(last=False)
+            self._changed.pop(key, None)
+            if entry.published and entry.blocks is not None:
+                self._forgotten.append((entry.blocks, frozenset(entry.published)))
