@@ -33,6 +33,7 @@ from tests.connector.vllm.conftest import CHUNK, HERE, extra, prompt
 from tiercache.connector import TierCacheClient
 from tiercache.connector.vllm.layout import BackendLayout
 from tiercache.connector.vllm.namespace import EngineIdentity
+from tiercache.connector.vllm.stats import FIELDS
 from tiercache.keys import chunk_keys
 from tiercache.layout import KVDtype, KVLayout
 from tiercache.testing.daemon import DaemonProcess, free_port
@@ -249,6 +250,8 @@ def test_vllm_metrics_carry_tiercache_counters_after_a_hit(setup: tuple[Engine, 
     def moved(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)
 
+    exported = {name.split("{")[0] for name in after}
+    assert {f"vllm:tiercache_{field}" for field in FIELDS} <= exported  # every counter, on vLLM's registry
     assert moved("vllm:tiercache_loaded_tokens{tier=L2}") == 4 * CHUNK
     assert moved("vllm:external_prefix_cache_hits") == 4 * CHUNK  # vLLM's own count of the same hit
     assert moved("vllm:tiercache_lookups") >= 1
