@@ -9,12 +9,14 @@ and decodes the stream with vLLM's own event classes.
   published as the matching ``BlockRemoved``.
 * A prompt the engine stored itself is published as stored in L2 (CPU) and, written down, in L3 (STORAGE).
 * After a hit, vLLM's metrics carry tiercache's counters (tokens loaded per tier, lookups, saves).
+* The README's subscriber example prints tiercache's events from the engine's publisher.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -88,8 +90,9 @@ class Subscriber:
 class Engine:
     """The engine process, one command at a time."""
 
-    def __init__(self, proc: EngineProcess) -> None:
+    def __init__(self, proc: EngineProcess, port: int) -> None:
         self.proc = proc
+        self.port = port  # its KV events publisher's
 
     def ask(self, op: str, **args: Any) -> dict[str, Any]:
         self.proc.tell(json.dumps({"op": op, **args}))
@@ -122,7 +125,7 @@ def setup(
     try:
         assert proc.message(START_S).get("ready"), proc.stderr()[-3000:]
         sub = Subscriber(port)
-        engine = Engine(proc)
+        engine = Engine(proc, port)
         warm = prompt(8, CHUNK)  # one full block: vLLM publishes it (ZMQ's subscriber joins late)
         for _ in range(50):
             if sub.snapshot():
@@ -260,3 +263,27 @@ def test_vllm_metrics_carry_tiercache_counters_after_a_hit(setup: tuple[Engine, 
     assert after["vllm:tiercache_saved_tokens"] >= 4 * CHUNK
     assert after["vllm:tiercache_save_seconds"] > 0
     assert after["vllm:tiercache_lookup_misses"] >= 1  # the first, computed request of each prompt
+
+
+def test_the_subscriber_example_prints_tiercache_events(setup: tuple[Engine, Subscriber]) -> None:
+    """``connector/examples/kv_events_subscriber.py`` (what the README shows a router receiving) on the
+    engine's publisher: it prints a BlockStored of tiercache's once the engine stores a prompt."""
+    engine, _ = setup
+    example = HERE.parents[2] / "connector" / "examples" / "kv_events_subscriber.py"
+    argv = [
+        sys.executable,
+        str(example),
+        f"tcp://127.0.0.1:{engine.port}",
+        "--count",
+        "1",
+        "--timeout",
+        "120",
+    ]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        for seed in range(100, 300):  # new prompts until the late-joining subscriber sees a store
+            if proc.poll() is not None:
+                break
+            engine.generate(prompt(seed, CHUNK + 3), max_tokens=1)
+        out, err = proc.communicate(timeout=WAIT_S)
+    assert proc.returncode == 0, err[-3000:]
+    assert "BlockStored medium=CPU locality=LOCAL ownership=tiercache" in out, out
