@@ -5,7 +5,8 @@ Params (the first line): ``model``, ``extra`` (``kv_connector_extra_config``), `
 ZMQ publisher binds ``tcp://*:<port>``). The engine says ``{"ready": true}`` once started, then answers each
 further line (a JSON command) with one message:
 
-* ``{"op": "generate", "prompts": [{"tokens": [...], "skip_save": bool}], "max_tokens": n}``: generate;
+* ``{"op": "generate", "prompts": [{"tokens": [...], "skip_save": bool, "skip_load": bool}], "max_tokens": n}``:
+  generate (``skip_*``: the request's ``tiercache_skip_*`` transfer params);
   answers ``{"cached": [num_cached_tokens per prompt]}``.
 * ``{"op": "reset_prefix_cache"}``: empty vLLM's own prefix cache (the next request finds only tiercache).
 * ``{"op": "metrics"}``: vLLM's own metrics (its Prometheus registry: name -> summed value of counters and
@@ -21,6 +22,8 @@ import json
 import os
 
 from tiercache.testing.engine import next_line, read_params, say
+
+_SKIPS = ("tiercache_skip_save", "tiercache_skip_load")
 
 
 def _metrics() -> dict[str, float]:
@@ -80,9 +83,9 @@ def main() -> None:
                     max_tokens=cmd.get("max_tokens", 2),
                     temperature=0.0,
                     ignore_eos=True,
-                    extra_args={"kv_transfer_params": {"tiercache_skip_save": True}}
-                    if r.get("skip_save")
-                    else None,
+                    extra_args={
+                        "kv_transfer_params": {k: True for k in _SKIPS if r.get(k.removeprefix("tiercache_"))}
+                    },
                 )
                 for r in cmd["prompts"]
             ]

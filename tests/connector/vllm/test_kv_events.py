@@ -2,6 +2,8 @@
 (CPU, tiny Llama, KV events over ZMQ) on a real daemon; this test subscribes to the engine's ZMQ publisher
 and decodes the stream with vLLM's own event classes.
 
+* A prompt another vLLM engine of the same namespace stored before this engine started is published as
+  ``BlockStored`` (``medium="CPU"``) with vLLM's own hashes once this engine sees the prompt.
 * A prompt the engine served without storing it (``tiercache_skip_save``) and that another engine of the
   same namespace then stored (this test's own client, a second writer through the daemon) is published as
   ``BlockStored`` with ``medium="CPU"`` (L2), ``ownership="tiercache"``, with the block hashes and token ids
@@ -31,7 +33,7 @@ import zmq
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVEventBatch
 
 from tests.connector.conftest import connector_daemon
-from tests.connector.vllm.conftest import CHUNK, HERE, extra, prompt
+from tests.connector.vllm.conftest import CHUNK, HERE, extra, prompt, run_engine
 from tiercache.connector import TierCacheClient
 from tiercache.connector.vllm.layout import BackendLayout
 from tiercache.connector.vllm.namespace import EngineIdentity
@@ -47,6 +49,7 @@ WAIT_S = 120.0
 FILLER = prompt(9, 8)  # shorter than a block: steps the engine, adds no block event
 OTHER = prompt(51, 3 * CHUNK + 5)  # served with tiercache_skip_save, then stored by another engine
 OWN = prompt(52, 2 * CHUNK + 7)  # stored by the engine itself
+EARLIER = prompt(54, 2 * CHUNK + 9)  # stored by another vLLM engine before this module's engine started
 
 
 class Subscriber:
@@ -98,8 +101,10 @@ class Engine:
         self.proc.tell(json.dumps({"op": op, **args}))
         return self.proc.message(WAIT_S)
 
-    def generate(self, *prompts: list[int], skip_save: bool = False, max_tokens: int = 2) -> list[int]:
-        batch = [{"tokens": t, "skip_save": skip_save} for t in prompts]
+    def generate(
+        self, *prompts: list[int], skip_save: bool = False, skip_load: bool = False, max_tokens: int = 2
+    ) -> list[int]:
+        batch = [{"tokens": t, "skip_save": skip_save, "skip_load": skip_load} for t in prompts]
         return list(self.ask("generate", prompts=batch, max_tokens=max_tokens)["cached"])
 
 
@@ -117,6 +122,14 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
 def setup(
     tiny_model: str, daemon: DaemonProcess, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Engine, Subscriber]]:
+    # Another vLLM engine of the same namespace stores EARLIER first (one engine at a time on this host).
+    earlier = run_engine(
+        tiny_model,
+        tmp_path_factory.mktemp("earlier"),
+        extra=extra(daemon.address),
+        batches=[[{"tokens": EARLIER}]],
+    )
+    assert earlier["batches"][0][0]["cached"] == 0
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TIERCACHE_", "VLLM_"))}
     params = {"model": tiny_model, "extra": extra(daemon.address), "events_port": port}
@@ -170,6 +183,28 @@ def _vllm_blocks(events: list[Any], tokens: list[int]) -> list[tuple[Any, list[i
     found = [(h, toks) for h, toks in blocks.items() if toks in wanted]
     found.sort(key=lambda b: wanted.index(b[1]))
     return found
+
+
+def test_a_store_of_another_vllm_engine_before_this_one_started_is_reported(
+    setup: tuple[Engine, Subscriber],
+) -> None:
+    """The feed replays what the daemon retained when the engine subscribes; the chunks are named once the
+    engine sees the prompt (computed here: ``tiercache_skip_load``, so that vLLM publishes its own hashes)."""
+    engine, sub = setup
+    assert engine.generate(EARLIER, skip_load=True) == [0]
+    gpu = [h for h, _ in _vllm_blocks(sub.snapshot(), EARLIER)]
+    assert len(gpu) == 2
+    events = _await(
+        engine,
+        sub,
+        lambda ev: set(gpu) <= set(_hashes(_ours(ev, BlockStored, "CPU"))),
+        "BlockStored(CPU) for the chunks another vLLM engine stored earlier",
+    )
+    stored = [e for e in _ours(events, BlockStored, "CPU") if set(e.block_hashes) <= set(gpu)]
+    assert _hashes(stored) == gpu and [e.token_ids for e in stored] == [
+        EARLIER[:CHUNK],
+        EARLIER[CHUNK : 2 * CHUNK],
+    ]
 
 
 def test_another_engines_store_and_purge_reach_vllm_events(
