@@ -28,9 +28,12 @@ Modules:
     config: ``VllmConnectorConfig`` from ``kv_connector_extra_config``.
     namespace: the engine's and each request's namespace.
     layout: vLLM's CPU and GPU (flash) cache layouts, each layer viewed as block planes.
+    kv_events: tiercache's tiers in vLLM's KV events (``BlockStored`` / ``BlockRemoved`` per tier), from
+        the daemon's event feed, when vLLM runs with ``--kv-events-config``.
     metadata: the per-step plan (loads, saves, preempted saving requests).
     params: per-request choices from ``kv_transfer_params`` (skip load, skip save).
     scheduler: ``SchedulerSide``.
+    stats: tiercache's counters in vLLM's stats (logged, and on vLLM's ``/metrics`` as ``vllm:tiercache_*``).
     loads: a request's load as a ``LayerwiseLoad`` from leased slots, or a byte-stream receive.
     saves: ``SaveQueue`` (a background thread filling the data plane's ``LayerwiseSave``, two-phase).
     worker: ``WorkerSide``.
@@ -42,17 +45,21 @@ Primitives:
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
 from vllm.platforms import current_platform
 
 from ..client import TierCacheClient
+from ..watch import EventWatch
 from .config import VllmConnectorConfig
+from .kv_events import KVEventsBridge
 from .layout import BackendLayout
 from .metadata import TierCacheMetadata
 from .namespace import engine_identity
 from .scheduler import SchedulerSide
+from .stats import StatsTaker, TierCachePromMetrics, TierCacheStats, scheduler_counters, worker_counters
 from .worker import WorkerSide
 
 __all__ = ["TierCacheConnector", "TierCacheMetadata", "VllmConnectorConfig"]
@@ -94,6 +101,17 @@ class TierCacheConnector(KVConnectorBase_V1):  # type: ignore[misc]
         )
         self._scheduler = SchedulerSide(self.identity, self.client, self.config) if scheduler else None
         self._worker = None if scheduler else WorkerSide(self.identity, self.client, self.config)
+        self._stats = StatsTaker()
+        self._load_s = 0.0  # time the model steps waited for loads (start_load_kv, wait_for_layer_load)
+        self.kv_events: KVEventsBridge | None = None
+        self._watch: EventWatch | None = None
+        events_config = getattr(vllm_config, "kv_events_config", None)
+        events_on = events_config is not None and events_config.enable_kv_cache_events
+        if scheduler and events_on and self.config.kv_events_chunks > 0:
+            self.kv_events = KVEventsBridge(self.identity, self.config.kv_events_chunks)
+            self._watch = EventWatch(
+                self.client.endpoint, self.config.token, self.client.config.channel, self.kv_events.on_event
+            ).start()
 
     # ------------------------------------------------------------------ worker side
 
@@ -114,10 +132,14 @@ class TierCacheConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._w().register_kv_caches(kv_caches)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        started = time.perf_counter()
         self._w().start_load_kv(self._meta())
+        self._load_s += time.perf_counter() - started
 
     def wait_for_layer_load(self, layer_name: str) -> None:
+        started = time.perf_counter()
         self._w().wait_for_layer_load(layer_name)
+        self._load_s += time.perf_counter() - started
 
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
         super().bind_connector_metadata(connector_metadata)
@@ -137,11 +159,34 @@ class TierCacheConnector(KVConnectorBase_V1):  # type: ignore[misc]
         return self._w().get_block_ids_with_load_errors()
 
     def shutdown(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
         if self._worker is not None:
             self._worker.shutdown()
         if self._scheduler is not None:
             self._scheduler.shutdown()
         self.client.close()
+
+    # ------------------------------------------------------------------ stats (both sides: :mod:`.stats`)
+
+    def get_kv_connector_stats(self) -> TierCacheStats | None:
+        if self._worker is not None:
+            return self._stats.take(worker_counters(self._worker, self._load_s))
+        return self._stats.take(scheduler_counters(self._s()))
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> TierCacheStats:
+        return TierCacheStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: Any,
+        metric_types: dict[type, type],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> TierCachePromMetrics:
+        return TierCachePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     # ------------------------------------------------------------------ scheduler side
 
@@ -150,6 +195,8 @@ class TierCacheConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._s().bind_local_hit(lambda request: int(kv_cache_manager.get_computed_blocks(request)[1]))
 
     def on_new_request(self, request: Any) -> None:
+        if self.kv_events is not None:
+            self.kv_events.note(request)
         self._s().on_new_request(request)
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -163,3 +210,7 @@ class TierCacheConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self._s().request_finished(request, block_ids)
+
+    def take_events(self) -> list[Any]:
+        """tiercache's tiers as vLLM KV events, when vLLM's KV events are on (:mod:`.kv_events`)."""
+        return self.kv_events.take_events() if self.kv_events is not None else []

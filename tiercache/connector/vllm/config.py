@@ -13,6 +13,9 @@ Keys (all optional):
     data_plane: how the bytes move: ``auto`` (default: the daemon's shared memory when it can be mapped in
         the worker, else the byte stream), ``shm`` (shared memory only: an engine that cannot map it
         recomputes) or ``stream`` (the daemon's gRPC byte stream, e.g. for a daemon on another host).
+    kv_events_chunks: when vLLM publishes KV events (``--kv-events-config``), how many chunks the connector's
+        catalog of prompts remembers to report tiercache's tiers in them (:mod:`.kv_events`; default
+        :data:`DEFAULT_KV_EVENTS_CHUNKS`); 0: tiercache's tiers are not reported.
 
 Why one block from 128 tokens up: only full chunks are stored, so a chunk larger than a block leaves a
 prompt's last full blocks out of the cache — with 256-token chunks over 128-token blocks, a chat turn's tail
@@ -56,6 +59,8 @@ from ..local_daemon import default_socket
 DEFAULT_MIN_CHUNK_TOKENS = 128
 """Default chunk size: the first multiple of vLLM's block size at or above this many tokens (one block from
 128-token blocks up: nothing the engine computed is lost to chunk granularity)."""
+DEFAULT_KV_EVENTS_CHUNKS = 65536
+"""Default bound of the KV events catalog (chunks): a few tens of MiB at 256-token chunks."""
 DEFAULT_TIMEOUT_S = 2.0
 """Default deadline of a daemon call (a slow daemon never stalls the engine longer than this)."""
 _KEYS = (
@@ -66,6 +71,7 @@ _KEYS = (
     "chunk_tokens",
     "prefill_tokens_per_s",
     "data_plane",
+    "kv_events_chunks",
 )
 
 
@@ -85,6 +91,7 @@ class VllmConnectorConfig:
         chunk_tokens: tokens per chunk (a multiple of the block size).
         prefill: the engine's prefill model (declared for cost-aware loads), or None.
         data_plane: shared memory, byte stream, or the first of them that works here.
+        kv_events_chunks: the KV events catalog's bound (0: tiercache's tiers are not in vLLM's events).
     """
 
     address: str
@@ -94,6 +101,7 @@ class VllmConnectorConfig:
     chunk_tokens: int
     prefill: PrefillModel | None = None
     data_plane: DataPlaneMode = DataPlaneMode.AUTO
+    kv_events_chunks: int = DEFAULT_KV_EVENTS_CHUNKS
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, object] | None, block_size: int) -> VllmConnectorConfig:
@@ -132,4 +140,7 @@ class VllmConnectorConfig:
         elif policy is LoadPolicyKind.COST_AWARE:
             raise InvalidArgumentError("prefill_tokens_per_s", "cost_aware needs the engine's prefill rate")
         plane = parse_kind(DataPlaneMode, extra.get("data_plane", DataPlaneMode.AUTO.value), "data_plane")
-        return cls(address, token, policy, float(timeout), chunk, prefill, plane)
+        events = extra.get("kv_events_chunks", DEFAULT_KV_EVENTS_CHUNKS)
+        if isinstance(events, bool) or not isinstance(events, int) or events < 0:
+            raise InvalidArgumentError("kv_events_chunks", f"must be an integer >= 0, got {events!r}")
+        return cls(address, token, policy, float(timeout), chunk, prefill, plane, events)

@@ -40,6 +40,7 @@ import functools
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
@@ -104,6 +105,8 @@ class SaveQueue:
         self._reporting: set[str] = set()  # finished, reported once their work is done
         self._uncommitted: set[str] = set()
         self.failures = 0
+        self.saved_tokens = 0  # tokens the daemon added at commits (for vLLM's stats: .stats)
+        self.save_s = 0.0  # time the background thread spent reserving, copying and committing
 
     @property
     def open_saves(self) -> int:
@@ -199,6 +202,13 @@ class SaveQueue:
                     self._cond.notify_all()
 
     def _save(self, work: SaveSpec, event: torch.cuda.Event | None) -> None:
+        started = time.perf_counter()
+        try:
+            self._save_timed(work, event)
+        finally:
+            self.save_s += time.perf_counter() - started
+
+    def _save_timed(self, work: SaveSpec, event: torch.cuda.Event | None) -> None:
         if work.tokens and work.req_id not in self._reservations:
             self._reserve(work)
         held = self._reservations.get(work.req_id)
@@ -248,7 +258,7 @@ class SaveQueue:
 
     def _commit(self, req_id: str, held: LayerwiseSave) -> None:
         try:
-            held.commit()
+            self.saved_tokens += held.commit().tokens_stored
         except ConflictError:
             logger.warning("request %s: a chunk was not copied; not caching", req_id)
             held.abort()

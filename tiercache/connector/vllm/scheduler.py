@@ -143,6 +143,8 @@ class SchedulerSide:
         self._local_hit: Callable[[Any], int] | None = None
         self.lookup_failures = 0
         self.lookups = 0
+        self.lookup_misses = 0  # requests asked about of which the daemon held nothing more
+        self.lookup_hit_tokens = 0  # tokens offered to vLLM from the daemon's answers
         self._connecting = connect_ahead(
             client,
             identity.namespace(),
@@ -285,6 +287,9 @@ class SchedulerSide:
         for ask in asks:
             tracked = ask.tracked
             tracked.loadable_tokens = max(0, min(tracked.cached_chunks * self._chunk, ask.most))
+            hit = max(0, tracked.loadable_tokens - ask.num_computed)  # (for vLLM's stats: .stats)
+            self.lookup_hit_tokens += hit
+            self.lookup_misses += int(hit == 0)
             if tracked.loadable_tokens <= ask.num_computed:
                 self._release(tracked)
 

@@ -90,6 +90,8 @@ class WorkerSide:
         self._saves = SaveQueue(client, identity, lambda: self._caches, self.plane)
         self._connecting: threading.Thread | None = None
         self.load_failures = 0
+        self.loaded_tokens: dict[TierLevel, int] = {}  # written into vLLM's blocks, per source tier
+        self.recomputed_tokens = 0  # asked to load, and not loaded
 
     @property
     def enabled(self) -> bool:
@@ -189,6 +191,9 @@ class WorkerSide:
         """Tell the daemon (deferred) what a request's load was worth: the tokens written into vLLM's blocks
         per source tier (loaded, and effective: vLLM skips them), the rest of ``asked`` recomputed."""
         recomputed = max(0, asked - sum(loaded.values()))
+        for tier, tokens in loaded.items():  # (for vLLM's stats: .stats)
+            self.loaded_tokens[tier] = self.loaded_tokens.get(tier, 0) + tokens
+        self.recomputed_tokens += recomputed
         if loaded or recomputed:
             self._client.defer_usage(ns, {}, recomputed, loaded_tokens=loaded, effective_tokens=loaded)
 
@@ -276,6 +281,16 @@ class WorkerSide:
     def open_saves(self) -> int:
         """Requests with chunks submitted for saving and no commit yet."""
         return self._saves.open_saves
+
+    @property
+    def saved_tokens(self) -> int:
+        """Tokens the daemon added at this worker's commits."""
+        return self._saves.saved_tokens
+
+    @property
+    def save_s(self) -> float:
+        """Time spent saving (in the background)."""
+        return self._saves.save_s
 
     @property
     def save_failures(self) -> int:
