@@ -1,4 +1,4 @@
-"""The Grafana dashboard and the example alert rules (``tiercache/daemon/grafana/``) against a real daemon's
+"""The Grafana dashboard and the example alert rules (``daemon/grafana/``) against a real daemon's
 ``/metrics``: every metric a panel, a template variable or a rule queries is one the daemon exports after
 real traffic (stores, loads, lookups, usage reports) from a tenant, so that neither file can go stale; the
 engines' panels query the vLLM connector's ``vllm:tiercache_*`` counters, checked against its stats fields.
@@ -26,7 +26,7 @@ from tiercache.layout import KVDtype, KVLayout
 from tiercache.testing.daemon import free_port
 from tiercache.testing.plugin import SMALL_DAEMON_ARGS, make_daemon
 
-GRAFANA = Path(__file__).resolve().parents[2] / "tiercache" / "daemon" / "grafana"
+GRAFANA = Path(__file__).resolve().parents[2] / "daemon" / "grafana"
 DASHBOARD = GRAFANA / "tiercache.json"
 ALERTS = GRAFANA / "alerts.yml"
 BUILTIN = {"up"}
