@@ -14,6 +14,11 @@
   cache does not hold of it (``bind_local_hit``) nor an earlier request of the batch brings — one
   AcquireLoad carrying a chain per request (``more_chains``), each under its own lease — so vLLM's later
   questions in the step are answered without a call, and no request waits a step for its answer.
+  The call runs in a background thread (``tiercache-ask``): while other requests run (the last step
+  scheduled some), vLLM's scheduler waits at most :data:`ASK_WAIT_S` for it and otherwise answers None
+  (vLLM skips the request and asks again next step), so a slow daemon delays only the requests it is asked
+  about, never the running ones; with nothing else to run it waits for the answer. An answer that comes
+  after vLLM dropped its request has its lease released.
   With TP = PP = 1 that one call is AcquireLoad (under the configured load policy): it looks the chunks up,
   promotes them into shared memory and leases their slots, and the lease travels to the worker in the
   step's :class:`~.metadata.LoadSpec` (its slots numbered by chunk position in the prompt) — the worker only
@@ -46,6 +51,7 @@
 Primitives:
     HOLD_FRACTION: how much of its TTL a waiting request's lease is kept for its retries.
     BATCH_MAX: the most requests looked up in one call.
+    ASK_WAIT_S: how long a step waits for a late answer while other requests run.
     SchedulerSide: get_num_new_matched_tokens, update_state_after_alloc, build_connector_meta,
         request_finished, shutdown; ``lookup_failures`` counts daemon failures, ``lookups`` the daemon calls
         made (one per namespace of a batch), ``held_leases`` the leases taken and not yet handed to the worker or released.
@@ -53,6 +59,7 @@ Primitives:
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
 from collections.abc import Callable
@@ -83,6 +90,9 @@ BATCH_MAX = 32
 """Most requests looked up in one daemon call: the one vLLM asks about and those that arrived with it."""
 ANSWER_FRESH_S = 1.0
 """A retried request's answer without a lease (a miss, or a Lookup's) is reused for this long."""
+ASK_WAIT_S = 0.002
+"""While other requests run, how long vLLM's scheduler waits for the daemon's answer before it goes on
+without the request (asked again next step); with nothing else to run it waits for the answer."""
 
 
 @dataclass
@@ -119,6 +129,19 @@ class _Ask:
     num_computed: int  # the tokens vLLM has
 
 
+_Answer = list[LoadLease] | list[int] | TierCacheError
+"""A namespace's answer: its requests' leases (AcquireLoad), their cached chunks (Lookups), or the error."""
+
+
+@dataclass
+class _Call:
+    """A batch of asks in flight: one daemon call per namespace, made in the ask thread."""
+
+    asks: dict[Namespace, list[_Ask]]
+    future: concurrent.futures.Future[dict[Namespace, _Answer]]
+    applied: bool = False
+
+
 class SchedulerSide:
     """The scheduler role of :class:`~tiercache.connector.vllm.TierCacheConnector`."""
 
@@ -141,6 +164,10 @@ class SchedulerSide:
         self._waiting: set[str] = set()  # leased for, and not allocated (yet)
         self._arrived: dict[str, Any] = {}  # received by vLLM, not asked about yet (in order)
         self._local_hit: Callable[[Any], int] | None = None
+        self._asking: dict[str, _Call] = {}  # asked about, the answer not taken yet
+        self._calls: list[_Call] = []  # in flight, answers not taken (some of their requests may be gone)
+        self._busy = False  # the last step ran requests: a request whose answer is late waits a step
+        self._asker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tiercache-ask")
         self.lookup_failures = 0
         self.lookups = 0
         self.lookup_misses = 0  # requests asked about of which the daemon held nothing more
@@ -160,25 +187,32 @@ class SchedulerSide:
     def shutdown(self) -> None:
         """Release the leases still held; wait for the registration made at start (before the client is
         closed, which sends the deferred releases)."""
+        for call in list(self._calls):
+            concurrent.futures.wait([call.future])
+            self._apply(call)
+        self._asker.shutdown(wait=True)
         for tracked in self._requests.values():
             self._release(tracked)
         self._connecting.join()
 
     # ------------------------------------------------------------------ lookups
 
-    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
-        """Cached tokens beyond ``num_computed_tokens`` the worker can load (synchronously: False)."""
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        """Cached tokens beyond ``num_computed_tokens`` the worker can load (synchronously: False); None
+        while the daemon's answer is late and other requests run (vLLM asks again next step)."""
         req_id = request.request_id
+        self._collect()
         tracked = self._requests.get(req_id)
         if tracked is not None and not self._answers(tracked, num_computed_tokens):
             self._forget(req_id)
             tracked = None
         if tracked is None:
-            self._arrived.pop(req_id, None)
-            for looked_up in self._lookup([(request, num_computed_tokens), *self._take_arrived()]):
-                self._requests[looked_up.request.request_id] = looked_up
-                if looked_up.lease is not None:
-                    self._waiting.add(looked_up.request.request_id)
+            call = self._asking.get(req_id)
+            if call is None:
+                self._arrived.pop(req_id, None)
+                call = self._lookup([(request, num_computed_tokens), *self._take_arrived()])
+            if call is not None and not self._wait(call):
+                return None, False
             tracked = self._requests[req_id]
         return max(0, tracked.loadable_tokens - num_computed_tokens), False
 
@@ -214,32 +248,58 @@ class SchedulerSide:
         fresh_s = ANSWER_FRESH_S if tracked.lease is None else HOLD_FRACTION * tracked.lease.expires_in_s
         return self._clock() < tracked.asked_at + fresh_s
 
-    def _lookup(self, batch: list[tuple[Any, int]]) -> list[_Request]:
-        """Look requests up (each with the tokens vLLM has of it), one daemon call per namespace.
+    def _lookup(self, batch: list[tuple[Any, int]]) -> _Call | None:
+        """Look requests up (each with the tokens vLLM has of it): one daemon call per namespace, made in
+        the ask thread (None: no request needs one). A request without a call is tracked at once; the
+        others once their answer is taken (:meth:`_apply`).
 
         A chunk an earlier request of the batch asks about counts as vLLM's for the later ones: vLLM
         schedules in order, and caches the earlier request's blocks when it allocates them (a later request
         that finds fewer is asked about again: :meth:`_answers`).
         """
-        looked_up: list[_Request] = []
         calls: dict[Namespace, list[_Ask]] = {}
         seen: dict[Namespace, set[bytes]] = {}
         for request, num_computed in batch:
             tracked, ask = self._decide(request, num_computed)
-            looked_up.append(tracked)
-            if ask is None:
-                continue
-            asked = seen.setdefault(ask.namespace, set())
-            while ask.first < tracked.full_chunks and ask.keys[ask.first] in asked:
-                ask.first += 1
-            tracked.cached_chunks = ask.first
-            if ask.first * self._chunk >= ask.most:
-                continue  # the batch's earlier requests bring every block: decided again when asked
-            asked.update(ask.keys[ask.first :])
-            calls.setdefault(ask.namespace, []).append(ask)
+            if ask is not None:
+                asked = seen.setdefault(ask.namespace, set())
+                while ask.first < tracked.full_chunks and ask.keys[ask.first] in asked:
+                    ask.first += 1
+                tracked.cached_chunks = ask.first
+                if ask.first * self._chunk < ask.most:
+                    asked.update(ask.keys[ask.first :])
+                    calls.setdefault(ask.namespace, []).append(ask)
+                    continue
+                # (else the batch's earlier requests bring every block: decided again when asked)
+            self._requests[request.request_id] = tracked
+        if not calls:
+            return None
+        now = self._clock()
         for ns, asks in calls.items():
-            self._ask(ns, asks)
-        return looked_up
+            self.lookups += 1
+            for ask in asks:
+                ask.tracked.asked_from, ask.tracked.asked_at, ask.tracked.namespace = ask.first, now, ns
+        call = _Call(calls, self._asker.submit(self._call, calls))
+        self._calls.append(call)
+        for asks in calls.values():
+            for ask in asks:
+                self._asking[ask.tracked.request.request_id] = call
+        return call
+
+    def _wait(self, call: _Call) -> bool:
+        """Take ``call``'s answer when it comes within :data:`ASK_WAIT_S` (whenever it comes, when no
+        other request runs); False when it is late."""
+        done, _ = concurrent.futures.wait([call.future], timeout=ASK_WAIT_S if self._busy else None)
+        if not done:
+            return False
+        self._apply(call)
+        return True
+
+    def _collect(self) -> None:
+        """Take the answers that came (their leases are then tracked, or released when the request is
+        gone)."""
+        for call in [c for c in self._calls if c.future.done()]:
+            self._apply(call)
 
     def _decide(self, request: Any, num_computed: int) -> tuple[_Request, _Ask | None]:
         """A request's tracking, and what to ask the daemon about it (None: no call can add a block)."""
@@ -257,41 +317,74 @@ class SchedulerSide:
         keys = chunk_keys(ns, prompt[: full * self._chunk])
         return tracked, _Ask(tracked, ns, keys, first, most, num_computed)
 
-    def _ask(self, ns: Namespace, asks: list[_Ask]) -> None:
-        """One daemon call for the requests of one namespace (a Lookup each without leases)."""
-        now = self._clock()
-        self.lookups += 1
-        for ask in asks:
-            ask.tracked.asked_from, ask.tracked.asked_at, ask.tracked.namespace = ask.first, now, ns
+    def _call(self, calls: dict[Namespace, list[_Ask]]) -> dict[Namespace, _Answer]:
+        """In the ask thread: one daemon call per namespace (a Lookup each without leases)."""
+        answers: dict[Namespace, _Answer] = {}
+        for ns, asks in calls.items():
+            try:
+                if self._leases(ns):
+                    if self._config.prefill is not None:
+                        self._client.declare_models(
+                            ns, self._config.prefill
+                        )  # sent with the first registration
+                    chains = [ask.keys[ask.first :] for ask in asks]
+                    first = self._client.acquire_load(
+                        ns,
+                        chains[0],
+                        policy=self._config.load_policy,
+                        timeout_s=self._timeout_s,
+                        more_chains=chains[1:],
+                    )
+                    answers[ns] = [
+                        replace(first, more=()),
+                        *first.more,
+                    ]  # (a daemon without more_chains: none)
+                else:
+                    answers[ns] = [self._client.lookup(ns, ask.keys, prefetch=True).chunks for ask in asks]
+            except TierCacheError as exc:
+                answers[ns] = exc
+        return answers
+
+    def _apply(self, call: _Call) -> None:
+        """Take a call's answers: each request's lease or cached chunks (a failed call is a miss)."""
+        if call.applied:
+            return
+        call.applied = True
+        self._calls.remove(call)
         try:
-            if self._leases(ns):
-                if self._config.prefill is not None:
-                    self._client.declare_models(ns, self._config.prefill)  # sent with the first registration
-                chains = [ask.keys[ask.first :] for ask in asks]
-                first = self._client.acquire_load(
-                    ns,
-                    chains[0],
-                    policy=self._config.load_policy,
-                    timeout_s=self._timeout_s,
-                    more_chains=chains[1:],
-                )
-                leases = [replace(first, more=()), *first.more]  # (a daemon without more_chains: none)
-                for ask, lease in zip(asks, leases, strict=False):
-                    self._take(ask, lease)
+            answers = call.future.result()
+        except Exception as exc:  # a bug in the ask thread must not reach vLLM: every request recomputes
+            logger.exception("tiercache lookup failed")
+            answers = {ns: TierCacheError(str(exc)) for ns in call.asks}
+        for ns, asks in call.asks.items():
+            answer = answers[ns]
+            if isinstance(answer, TierCacheError):
+                self.lookup_failures += 1
+                logger.warning("tiercache lookup failed (%s); %d requests recompute", answer, len(asks))
             else:
-                for ask in asks:
-                    ask.tracked.cached_chunks = self._client.lookup(ns, ask.keys, prefetch=True).chunks
-        except TierCacheError as exc:
-            self.lookup_failures += 1
-            logger.warning("tiercache lookup failed (%s); %d requests recompute", exc, len(asks))
-        for ask in asks:
-            tracked = ask.tracked
-            tracked.loadable_tokens = max(0, min(tracked.cached_chunks * self._chunk, ask.most))
-            hit = max(0, tracked.loadable_tokens - ask.num_computed)  # (for vLLM's stats: .stats)
-            self.lookup_hit_tokens += hit
-            self.lookup_misses += int(hit == 0)
-            if tracked.loadable_tokens <= ask.num_computed:
-                self._release(tracked)
+                for ask, got in zip(asks, answer, strict=False):
+                    if isinstance(got, LoadLease):
+                        self._take(ask, got)
+                    elif isinstance(got, int):
+                        ask.tracked.cached_chunks = got
+            for ask in asks:
+                self._answered(ask, call)
+
+    def _answered(self, ask: _Ask, call: _Call) -> None:
+        """Track a request with its answer (or release its lease, when vLLM forgot it meanwhile)."""
+        tracked = ask.tracked
+        tracked.loadable_tokens = max(0, min(tracked.cached_chunks * self._chunk, ask.most))
+        hit = max(0, tracked.loadable_tokens - ask.num_computed)  # (for vLLM's stats: .stats)
+        self.lookup_hit_tokens += hit
+        self.lookup_misses += int(hit == 0)
+        req_id = tracked.request.request_id
+        if self._asking.get(req_id) is not call or tracked.loadable_tokens <= ask.num_computed:
+            self._release(tracked)
+        if self._asking.get(req_id) is call:
+            del self._asking[req_id]
+            self._requests[req_id] = tracked
+            if tracked.lease is not None:
+                self._waiting.add(req_id)
 
     def _take(self, ask: _Ask, lease: LoadLease) -> None:
         """Keep a request's lease, its slots renumbered by chunk position in the prompt."""
@@ -320,6 +413,7 @@ class SchedulerSide:
     def _forget(self, req_id: str) -> _Request | None:
         """Stop tracking a request (releasing its lease)."""
         self._waiting.discard(req_id)
+        self._asking.pop(req_id, None)  # an answer still to come is released when it comes
         tracked = self._requests.pop(req_id, None)
         if tracked is not None:
             self._release(tracked)
@@ -342,6 +436,8 @@ class SchedulerSide:
     def build_connector_meta(self, so: Any) -> TierCacheMetadata:
         """The step's loads, saves and dropped reservations (see the module docstring)."""
         meta = TierCacheMetadata()
+        self._collect()
+        self._busy = any(so.num_scheduled_tokens.values())
         for req_id in list(self._waiting):  # leased for, not scheduled: kept for its retries while young
             waiting = self._requests.get(req_id)
             if waiting is None or waiting.lease is None or not self._young(waiting):
