@@ -43,6 +43,7 @@ from tiercache.keys import Namespace
 from ..choice import DataPlaneChoice
 from ..client import TierCacheClient
 from ..config import ConnectorConfig
+from ..dataplane import DataPlane
 from ..kv import PagedKV, check_kv
 from ..outcomes import usage_of
 from ..policy import to_wire
@@ -113,6 +114,15 @@ class TierCacheStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang's class 
             namespace.model_id,
             self.options.address,
         )
+
+    def data_plane(self) -> DataPlane:
+        """The data plane this backend moves pages with (shared memory or the byte stream).
+
+        Raises:
+            InvalidArgumentError: no host pool registered yet.
+            TierCacheError: the daemon could not be asked (down, refused the namespace).
+        """
+        return self._registered().choice.current()
 
     def close(self) -> None:
         """Close the daemon client (SGLang calls it when it detaches the backend)."""
