@@ -23,6 +23,7 @@ from tiercache.testing.sglang import (
 
 pytest.importorskip("sglang.srt.mem_cache.storage.backend_factory", reason=MISSING)
 
+from tiercache.connector import Medium
 from tiercache.connector.sglang import TierCacheStorage
 
 SHAPE = PoolShape()
@@ -78,6 +79,25 @@ def test_second_server_loads_pages_bit_exact(daemon: DaemonProcess, backends: li
     assert reader.batch_get_v1(keys, slots) == [True] * PAGES
     for got, want in zip(pages_of(reader_pool, slots), written):
         assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    # pages the daemon holds already are skipped, and the write still succeeds
+    assert reader.batch_set_v1(keys, slots) == [True] * PAGES
+
+
+def test_byte_stream_moves_the_same_pages(daemon: DaemonProcess, backends: list[Any]) -> None:
+    keys = page_hashes(_tokens(8), SHAPE.page)
+    writer_pool, writer = _server(daemon, backends, "page_first", data_plane="stream")
+    _, written = _stored(writer_pool, writer, keys, seed=23)
+    reader_pool, reader = _server(daemon, backends, "page_first", data_plane="stream")
+    assert reader.data_plane().kind is Medium.BYTE_STREAM
+    slots = reader_pool.alloc(PAGES * SHAPE.page)
+    assert reader.batch_get_v1(keys, slots) == [True] * PAGES
+    assert all(torch.equal(a, b) for a, b in zip(pages_of(reader_pool, slots), written))
+    # the shared-memory plane of another server reads what the stream stored
+    shm_pool, shm = _server(daemon, backends, "page_first")
+    assert shm.data_plane().kind is Medium.SHARED_MEMORY
+    shm_slots = shm_pool.alloc(PAGES * SHAPE.page)
+    assert shm.batch_get_v1(keys, shm_slots) == [True] * PAGES
+    assert all(torch.equal(a, b) for a, b in zip(pages_of(shm_pool, shm_slots), written))
 
 
 def test_layer_first_and_page_first_direct_share_pages(daemon: DaemonProcess, backends: list[Any]) -> None:
