@@ -41,6 +41,7 @@ def _server(
 ) -> tuple[Any, Any]:
     """One SGLang server's pool and backend (``extra``: the extra config beyond address and factory keys)."""
     model = extra.pop("model_name", "test/tiny-model")
+    extra.setdefault("timeout_s", 30)  # a loaded test machine: a slow call is not the miss a test looks for
     pool = host_pool(layout, SHAPE, mla=mla)
     config = storage_config(
         {"address": daemon.address, **extra}, layout, model=model, mla=mla, tp_rank=tp_rank,
@@ -81,6 +82,17 @@ def test_second_server_loads_pages_bit_exact(daemon: DaemonProcess, backends: li
         assert torch.equal(got.view(torch.int16), want.view(torch.int16))
     # pages the daemon holds already are skipped, and the write still succeeds
     assert reader.batch_set_v1(keys, slots) == [True] * PAGES
+
+
+def test_clear_purges_this_servers_namespace_only(daemon: DaemonProcess, backends: list[Any]) -> None:
+    keys = page_hashes(_tokens(9), SHAPE.page)
+    pool, mine = _server(daemon, backends, "page_first")
+    _stored(pool, mine, keys, seed=29)
+    other_pool, other = _server(daemon, backends, "page_first", cache_salt="tenant-b")
+    _stored(other_pool, other, keys, seed=31)
+    assert mine.clear() is True
+    assert mine.batch_exists(keys) == 0
+    assert other.batch_exists(keys) == PAGES
 
 
 def test_byte_stream_moves_the_same_pages(daemon: DaemonProcess, backends: list[Any]) -> None:

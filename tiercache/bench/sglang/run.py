@@ -124,7 +124,8 @@ def measure_sglang(address: str, token: str | None, config: SglangBenchConfig) -
     Raises:
         RuntimeError: a store failed, or a load did not bring every page back.
     """
-    extra: dict[str, object] = {"address": address, "data_plane": config.data_plane.value}
+    # a generous call deadline: a slow call would be a failed round here, not a figure
+    extra: dict[str, object] = {"address": address, "data_plane": config.data_plane.value, "timeout_s": 30}
     if token:
         extra["token"] = token
     pools = [host_pool(config.layout, config.shape) for _ in range(2)]

@@ -12,6 +12,7 @@ moves pages with the zero-copy calls:
 * ``batch_set_v1(keys, host_indices)``: one two-phase store straight from the pool's pages (pages the daemon
   holds already are skipped); all True or all False. With MLA only the storage writer (TP rank 0) writes:
   the other ranks hold the same latents and answer True.
+* ``clear()`` (SGLang's ``/clear_hicache_storage_backend``): purges this server's namespace.
 
 The legacy calls (``get``, ``batch_get``, ``set``, ``batch_set``, ``exists``) move flat page tensors in the
 pool's page order through the same stack, staged in one tensor per call.
@@ -124,6 +125,12 @@ class TierCacheStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang's class 
         """
         return self._registered().choice.current()
 
+    def clear(self) -> bool:
+        """Remove this server's pages (its namespace) from every tier of the daemon: SGLang's
+        ``/clear_hicache_storage_backend``. Other namespaces (models, salts, layouts) keep theirs; False on
+        daemon trouble."""
+        return self._guard("clear", False, self._purge)
+
     def close(self) -> None:
         """Close the daemon client (SGLang calls it when it detaches the backend)."""
         self.client.close()
@@ -211,6 +218,11 @@ class TierCacheStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang's class 
         info = self.client.lookup(self._registered().namespace, page_keys(keys), prefetch=True)
         return min(info.chunks, len(keys))
 
+    def _purge(self) -> bool:
+        removed = self.client.purge(self._registered().namespace)
+        logger.info("tiercache storage cleared: %d pages removed", removed)
+        return True
+
     def _load(self, keys: Sequence[str], host_indices: torch.Tensor) -> int:
         pages = self._registered().pages
         return self._load_into(keys, pages.pool_kv(pages.page_ids(host_indices, len(keys))))
@@ -249,6 +261,10 @@ class TierCacheStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang's class 
             page = staging[i].view(dtype)
             target = targets[i] if targets is not None and i < len(targets) else None
             if isinstance(target, torch.Tensor):
+                if target.nbytes != pages.page_bytes or not target.is_contiguous():
+                    raise InvalidArgumentError(
+                        f"target_locations[{i}]", f"must be a contiguous page of {pages.page_bytes} bytes"
+                    )
                 target.view(-1).view(torch.uint8).copy_(staging[i])
                 out[i] = target
             else:
