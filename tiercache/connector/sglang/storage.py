@@ -116,6 +116,15 @@ class TierCacheStorage(HiCacheStorage):  # type: ignore[misc]  # SGLang's class 
             self.options.address,
         )
 
+    @property
+    def namespace(self) -> Namespace:
+        """The namespace of this server's pages (known once a host pool is registered).
+
+        Raises:
+            InvalidArgumentError: no host pool registered yet.
+        """
+        return self._registered().namespace
+
     def data_plane(self) -> DataPlane:
         """The data plane this backend moves pages with (shared memory or the byte stream).
 
