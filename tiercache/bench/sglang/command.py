@@ -21,7 +21,7 @@ from tiercache.testing.sglang import MISSING
 
 from ..command import FAILURES, failure_status
 from ..common.documents import write_document
-from .run import LAYOUTS, SglangBenchConfig
+from .run import L2_BATCHES, LAYOUTS, SglangBenchConfig
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"sglang: {exc}")
         return 2
     batch = config.pages * config.page_bytes
-    daemon_cfg = EmbeddedDaemonConfig(slot_bytes=config.page_bytes, l2_bytes=4 * batch, l3_bytes=0)
+    daemon_cfg = EmbeddedDaemonConfig(slot_bytes=config.page_bytes, l2_bytes=L2_BATCHES * batch, l3_bytes=0)
     try:
         with (
             tempfile.TemporaryDirectory(prefix="tcbench-sglang-") as work,
