@@ -4,6 +4,8 @@ other models and salts never hit; a daemon that is down is a miss, never an exce
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -23,7 +25,7 @@ from tiercache.testing.sglang import (
 
 pytest.importorskip("sglang.srt.mem_cache.storage.backend_factory", reason=MISSING)
 
-from tiercache.connector import Medium
+from tiercache.connector import Medium, TierCacheClient
 from tiercache.connector.sglang import TierCacheStorage
 
 SHAPE = PoolShape()
@@ -202,6 +204,26 @@ def test_daemon_down_is_a_miss_not_an_exception(daemon: DaemonProcess, backends:
     assert backend.batch_get(keys, None) == [None] * PAGES
     assert not backend.set(keys[0], pool.get_data_page(0))
     assert not backend.batch_set(keys[:1], [pool.get_data_page(0)])
+
+
+def test_pages_come_back_from_l3_after_the_daemon_restarts(
+    daemon: DaemonProcess, backends: list[Any]
+) -> None:
+    keys = page_hashes(_tokens(10), SHAPE.page)
+    pool, backend = _server(daemon, backends, "layer_first", timeout_s=0.5)
+    slots, written = _stored(pool, backend, keys, seed=37)
+    with TierCacheClient.connect(daemon.address) as client:
+        deadline = time.monotonic() + 60
+        while client.stats().pending_writes and time.monotonic() < deadline:  # write-through into L3
+            threading.Event().wait(0.05)
+    daemon.kill()
+    assert backend.batch_exists(keys) == 0
+    daemon.start()  # same socket and L3: the backend reconnects and registers its namespace again
+    assert backend.client.wait_ready(30)  # past the reconnect backoff of the calls that failed meanwhile
+    assert backend.batch_exists(keys) == PAGES
+    fill(pool, slots, seed=41)  # overwrite what was stored, then load it back
+    assert backend.batch_get_v1(keys, slots) == [True] * PAGES
+    assert all(torch.equal(a, b) for a, b in zip(pages_of(pool, slots), written))
 
 
 def test_never_started_daemon_is_a_miss(tmp_path: Any, backends: list[Any]) -> None:
