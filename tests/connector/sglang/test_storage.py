@@ -176,18 +176,25 @@ def test_legacy_calls_round_trip_and_meet_v1(daemon: DaemonProcess, backends: li
     assert all(torch.equal(a, b) for a, b in zip(pages_of(reader_pool, v1_slots), written[:4]))
 
 
-def test_mla_rank_zero_writes_and_every_rank_reads(daemon: DaemonProcess, backends: list[Any]) -> None:
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_mla_rank_zero_writes_and_every_rank_reads(
+    daemon: DaemonProcess, backends: list[Any], layout: str
+) -> None:
     keys = page_hashes(_tokens(5), SHAPE.page)
-    pool_1, rank_1 = _server(daemon, backends, "page_first", mla=True, tp_rank=1)
+    pool_1, rank_1 = _server(daemon, backends, layout, mla=True, tp_rank=1)
     _stored(pool_1, rank_1, keys, seed=13)  # True: not this rank's to write ...
     assert rank_1.batch_exists(keys) == 0  # ... and nothing was written
 
-    pool_0, rank_0 = _server(daemon, backends, "page_first", mla=True, tp_rank=0)
+    pool_0, rank_0 = _server(daemon, backends, layout, mla=True, tp_rank=0)
     _, written = _stored(pool_0, rank_0, keys, seed=17)
     assert rank_1.batch_exists(keys) == PAGES
     slots = pool_1.alloc(PAGES * SHAPE.page)
     assert rank_1.batch_get_v1(keys, slots) == [True] * PAGES
     assert all(torch.equal(a, b) for a, b in zip(pages_of(pool_1, slots), written))
+    # the legacy calls move the same latent pages
+    targets = [pool_1.get_dummy_flat_data_page() for _ in keys]
+    assert all(got is not None for got in rank_1.batch_get(keys, targets))
+    assert all(torch.equal(a, b) for a, b in zip(targets, written))
 
 
 def test_daemon_down_is_a_miss_not_an_exception(daemon: DaemonProcess, backends: list[Any]) -> None:
