@@ -42,6 +42,7 @@ TIERS: dict[str, Tier] = {
     "tests/daemon": Tier.INTEGRATION,
     "tests/connector": Tier.INTEGRATION,
     "tests/connector/vllm": Tier.E2E,
+    "tests/connector/sglang": Tier.INTEGRATION,  # SGLang's real host pools and factory, real daemons, no engine
     "tests/shared": Tier.E2E,  # daemons and caches of two hosts on a real Redis Cluster
     "tests/shared/test_faults.py": Tier.CHAOS,
     "tests/security": Tier.INTEGRATION,  # attacks on real daemon processes, other uids through setpriv

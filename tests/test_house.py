@@ -149,8 +149,8 @@ def test_no_hand_written_module_over_the_limit() -> None:
 
 # ------------------------------------------------------------------------------------------------ wheel
 
-OPTIONAL = ("transformers", "vllm")
-"""Packages of optional extras (hf, vllm) that some modules import at the top."""
+OPTIONAL = ("transformers", "vllm", "sglang")
+"""Packages of optional extras (hf, vllm, sglang) that some modules import at the top."""
 
 _IMPORT_ALL = """
 import importlib, json, sys
@@ -224,7 +224,7 @@ def test_every_module_imports_from_the_unpacked_wheel(wheel: Path, tmp_path: Pat
         timeout=300,
     )
     failed = json.loads(out.stdout.strip().splitlines()[-1])
-    # Modules of the hf and vllm extras need their package, which only those extras install.
+    # Modules of the hf, vllm and sglang extras need their package, which only those extras install.
     absent = [
         f"ModuleNotFoundError: No module named '{p}'" for p in OPTIONAL if importlib.util.find_spec(p) is None
     ]

@@ -23,7 +23,7 @@ def test_help_lists_every_subcommand_in_registry_order(capsys: pytest.CaptureFix
     assert positions == sorted(positions)
     assert [c.name for c in COMMANDS] == [
         "tiers", "connector", "workload", "compare", "concurrency", "scale", "capacity", "layerwise",
-        "singleflight", "engine", "fleet", "faults", "soak", "vllm", "serve",
+        "singleflight", "engine", "fleet", "faults", "soak", "vllm", "serve", "sglang",
     ]  # fmt: skip
 
 

@@ -15,6 +15,7 @@ docstring's first paragraph is the subcommand's description. :data:`COMMANDS` li
     faults: kill -9 mid-stores, corrupted L3 values, killed engines, garbage RPCs, as figures.
     soak: many engine processes against one daemon; errors, wrong bytes, daemon RSS/fd/thread drift.
     layerwise, singleflight, engine, vllm, serve: further benchmarks, registered when their modules import.
+    sglang: SGLang HiCache's zero-copy storage calls through TierCacheStorage vs memcpy (sglang extra).
 
 Every subcommand prints a table; ``--json PATH`` writes every figure with the machine and config,
 ``--plot PATH.png`` a chart. Exit status: 0 on success (missed targets are reported, not failed); 1 when a
@@ -132,6 +133,12 @@ COMMANDS: tuple[Command, ...] = (
         "serve",
         ".serve.command",
         "a real vllm serve under concurrent multi-turn load: plain, ideal, tiercache, LMCache, native",
+        required=False,
+    ),
+    Command(
+        "sglang",
+        ".sglang.command",
+        "SGLang HiCache's batch_set_v1 / batch_get_v1 through TierCacheStorage vs memcpy (sglang extra)",
         required=False,
     ),
 )
