@@ -52,6 +52,7 @@ logger = logging.getLogger(__name__)
 
 _Slot = tuple[str, int]
 """A run: (partition key, first page)."""
+_Checks = Sequence[int | None] | None
 
 
 @dataclass(slots=True)
@@ -223,8 +224,10 @@ class SlotPoolTier(SlotTier):
                 held,
             )
 
-    def commit(self, slots: Sequence[WriteSlot]) -> None:
-        """See :meth:`StorageTier.commit`. With checksums, each chunk's checksum is taken here.
+    def commit(self, slots: Sequence[WriteSlot], checksums: _Checks = None) -> None:
+        """See :meth:`StorageTier.commit`. With checksums, each chunk's checksum is taken here, except where
+        ``checksums`` gives one: taken by whoever filled the slot, block by block as the bytes landed (a
+        wrong one makes the chunk read as corrupt, a miss; it never serves other bytes).
 
         The checksums are taken outside the lock (hashing a large chunk would stall every other store and
         read of the tier): the reservations are checked, hashed, then checked again and committed, so a
@@ -235,13 +238,10 @@ class SlotPoolTier(SlotTier):
         if self._pool.is_cuda:
             # Writers may have queued copies on the current stream; they must land before readers look.
             torch.cuda.current_stream(self._pool.device).synchronize()
-        self._commit(slots, wheres, self._checksums(slots, wheres))
+        self._commit(slots, wheres, self._checksums(slots, wheres, checksums))
 
     def commit_from(
-        self,
-        slots: Sequence[WriteSlot],
-        srcs: Sequence[torch.Tensor],
-        checksums: Sequence[int | None] | None = None,
+        self, slots: Sequence[WriteSlot], srcs: Sequence[torch.Tensor], checksums: _Checks = None
     ) -> None:
         """See :meth:`StorageTier.commit_from`. With checksums, each source is copied into its slot and
         hashed in one blocked pass (a known checksum is taken as it is: the source is only copied)."""
@@ -295,12 +295,18 @@ class SlotPoolTier(SlotTier):
             out.append(held[1])
         return out
 
-    def _checksums(self, slots: Sequence[WriteSlot], wheres: Sequence[_Slot]) -> list[int | None]:
-        """The commit-time checksum of each reserved chunk's bytes (None without checksums). Runs without
-        the lock: the rows stay reserved unless aborted, which the commit checks afterwards."""
+    def _checksums(
+        self, slots: Sequence[WriteSlot], wheres: Sequence[_Slot], known: _Checks
+    ) -> list[int | None]:
+        """The commit-time checksum of each reserved chunk's bytes: the ``known`` one, else hashed here
+        (None without checksums). Runs without the lock: the rows stay reserved unless aborted, which the
+        commit checks afterwards."""
+        rows = [self._row(where, ws.nbytes) for ws, where in zip(slots, wheres)]
+        check_sources(slots, rows, known)
         if not self.checksums:
             return [None] * len(slots)
-        return [checksum_of(self._row(where, ws.nbytes)) for ws, where in zip(slots, wheres)]
+        given = known if known is not None else [None] * len(slots)
+        return [checksum_of(row) if check is None else check for row, check in zip(rows, given)]
 
     def abort(self, slots: Sequence[WriteSlot]) -> None:
         """See :meth:`StorageTier.abort`."""
