@@ -3,9 +3,6 @@ the slots exactly as the plain gather writes it, and each chunk's checksum is xx
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
-import pytest
 import torch
 import xxhash
 
@@ -29,13 +26,11 @@ def _kv(seed: int) -> ContiguousKV:
     )
 
 
-@pytest.mark.parametrize("helper", [False, True], ids=["alone", "helper"])
-def test_slots_hold_the_gathered_chunks_and_their_checksums(helper: bool) -> None:
+def test_slots_hold_the_gathered_chunks_and_their_checksums() -> None:
     kv = _kv(1)
     pool = torch.zeros(CHUNKS + 2, LAYOUT.chunk_bytes, dtype=torch.uint8)
     refs = [SlotRef(index=i, slot=(i * 3) % (CHUNKS + 2), nbytes=LAYOUT.chunk_bytes) for i in (0, 2, 3, 4)]
-    with ThreadPoolExecutor(1) as pool_thread:
-        sums = kv_to_slots_checked(LAYOUT, kv, refs, lambda r: pool[r.slot], pool_thread if helper else None)
+    sums = kv_to_slots_checked(LAYOUT, kv, refs, lambda r: pool[r.slot])
     assert sums is not None and sorted(sums) == [0, 2, 3, 4]
     for ref in refs:
         want = torch.empty(LAYOUT.chunk_bytes, dtype=torch.uint8)
