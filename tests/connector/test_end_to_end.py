@@ -193,6 +193,7 @@ def test_engine_copy_errors_release_the_lease_and_abort_the_store(
 
     with monkeypatch.context() as m:
         m.setattr(engine_module, "kv_to_run", broken)
+        m.setattr(engine_module, "kv_to_slots_checked", broken)  # the copy of a contiguous CPU KV
         with pytest.raises(RuntimeError, match="engine-side copy"):
             conn.store(tokens, src)
     # Aborted, not left "being stored" until its 60 s TTL: a new store gets every chunk.

@@ -20,13 +20,11 @@ Locks, and what runs outside them:
         prefetch byte budget and the prefill coordinator's lock: each taken alone or after the index lock;
         nothing waits on a flight or the budget while holding the index lock.
     Outside the index lock: every byte copy (promotion, demotion, write-down, eviction demotion, ``get``),
-        a store's tier commit (L2's checksums; its slots claimed in ``storing``, out of the ticket) and
-        the commit that ends a move (the L3 disk write), always on a source copy that is *held* (a hold
-        keeps it from eviction and its slot from reuse) and into a reservation nobody else can see; then
-        the lock is taken again to index the result or to abort and drop a lost copy.
-    Eviction runs under the index lock, except that a victim which must be demoted is held, copied down
-        with the lock released, then dropped. Moves into tier ``d`` wait only on moves into slower tiers,
-        so flights never wait in a cycle.
+        a store's tier commit (its slots claimed in ``storing``, out of the ticket) and the commit that
+        ends a move (the L3 disk write), always on a *held* source copy (kept from eviction, its slot from
+        reuse) into a reservation nobody else can see; then the lock is taken again to index or to abort.
+    Eviction runs under the index lock, except that a victim to demote is held, copied down with the lock
+        released, then dropped. Moves into tier ``d`` wait only on moves into slower tiers: no cycles.
 
 Primitives:
     CacheManager: register_namespace, lookup, begin_store / commit_store / abort_store / open_store_chunks,
@@ -73,6 +71,8 @@ from tiercache.stats import CacheStats
 from tiercache.tiers.base import StorageTier, TierLevel
 
 logger = logging.getLogger(__name__)
+_Positions = Sequence[int] | None
+_Sums = Mapping[int, int] | None
 
 
 class CacheManager:
@@ -216,17 +216,17 @@ class CacheManager:
             self._tenants.opened_ticket(namespace_id, ticket.ticket_id, cids)
         return ticket
 
-    def commit_store(self, ticket_id: int, indices: Sequence[int] | None = None) -> int:
+    def commit_store(self, ticket_id: int, indices: _Positions = None, checksums: _Sums = None) -> int:
         """Make a ticket's chunks visible and apply the write policy. Returns how many chunks it added.
 
         ``indices``: chain positions (``StoreSlot.index``) to publish now, the ticket staying open for the
-        rest (incremental publication during a prefill); None: all that are left, closing the ticket.
-        Raises NotFoundError for an unknown, finished or expired ticket, InvalidArgumentError for an index
-        that is not an open slot of the ticket.
+        rest (prefill publication); None: all that are left, closing it. ``checksums``: position -> its slot
+        bytes' xxh3-64, taken as they were written (not hashed again). Raises NotFoundError for an unknown,
+        finished or expired ticket, InvalidArgumentError for an index that is not an open slot of it.
         """
         with self._lock:
             self._check_open()
-        added = self._stores.commit(ticket_id, indices)  # the tier's commit (L2 hashes) without the lock
+        added = self._stores.commit(ticket_id, indices, checksums)  # the tier's commit without the lock
         self._tenants.committed(ticket_id)
         return added
 

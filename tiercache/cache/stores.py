@@ -20,7 +20,7 @@ Primitives:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -102,7 +102,9 @@ class Stores:
             self.abort(ticket.ticket_id)
             raise
 
-    def commit(self, ticket_id: int, indices: Sequence[int] | None) -> int:
+    def commit(
+        self, ticket_id: int, indices: Sequence[int] | None, checksums: Mapping[int, int] | None = None
+    ) -> int:
         """See :meth:`CacheManager.commit_store`. Call without the lock.
 
         The tier's commit (for L2, the checksum of every chunk: milliseconds for large ones) runs with the
@@ -136,6 +138,7 @@ class Stores:
                 chosen = sorted({position[i] for i in indices})
             writes = [store.writes[i] for i in chosen]
             depths = [store.depths[i] for i in chosen]
+            known = [None if checksums is None else checksums.get(store.indices[i]) for i in chosen]
             # Committed or failed, these slots leave the ticket now.
             chosen_set = set(chosen)
             keep = [i for i in range(len(store.writes)) if i not in chosen_set]
@@ -146,7 +149,10 @@ class Stores:
                 self._leases.take_store(ticket_id)
         tier = self._tiers[store.level]
         try:
-            tier.commit(writes)
+            if isinstance(tier, SlotPoolTier) and any(k is not None for k in known):
+                tier.commit(writes, known)  # checksums taken as the slots were filled: not hashed again
+            else:
+                tier.commit(writes)
         except BaseException:  # nothing was committed (e.g. an L3 map full): give the space back now
             tier.abort(writes)
             with self._lock:

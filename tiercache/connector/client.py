@@ -58,6 +58,8 @@ from .segments import SegmentMaps, SlotMapping
 from .settle import SETTLE_AFTER_S, PendingSettlements, send_alone, usage_request, usage_settlement
 
 logger = logging.getLogger(__name__)
+_Ids = Sequence[int] | None
+_Sums = Mapping[int, int] | None
 
 T = TypeVar("T")
 
@@ -222,19 +224,18 @@ class TierCacheClient:
         )
         return StoreGrant.from_proto(resp)
 
-    def commit_store(self, namespace: Namespace, ticket_id: int, indices: Sequence[int] | None = None) -> int:
-        """Make a ticket's chunks visible; returns how many were added.
-
-        Args:
-            namespace: the namespace.
-            ticket_id: the ticket.
-            indices: publish only these positions (of the keys given to ``begin_store``); the ticket stays
-                open for the rest. None: all that are left, closing the ticket.
-        """
+    def commit_store(
+        self, namespace: Namespace, ticket_id: int, indices: _Ids = None, checksums: _Sums = None
+    ) -> int:
+        """Make a ticket's chunks visible (all left, closing it; or only ``indices``, positions of the keys given
+        to ``begin_store``); returns how many were added. ``checksums``: position -> its slot bytes' xxh3-64,
+        taken as they were copied: the daemon keeps it instead of hashing the slot again."""
         resp = self._conn.unary(
             rpcs.COMMIT_STORE,
             namespace,
-            lambda h: pb.CommitStoreRequest(handle=h, ticket_id=ticket_id, indices=indices or ()),
+            lambda h: pb.CommitStoreRequest(
+                handle=h, ticket_id=ticket_id, indices=indices or (), checksums=checksums
+            ),
             retry=False,
         )
         return int(resp.stored)

@@ -35,6 +35,7 @@ from tiercache.keys import Namespace
 from tiercache.policies.load import LoadPolicyKind
 from tiercache.tiers.base import TierLevel
 
+from .checked_copy import kv_to_slots_checked
 from .client import TierCacheClient
 from .config import ConnectorConfig
 from .dataplane import DataPlane, Medium, PrefillPublisher
@@ -199,9 +200,11 @@ class SharedMemoryPlane(DataPlane):
                             f"store slot for chunk {ref.index} holds {ref.nbytes} bytes,"
                             f" expected {self._layout.chunk_bytes}"
                         )
-                for first, run in slots.runs(sorted(grant.slots, key=lambda r: r.index)):
-                    kv_to_run(self._layout, kv, first, run, helper=self._helper)
-            stored = self.client.commit_store(self.namespace, grant.ticket_id)
+                sums = kv_to_slots_checked(self._layout, kv, grant.slots, slots.view)
+                if sums is None:  # not contiguous CPU memory: copied as before, hashed by the daemon
+                    for first, run in slots.runs(sorted(grant.slots, key=lambda r: r.index)):
+                        kv_to_run(self._layout, kv, first, run, helper=self._helper)
+            stored = self.client.commit_store(self.namespace, grant.ticket_id, None, sums)
             committed = True
         finally:
             if not committed:

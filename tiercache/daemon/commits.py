@@ -11,7 +11,8 @@ runs on the loop when all of these hold, else in the executor as before:
   the whole commit, so the commit never waits for another thread;
 * no tenant has quotas: a commit then trims the tenant back under its quota, which may demote (L3 I/O);
 * the ticket is open and the commit small: at most :data:`INLINE_COMMIT_CHUNKS` chunks and
-  :data:`INLINE_COMMIT_BYTES` bytes to hash (about half a millisecond of the loop here), so that one
+  :data:`INLINE_COMMIT_BYTES` bytes to hash (about half a millisecond of the loop here; chunks whose
+  checksums the engine sent, taken as it copied them, are not hashed and do not count), so that one
   engine's large store never holds every other engine's calls for long. The cache says how many chunks the
   ticket still holds (``CacheManager.open_store_chunks``, asked under the lock the commit then keeps).
 
@@ -25,7 +26,7 @@ Primitives:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from tiercache.cache import CacheManager
 
@@ -42,6 +43,7 @@ def commit_now(
     indices: Sequence[int] | None,
     chunk_bytes: int,
     quotas: bool,
+    checksums: Mapping[int, int] | None = None,
 ) -> int | None:
     """``manager.commit_store(ticket_id, indices)`` at once if nothing in it can wait (see the module), else
     None with nothing done (an unknown or closed ticket too: the executor's commit reports it).
@@ -52,6 +54,7 @@ def commit_now(
         indices: the chain positions to publish (None: every open one).
         chunk_bytes: the bytes of one of its chunks.
         quotas: whether any tenant has quotas.
+        checksums: chain position -> the checksum the engine took of that slot's bytes (not hashed here).
 
     Raises:
         what ``CacheManager.commit_store`` raises.
@@ -65,6 +68,7 @@ def commit_now(
         if left is None:
             return None
         chunks = min(len(set(indices)), left) if indices else left
-        if chunks > INLINE_COMMIT_CHUNKS or chunks * chunk_bytes > INLINE_COMMIT_BYTES:
+        hashed = max(0, chunks - len(checksums or ()))
+        if chunks > INLINE_COMMIT_CHUNKS or hashed * chunk_bytes > INLINE_COMMIT_BYTES:
             return None
-        return manager.commit_store(ticket_id, indices)
+        return manager.commit_store(ticket_id, indices, checksums)

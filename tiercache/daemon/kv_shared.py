@@ -112,15 +112,17 @@ class SharedMemoryRpcs(ServicerBase):
                 "ticket_id",
                 f"{request.ticket_id} is not an open store ticket of this handle (finished or expired?)",
             )
+        sums = dict(request.checksums) or None  # taken by the engine as it copied: L2 does not hash again
         stored = commit_now(
             self._manager,
             request.ticket_id,
             indices or None,
             caller.info.chunk_bytes,
             self._deps.quotas_active,
+            sums,
         )
         if stored is None:  # it may wait, or is large: in the executor
-            stored = await self.run(self._manager.commit_store, request.ticket_id, indices or None)
+            stored = await self.run(self._manager.commit_store, request.ticket_id, indices or None, sums)
         self._deps.metrics.add_bytes("shm", "store", stored * caller.info.chunk_bytes)
         return pb.CommitStoreResponse(stored=stored)
 

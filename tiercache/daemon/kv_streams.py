@@ -58,11 +58,13 @@ class _Reserved:
         tickets: its store tickets, in order (aborted unless committed).
         skipped: indices of chunks not reserved (cached already, or being stored by someone else).
         buffers: index -> the buffer reserved for that chunk.
+        bases: ticket id -> the stream index of its chain position 0.
     """
 
     tickets: list[StoreTicket] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)
     buffers: dict[int, torch.Tensor] = field(default_factory=dict)
+    bases: dict[int, int] = field(default_factory=dict)
 
 
 async def _finished(future: Future[None]) -> None:
@@ -141,7 +143,7 @@ class StreamRpcs(ServicerBase):
             if assembler is None:
                 return pb.StreamStoreResponse()
             assembler.finish()
-            stored = await self.run(self._commit_all, reserved.tickets)
+            stored = await self.run(self._commit_all, reserved, assembler.checksums)
         finally:
             if writing is not None:  # failed or cancelled meanwhile: its ticket must be listed first
                 await asyncio.wait([asyncio.wrap_future(writing)])
@@ -175,17 +177,23 @@ class StreamRpcs(ServicerBase):
         ``piece`` and write the piece. Blocking: runs in the executor."""
         ticket = self._rules.begin_stream_store(handle, keys, depth)
         reserved.tickets.append(ticket)
+        reserved.bases[ticket.ticket_id] = base
         reserved.skipped.extend(base + i for i in ticket.skipped)
         reserved.buffers.update((base + slot.index, slot.buffer) for slot in ticket.slots)
         assembler.open(piece, reserved.buffers.get(piece.index))
         assembler.write(piece)
 
-    def _commit_all(self, tickets: list[StoreTicket]) -> int:
-        """Commit the tickets in order, each leaving ``tickets`` once committed (what is left when one
-        fails is aborted by the caller). Blocking: runs in the executor, one call for the whole stream."""
+    def _commit_all(self, reserved: _Reserved, checksums: dict[int, int]) -> int:
+        """Commit the tickets in order, each leaving ``reserved.tickets`` once committed (what is left when
+        one fails is aborted by the caller), with the checksums the assembler took as each chunk landed
+        (stream index -> xxh3-64). Blocking: runs in the executor, one call for the whole stream."""
         stored = 0
+        tickets = reserved.tickets
         while tickets:
-            stored += self._manager.commit_store(tickets[0].ticket_id)
+            ticket = tickets[0]
+            base = reserved.bases.get(ticket.ticket_id, 0)
+            known = {s.index: checksums[base + s.index] for s in ticket.slots if base + s.index in checksums}
+            stored += self._manager.commit_store(ticket.ticket_id, None, known)
             tickets.pop(0)
         return stored
 

@@ -4,7 +4,8 @@ A chunk travels as one or more pieces ``(key, index, offset, data, codec, last, 
 and decoded by the piece codec the connector uses too (:mod:`tiercache.wire.pieces`). :class:`ChunkAssembler`
 checks every piece of a StreamStore against the namespace's layout (and against the key chain the stream
 named up front, when it did) and writes the decoded bytes straight into the buffer reserved for the chunk (a
-shared-memory slot), so a chunk is never staged in an extra buffer; :func:`load_piece` makes one piece of a
+shared-memory slot), so a chunk is never staged in an extra buffer, and hashes each block as it lands (the
+commit takes those checksums instead of reading the slots again); :func:`load_piece` makes one piece of a
 StreamLoad. Both are synchronous: the servicer runs large pieces in its executor.
 
 Pieces travel framed (:mod:`tiercache.wire.framing`): a StreamStore piece's data is a view into the
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from tiercache.checksum import Hasher
 from tiercache.codec import Codec
 from tiercache.errors import InvalidArgumentError
 from tiercache.proto import tiercache_pb2 as pb
@@ -84,8 +86,12 @@ class ChunkAssembler:
         self._index = -1
         self._received = 0
         self._target: np.ndarray | None = None  # None: the chunk is skipped (its bytes are dropped)
+        self._hasher: Hasher | None = None
         self._messages = 0
         self._decoder = PieceDecoder(chunk_bytes)
+        self.checksums: dict[int, int] = {}
+        """Chunk index -> the xxh3-64 of the bytes written into its buffer, once its last piece is written
+        (each block hashed as it landed: the commit need not read the slot again)."""
 
     @property
     def open_index(self) -> int | None:
@@ -154,6 +160,7 @@ class ChunkAssembler:
         """Start the chunk of a first piece; ``buffer`` is its reserved memory, None when it is skipped."""
         self._key, self._index, self._received = piece.key, piece.index, 0
         self._target = None if buffer is None else buffer.numpy()
+        self._hasher = None if buffer is None else Hasher()
 
     def write(self, piece: Piece) -> None:
         """Decode a piece into the open chunk's buffer (thread-safe with respect to the event loop).
@@ -165,11 +172,13 @@ class ChunkAssembler:
         codec = Codec.ZSTD if piece.zstd else Codec.RAW
         data = self._decoder.decode(piece.index, piece.offset, piece.data, codec, piece.last)
         end = piece.offset + data.nbytes
-        if self._target is not None and data:
-            self._target[piece.offset : end] = np.frombuffer(data, dtype=np.uint8)
+        if self._target is not None and self._hasher is not None and data:
+            self._hasher.copy_in(memoryview(self._target[piece.offset : end]), data)  # type: ignore[arg-type]
         self._received = end
         if piece.last:
-            self._key, self._target = None, None
+            if self._hasher is not None:
+                self.checksums[piece.index] = self._hasher.intdigest()
+            self._key, self._target, self._hasher = None, None, None
 
     def finish(self) -> None:
         """Check that the stream did not end inside a chunk, nor before every chunk its keys named.

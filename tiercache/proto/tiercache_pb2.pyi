@@ -276,14 +276,23 @@ class BeginStoreResponse(_message.Message):
     def __init__(self, ticket_id: _Optional[int] = ..., slots: _Optional[_Iterable[_Union[SlotRef, _Mapping]]] = ..., skipped: _Optional[_Iterable[int]] = ..., expires_in_s: _Optional[float] = ...) -> None: ...
 
 class CommitStoreRequest(_message.Message):
-    __slots__ = ("handle", "ticket_id", "indices")
+    __slots__ = ("handle", "ticket_id", "indices", "checksums")
+    class ChecksumsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     TICKET_ID_FIELD_NUMBER: _ClassVar[int]
     INDICES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
     handle: bytes
     ticket_id: int
     indices: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, handle: _Optional[bytes] = ..., ticket_id: _Optional[int] = ..., indices: _Optional[_Iterable[int]] = ...) -> None: ...
+    checksums: _containers.ScalarMap[int, int]
+    def __init__(self, handle: _Optional[bytes] = ..., ticket_id: _Optional[int] = ..., indices: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Mapping[int, int]] = ...) -> None: ...
 
 class CommitStoreResponse(_message.Message):
     __slots__ = ("stored",)

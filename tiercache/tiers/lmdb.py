@@ -32,7 +32,7 @@ import zstandard
 
 from tiercache.codec import Codec
 from tiercache.errors import CapacityError, ConflictError, InvalidArgumentError
-from tiercache.tiers.base import StorageTier, TierLevel, TierUsage, WriteSlot, check_batch
+from tiercache.tiers.base import StorageTier, TierLevel, TierUsage, WriteSlot, check_batch, check_sources
 from tiercache.tiers.depths import DepthSource, HeldChunks
 from tiercache.tiers.lmdb_config import LmdbTierConfig
 from tiercache.tiers.lmdb_env import open_or_recover
@@ -49,7 +49,7 @@ from tiercache.tiers.lmdb_io import (
     write_values,
 )
 from tiercache.tiers.lmdb_order import AccessOrder
-from tiercache.tiers.reservations import Reservation, ReservationTable
+from tiercache.tiers.reservations import Reservation, ReservationTable, fill
 from tiercache.tiers.staging import StagingPool
 from tiercache.tiers.values import HEADER_BYTES, encode_staged
 
@@ -58,6 +58,8 @@ __all__ = ["LmdbTier", "LmdbTierConfig"]
 logger = logging.getLogger(__name__)
 
 _STAGING_CACHE_BYTES = 256 << 20  # staging buffers kept for reuse after commit or abort
+_Checks = Sequence[int | None] | None
+_Srcs = Sequence[torch.Tensor] | None
 
 
 class LmdbTier(StorageTier):
@@ -131,8 +133,6 @@ class LmdbTier(StorageTier):
         """The tier's configuration."""
         return self._config
 
-    # ------------------------------------------------------------------------------------------- helpers
-
     def _check_open(self) -> None:
         """Raise ConflictError if closed; call with ``self._lock`` held."""
         if self._closed:
@@ -181,8 +181,6 @@ class LmdbTier(StorageTier):
         with self._lock:
             self._check_open()
             return HeldChunks.of_index(self._index)
-
-    # ------------------------------------------------------------------------------------------ protocol
 
     def charge(self, nbytes: int) -> int:
         """Capacity one chunk of ``nbytes`` payload bytes takes while reserved: header + ``nbytes``.
@@ -258,22 +256,33 @@ class LmdbTier(StorageTier):
             CapacityError: the LMDB map is full. Nothing is committed; the reservations stay live (abort
                 them, or free space and commit again).
         """
+        self._commit_slots(slots, None, None)
+
+    def commit_from(
+        self, slots: Sequence[WriteSlot], srcs: Sequence[torch.Tensor], checksums: _Checks = None
+    ) -> None:
+        """See :meth:`StorageTier.commit_from`: each source is copied into its staging buffer and hashed in
+        the same blocked pass (a known checksum is taken as it is), then committed as :meth:`commit`."""
+        check_sources(slots, srcs, checksums)
+        self._commit_slots(slots, srcs, checksums)
+
+    def _commit_slots(self, slots: Sequence[WriteSlot], srcs: _Srcs, checks: _Checks) -> None:
         if not slots:
             return
         with self._lock:
             self._check_open()
             tokens, reservations = self._reservations.claim(slots)
         try:
-            self._commit(tokens, reservations)
+            self._commit(tokens, reservations, fill(reservations, srcs, checks))
         finally:
             with self._lock:
                 self._reservations.unclaim(tokens)
 
-    def _commit(self, tokens: list[int], reservations: list[Reservation]) -> None:
+    def _commit(self, tokens: list[int], reservations: list[Reservation], checks: list[int | None]) -> None:
         cctx = None
         if self._config.codec is Codec.ZSTD:
             cctx = zstandard.ZstdCompressor(level=self._config.zstd_level)
-        values = [encode_staged(res.staging.numpy().data, cctx) for res in reservations]
+        values = [encode_staged(r.staging.numpy().data, cctx, c) for r, c in zip(reservations, checks)]
         source = self._depth_source
         depths = [source(res.chunk_id) if source is not None else None for res in reservations]
         with self._write_lock:
@@ -318,19 +327,11 @@ class LmdbTier(StorageTier):
                 self._staging.give(res.staging)
 
     def read_into(self, chunk_ids: Sequence[bytes], dsts: Sequence[torch.Tensor]) -> list[bool]:
-        """Copy committed chunks into caller buffers, verifying every checksum.
+        """See :meth:`StorageTier.read_into` (duplicate ids allowed); every checksum is verified.
 
         The bytes move as :func:`~tiercache.tiers.lmdb_io.read_values` says (raw payloads straight out of
-        LMDB's memory map; a non-CPU destination staged through a CPU tensor). A successful read makes the
-        chunk the most recently used.
-
-        Args:
-            chunk_ids: chunks to read (duplicates allowed).
-            dsts: 1-D ``uint8`` tensors, each at least as long as its chunk (any device).
-
-        Returns:
-            Per chunk, True if its bytes were copied; False if absent or corrupt (a corrupt value is
-            counted in ``corrupt_reads`` and deleted).
+        LMDB's memory map, hashed as they land; a non-CPU destination staged through a CPU tensor). A
+        successful read makes the chunk the most recently used.
 
         Raises:
             InvalidArgumentError: lengths differ, an id is not bytes, or a destination is not a strided
@@ -406,10 +407,7 @@ class LmdbTier(StorageTier):
             return [cid in self._index for cid in chunk_ids]
 
     def delete(self, chunk_ids: Sequence[bytes]) -> int:
-        """Remove committed chunks in one write transaction; absent ids are ignored.
-
-        Returns:
-            How many chunks were removed.
+        """Remove committed chunks in one write transaction; absent ids are ignored. Returns how many.
 
         Raises:
             InvalidArgumentError: an id is not bytes.

@@ -4,11 +4,11 @@ The tier decides what to read, write or delete and keeps the books (index, usage
 reservations, corrupt counts) under its locks; this module checks the caller's buffers and runs one LMDB
 transaction per call. A value whose per-chunk record (:mod:`tiercache.tiers.lmdb_meta`) names another
 checksum is corrupt (a value of another key). Reads: a raw payload is copied straight out of the memory map
-into its destination and the checksum is taken over the bytes that arrived (hot in the CPU's cache: one
-pass over the mapped bytes, not two); a zstd payload is decompressed, checksummed, then copied; a non-CPU
-destination is staged through a CPU tensor. A value that fails is reported, its destination's bytes are
-not. Each header is parsed once per read. Writes land with their access sequence numbers in the same
-transaction.
+into its destination and the checksum is taken over the bytes that arrived, block by block as they land
+(hot in the CPU's cache: one pass over the mapped bytes, not two); a zstd payload is decompressed,
+checksummed, then copied; a non-CPU destination is staged through a CPU tensor. A value that fails is
+reported, its destination's bytes are not. Each header is parsed once per read. Writes land with their
+access sequence numbers in the same transaction.
 
 Primitives:
     DiskFullError: a commit found the disk full (both the ``lmdb.DiskError`` it is and a CapacityError).
@@ -36,6 +36,7 @@ import numpy as np
 import torch
 import zstandard
 
+from tiercache.checksum import copy_checksum
 from tiercache.errors import CapacityError, InvalidArgumentError
 from tiercache.tiers.lmdb_env import LmdbDatabases
 from tiercache.tiers.lmdb_meta import foreign, record_checksum, record_of
@@ -247,16 +248,18 @@ def _foreign(value_checksum: int, record: memoryview | None) -> str | None:
 
 
 def _copy_checked(value: memoryview, expected: int, out: np.ndarray) -> str | None:
-    """Copy a well-formed raw value's payload into the front of the CPU array ``out``, then check the bytes
-    that arrived (hot in the cache now; a strided ``out``: the mapped bytes) against ``expected``, the
-    header's checksum; None when they match, else why not.
+    """Copy a well-formed raw value's payload into the front of the CPU array ``out`` and check the bytes
+    that arrived against ``expected``, the header's checksum; None when they match, else why not.
 
-    The copy is a memoryview assignment (one ``memmove`` for contiguous memory, with less per-call work
-    than building a numpy view of the source).
+    A contiguous ``out`` takes the copy and the hash in one blocked pass (each block hashed where it landed,
+    hot in the cache: :func:`~tiercache.checksum.copy_checksum`); a strided one is copied, then the mapped
+    bytes are hashed.
     """
     payload = value[HEADER_BYTES:]
     arrived = memoryview(out)[: len(payload)]  # type: ignore[arg-type]  # ndarray exports the buffer protocol
-    arrived[:] = payload
-    if checksum(arrived if arrived.c_contiguous else payload) != expected:
-        return "payload checksum mismatch"
-    return None
+    if arrived.c_contiguous:
+        got = copy_checksum(arrived, payload)
+    else:
+        arrived[:] = payload
+        got = checksum(payload)
+    return None if got == expected else "payload checksum mismatch"

@@ -20,8 +20,8 @@ import logging
 from typing import Any
 
 import torch
-import xxhash
 
+from tiercache.checksum import checksum
 from tiercache.errors import InvalidArgumentError
 from tiercache.options import Computed, Option, Values
 from tiercache.parsers import parse_size
@@ -113,7 +113,7 @@ def poor_utilisation(
 def checksum_of(data: torch.Tensor) -> int:
     """The xxh3-64 checksum of a CPU ``uint8`` tensor's bytes (the same function L3 values carry)."""
     buffer: Any = data.numpy()  # numpy arrays export the buffer protocol; their stubs do not say so
-    return xxhash.xxh3_64_intdigest(memoryview(buffer))
+    return checksum(memoryview(buffer))
 
 
 def check_dst(dst: torch.Tensor, nbytes: int) -> None:

@@ -11,6 +11,7 @@ call together with the rest of that state.
 Primitives:
     Reservation: one live reservation (id, payload size, charge, staging buffer).
     ReservationTable: the live reservations of one tier, by slot token.
+    fill: copy sources into claimed reservations' buffers, each hashed as it lands (one pass over memory).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tiercache.checksum import copy_checksum_tensor
 from tiercache.errors import ConflictError
 from tiercache.tiers.base import WriteSlot
 from tiercache.tiers.values import HEADER_BYTES
@@ -134,3 +136,25 @@ class ReservationTable:
         self._by_token.clear()
         self._ids.clear()
         self._reserved = 0
+
+
+def fill(
+    reservations: Sequence[Reservation],
+    srcs: Sequence[torch.Tensor] | None,
+    checksums: Sequence[int | None] | None,
+) -> list[int | None]:
+    """Copy each source (checked by the caller: one 1-D ``uint8`` tensor of its reservation's size) into its
+    reservation's buffer; returns each one's checksum: the known one (only copied), else taken block by
+    block as the bytes land (:func:`~tiercache.checksum.copy_checksum_tensor`; a source off the CPU is
+    copied and left to be hashed at encoding, None). Without sources, nothing is copied: all None."""
+    if srcs is None:
+        return [None] * len(reservations)
+    known = checksums if checksums is not None else [None] * len(reservations)
+    out: list[int | None] = []
+    for res, src, check in zip(reservations, srcs, known, strict=True):
+        if check is None and src.device.type == "cpu":
+            check = copy_checksum_tensor(res.buffer, src)
+        else:
+            res.buffer.copy_(src)
+        out.append(check)
+    return out

@@ -25,8 +25,8 @@ counted in ``usage().errors`` and turns the tier off with exponential backoff; w
 and lookup is a miss at once, a reservation is refused with ``CapacityError`` and a delete forgets locally.
 No call waits longer than the configured socket timeouts. Nothing partial is ever served: a record is one
 ``MSET`` of both keys, read whole (``MGET``) and checked; a record missing a part is a miss. A raw
-payload is copied into the caller's buffer first and checksummed there (one cold pass over the received
-bytes); a buffer whose check fails is reported as a miss and its bytes must not be used.
+payload is copied into the caller's buffer and checksummed there block by block as it lands (one pass over
+the received bytes); a buffer whose check fails is reported as a miss and its bytes must not be used.
 
 Thread-safety: every method may be called from any thread. One lock guards the local view, reservations
 and counters; network calls run without it.
@@ -46,10 +46,10 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 import zstandard
 
+from tiercache.checksum import copy_checksum
 from tiercache.codec import Codec
 from tiercache.errors import CapacityError, ConflictError, InvalidArgumentError
 from tiercache.tiers.base import StorageTier, TierLevel, TierUsage, WriteSlot, check_batch, check_sources
@@ -58,7 +58,7 @@ from tiercache.tiers.shared_breaker import Breaker
 from tiercache.tiers.shared_client import SharedStore, StoreRefused, StoreUnavailable
 from tiercache.tiers.shared_config import SharedTierConfig
 from tiercache.tiers.staging import StagingPool
-from tiercache.tiers.values import HEADER_BYTES, checksum, copy_out, decode_parts, encode, parse_head
+from tiercache.tiers.values import HEADER_BYTES, copy_out, decode_parts, encode, parse_head
 
 __all__ = ["SharedTier", "SharedTierConfig", "store_key"]
 
@@ -101,9 +101,9 @@ def _deliver(
 ) -> int | str:
     """Verify a record and copy its raw bytes into ``dst``; their count, or why the record is malformed.
 
-    A raw payload bound for a contiguous CPU buffer is copied first and checksummed where it landed (hot in
-    the CPU's cache: one cold pass over the received bytes, not two, and the check covers the bytes the
-    caller gets). On a mismatch ``dst`` holds rejected bytes: the caller must not use them. Anything else
+    A raw payload bound for a contiguous CPU buffer is checksummed block by block where it lands, as it is
+    copied (:func:`~tiercache.checksum.copy_checksum`: one pass over the received bytes, not two, and the
+    check covers the bytes the caller gets). On a mismatch ``dst`` holds rejected bytes: the caller must not use them. Anything else
     (zstd, another device) is verified before it is copied.
 
     Raises:
@@ -115,14 +115,9 @@ def _deliver(
     if dst.numel() < header.raw_len:
         raise ValueError(f"holds {dst.numel()} bytes, the chunk has {header.raw_len}")
     if header.codec is Codec.RAW and dst.device.type == "cpu" and dst.is_contiguous():
-        out = dst[: header.raw_len].numpy()
-        np.copyto(out, np.frombuffer(payload, dtype=np.uint8))
-        arrived: Any = out  # numpy arrays export the buffer protocol (their stubs do not say so)
-        return (
-            header.raw_len
-            if checksum(memoryview(arrived)) == header.checksum
-            else "payload checksum mismatch"
-        )
+        out: Any = dst[: header.raw_len].numpy()  # numpy arrays export the buffer protocol
+        arrived = copy_checksum(memoryview(out), payload)
+        return header.raw_len if arrived == header.checksum else "payload checksum mismatch"
     with dctx_lock:
         raw = decode_parts(memoryview(head), memoryview(payload), dctx)
     if isinstance(raw, str):

@@ -19,7 +19,9 @@ logs a warning once (:func:`~tiercache.tiers.pages.poor_utilisation`: pages too 
 
 Checked bytes: with ``checksums`` (host pools), commit takes the xxh3-64 checksum of each chunk's bytes, and
 every copy out of the tier (demotion, write-down, a copy to a caller) is checked against it over the bytes
-that left; :meth:`SlotPoolTier.verify` checks a chunk in place (a load out of shared memory). A chunk that
+that left; :meth:`SlotPoolTier.verify` checks a chunk in place (a load out of shared memory). A copy into
+or out of a CPU pool hashes each block as it lands (:func:`tiercache.checksum.copy_checksum_tensor`: one
+pass over memory, not a copy and then a hash); ``commit_from`` takes a checksum the caller already holds. A chunk that
 fails is deleted, counted in ``corrupt_reads`` and reported absent, so it is a miss and never served.
 
 Primitives:
@@ -39,9 +41,10 @@ from dataclasses import dataclass
 
 import torch
 
+from tiercache.checksum import copy_checksum_tensor
 from tiercache.errors import CapacityError, ConflictError, InvalidArgumentError
 from tiercache.keys import NAMESPACE_ID_BYTES
-from tiercache.tiers.base import SlotTier, TierLevel, TierUsage, WriteSlot, check_batch
+from tiercache.tiers.base import SlotTier, TierLevel, TierUsage, WriteSlot, check_batch, check_sources
 from tiercache.tiers.pages import check_dst, checksum_of, poor_utilisation
 from tiercache.tiers.slotspace import DEFAULT_PARTITION, PartitionBacking, SlotSpace
 
@@ -49,6 +52,7 @@ logger = logging.getLogger(__name__)
 
 _Slot = tuple[str, int]
 """A run: (partition key, first page)."""
+_Checks = Sequence[int | None] | None
 
 
 @dataclass(slots=True)
@@ -220,8 +224,10 @@ class SlotPoolTier(SlotTier):
                 held,
             )
 
-    def commit(self, slots: Sequence[WriteSlot]) -> None:
-        """See :meth:`StorageTier.commit`. With checksums, each chunk's checksum is taken here.
+    def commit(self, slots: Sequence[WriteSlot], checksums: _Checks = None) -> None:
+        """See :meth:`StorageTier.commit`. With checksums, each chunk's checksum is taken here, except where
+        ``checksums`` gives one: taken by whoever filled the slot, block by block as the bytes landed (a
+        wrong one makes the chunk read as corrupt, a miss; it never serves other bytes).
 
         The checksums are taken outside the lock (hashing a large chunk would stall every other store and
         read of the tier): the reservations are checked, hashed, then checked again and committed, so a
@@ -232,7 +238,32 @@ class SlotPoolTier(SlotTier):
         if self._pool.is_cuda:
             # Writers may have queued copies on the current stream; they must land before readers look.
             torch.cuda.current_stream(self._pool.device).synchronize()
-        checks = self._checksums(slots, wheres)
+        self._commit(slots, wheres, self._checksums(slots, wheres, checksums))
+
+    def commit_from(
+        self, slots: Sequence[WriteSlot], srcs: Sequence[torch.Tensor], checksums: _Checks = None
+    ) -> None:
+        """See :meth:`StorageTier.commit_from`. With checksums, each source is copied into its slot and
+        hashed in one blocked pass (a known checksum is taken as it is: the source is only copied)."""
+        check_sources(slots, srcs, checksums)
+        if not self.checksums:
+            super().commit_from(slots, srcs, checksums)
+            return
+        with self._lock:
+            wheres = self._live(slots)
+        known = checksums if checksums is not None else [None] * len(slots)
+        checks: list[int | None] = []
+        for ws, where, src, check in zip(slots, wheres, srcs, known, strict=True):
+            row = self._row(where, ws.nbytes)
+            if check is None and src.device.type == "cpu":
+                checks.append(copy_checksum_tensor(row, src))
+                continue
+            row.copy_(src)
+            checks.append(check if check is not None else checksum_of(row))
+        self._commit(slots, wheres, checks)
+
+    def _commit(self, slots: Sequence[WriteSlot], wheres: list[_Slot], checks: Sequence[int | None]) -> None:
+        """Commit live reservations found at ``wheres`` (without the lock) with their checksums."""
         with self._lock:
             if self._live(slots) != wheres:
                 raise ConflictError(f"{self.level.name}: a reservation moved while its commit was hashed")
@@ -264,12 +295,18 @@ class SlotPoolTier(SlotTier):
             out.append(held[1])
         return out
 
-    def _checksums(self, slots: Sequence[WriteSlot], wheres: Sequence[_Slot]) -> list[int | None]:
-        """The commit-time checksum of each reserved chunk's bytes (None without checksums). Runs without
-        the lock: the rows stay reserved unless aborted, which the commit checks afterwards."""
+    def _checksums(
+        self, slots: Sequence[WriteSlot], wheres: Sequence[_Slot], known: _Checks
+    ) -> list[int | None]:
+        """The commit-time checksum of each reserved chunk's bytes: the ``known`` one, else hashed here
+        (None without checksums). Runs without the lock: the rows stay reserved unless aborted, which the
+        commit checks afterwards."""
+        rows = [self._row(where, ws.nbytes) for ws, where in zip(slots, wheres)]
+        check_sources(slots, rows, known)
         if not self.checksums:
             return [None] * len(slots)
-        return [checksum_of(self._row(where, ws.nbytes)) for ws, where in zip(slots, wheres)]
+        given = known if known is not None else [None] * len(slots)
+        return [checksum_of(row) if check is None else check for row, check in zip(rows, given)]
 
     def abort(self, slots: Sequence[WriteSlot]) -> None:
         """See :meth:`StorageTier.abort`."""
@@ -333,9 +370,13 @@ class SlotPoolTier(SlotTier):
                 if entry is not None:
                     out = dst[: entry.nbytes]
                     src = self._row(entry.where, entry.nbytes)
-                    out.copy_(src)
-                    if entry.checksum is not None:
-                        ok[i] = checksum_of(out if out.device.type == "cpu" else src) == entry.checksum
+                    if entry.checksum is None:
+                        out.copy_(src)
+                    elif out.device.type == "cpu":
+                        ok[i] = copy_checksum_tensor(out, src) == entry.checksum
+                    else:
+                        out.copy_(src)
+                        ok[i] = checksum_of(src) == entry.checksum
         finally:
             with self._lock:
                 for entry in found:

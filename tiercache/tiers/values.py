@@ -48,9 +48,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import xxhash
 import zstandard
 
+from tiercache import checksum as checked
 from tiercache.codec import Codec
 
 MAGIC = b"TCL3"
@@ -96,14 +96,14 @@ class ValueHeader:
 
 
 def checksum(raw: ByteView) -> int:
-    """The xxh3_64 checksum of raw chunk bytes, as stored in the header."""
-    return xxhash.xxh3_64_intdigest(raw)
+    """The xxh3_64 checksum of raw chunk bytes, as stored in the header (:func:`tiercache.checksum.checksum`)."""
+    return checked.checksum(raw)
 
 
 def pack_header(codec: Codec, raw_len: int, stored_len: int, raw_checksum: int) -> bytes:
     """The :data:`HEADER_BYTES` header of a value, its own checksum included."""
     head = _HEADER.pack(MAGIC, FORMAT_VERSION, _CODEC_IDS[codec], 0, raw_len, stored_len, raw_checksum)
-    return head + _HEADER_CHECK.pack(xxhash.xxh3_64_intdigest(head))
+    return head + _HEADER_CHECK.pack(checked.checksum(head))
 
 
 def parse_header(value: memoryview) -> ValueHeader | str:
@@ -127,7 +127,7 @@ def raw_checksum(value: memoryview) -> int | None:
     if (
         raw_len != stored_len
         or stored_len != len(value) - HEADER_BYTES
-        or xxhash.xxh3_64_intdigest(value[: _HEADER.size]) != check
+        or checked.checksum(value[: _HEADER.size]) != check
     ):
         return None
     return int(raw_check)
@@ -147,7 +147,7 @@ def _parse(head: memoryview, payload_len: int) -> ValueHeader | str:
     if len(head) < HEADER_BYTES:
         return f"header of {len(head)} bytes is shorter than {HEADER_BYTES}"
     (check,) = _HEADER_CHECK.unpack_from(head, _HEADER.size)
-    if xxhash.xxh3_64_intdigest(head[: _HEADER.size]) != check:
+    if checked.checksum(head[: _HEADER.size]) != check:
         return "header checksum mismatch"
     magic, version, codec_id, flags, raw_len, stored_len, raw_checksum = _HEADER.unpack_from(head, 0)
     if magic != MAGIC:
@@ -183,14 +183,18 @@ def encode(
     return pack_header(Codec.RAW, len(raw), len(raw), raw_checksum), raw
 
 
-def encode_staged(staged: memoryview, cctx: zstandard.ZstdCompressor | None) -> memoryview | bytes:
+def encode_staged(
+    staged: memoryview, cctx: zstandard.ZstdCompressor | None, raw_checksum: int | None = None
+) -> memoryview | bytes:
     """The value of the raw bytes ``staged[HEADER_BYTES:]``: header + payload, compressed when smaller.
 
     ``staged`` is a writable byte view with :data:`HEADER_BYTES` of room in front of the raw bytes. With
     ``cctx`` the payload is zstd-compressed and kept so only when that makes it smaller (a new ``bytes``);
     otherwise the header is written into the room in front and the value is ``staged`` itself: no copy.
+    ``raw_checksum``: the checksum of the raw bytes when it was taken as they were copied in (not hashed
+    again), as in :func:`encode`.
     """
-    header, payload = encode(staged[HEADER_BYTES:], cctx)
+    header, payload = encode(staged[HEADER_BYTES:], cctx, raw_checksum)
     if isinstance(payload, bytes):
         return b"".join((header, payload))
     staged[:HEADER_BYTES] = header

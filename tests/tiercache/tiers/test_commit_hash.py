@@ -25,8 +25,13 @@ class _PausedHashTier(HostTier):
         self.hashed = threading.Event()
         self.go = threading.Event()
 
-    def _checksums(self, slots: Sequence[WriteSlot], wheres: Sequence[tuple[str, int]]) -> list[int | None]:
-        checks = super()._checksums(slots, wheres)
+    def _checksums(
+        self,
+        slots: Sequence[WriteSlot],
+        wheres: Sequence[tuple[str, int]],
+        known: Sequence[int | None] | None,
+    ) -> list[int | None]:
+        checks = super()._checksums(slots, wheres, known)
         self.hashed.set()
         assert self.go.wait(DEADLINE_S)
         return checks

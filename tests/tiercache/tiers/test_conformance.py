@@ -238,10 +238,10 @@ def test_commit_from_takes_known_checksums_and_never_serves_bytes_a_wrong_one_mi
     tier.commit_from(slots, [data(4), data(5)], [right, wrong])
     assert torch.equal(read(tier, 4), data(4))  # type: ignore[arg-type]
     got = read(tier, 5)
-    # A tier that keeps the given checksum reports the value corrupt (a miss); one that hashes itself serves
-    # the right bytes. Never bytes other than the source's.
+    # A checked tier keeps the given checksum (its copy is not hashed again) and reports the value corrupt (a
+    # miss); L1, unchecked, serves the right bytes. Never bytes other than the source's.
     assert got is None or torch.equal(got, data(5))
-    assert (got is None) == (tier.level is TierLevel.SHARED)
+    assert (got is None) == (tier.level is not TierLevel.L1)
 
 
 def test_commit_from_checks_its_sources(tier: StorageTier) -> None:

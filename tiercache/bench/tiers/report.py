@@ -16,6 +16,7 @@ from ..common.plot import Chart, Series
 from ..common.timing import Timing
 from ..tables import columns as _columns
 from ..tables import format_size
+from .checksum_ceiling import ChecksumRow
 from .run import CeilingRow, TierRow, TiersReport
 
 __all__ = ["SCHEMA", "format_report", "report_to_dict", "tiers_charts"]
@@ -43,6 +44,20 @@ def _ceiling_lines(ceilings: Sequence[CeilingRow]) -> list[str]:
     ]
     headers = ["ceiling", "chunk", "GB/s", "rounds", "p50 ms", "p99 ms", "note"]
     return _columns(headers, rows, frozenset({0, 6}))
+
+
+def _checksum_lines(rows: Sequence[ChecksumRow]) -> list[str]:
+    out = [
+        [
+            row.method.value + (" (tiers use this)" if row.in_use else ""),
+            format_size(row.chunk_bytes),
+            f"{row.gbps:.2f}",
+            f"{row.ratio:.2f}x",
+            f"{row.low:.2f}-{row.high:.2f}",
+        ]
+        for row in rows
+    ]
+    return _columns(["checksum", "chunk", "GB/s", "vs memcpy", "rounds"], out, frozenset({0}))
 
 
 def _tier_lines(rows: Sequence[TierRow]) -> list[str]:
@@ -93,6 +108,9 @@ def format_report(report: TiersReport) -> str:
         "Tiers (put = reserve + commit_from the payload: copied into slot buffers, except SHARED, which "
         "writes from the source; get = read_into a preallocated buffer)",
         *_tier_lines(report.rows),
+        "",
+        "Checked bytes (one pass of each over the payload's chunks, every round; vs the same round's memcpy)",
+        *_checksum_lines(report.checksums),
     ]
     missed = [
         f"{row.result.level.name} {row.result.op.value} {format_size(row.result.chunk_bytes)} vs {c.ceiling}"
@@ -167,6 +185,7 @@ def report_to_dict(report: TiersReport) -> dict[str, Any]:
             for row in report.ceilings
         ],
         "results": results,
+        "checksums": [{**asdict(row), "method": row.method.value} for row in report.checksums],
         "targets_met": all(c.met is not False for row in report.rows for c in row.comparisons),
     }
 

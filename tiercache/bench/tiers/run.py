@@ -34,6 +34,7 @@ from ..ceilings import CeilingResult, MachineInfo, describe_machine, measure_dis
 from ..common.payload import Payload, make_destinations, make_payload
 from ..common.tier_ops import TierOpResult, TierOptions, measure_tier, open_tier, tier_device
 from ..common.workdir import work_directory
+from .checksum_ceiling import ChecksumMethod, ChecksumRow, checksum_rows, measure_checksums
 from .lmdb_ceiling import measure_lmdb_get
 from .shared_ceiling import measure_redis
 from .targets import Comparison, compare, median_round
@@ -120,6 +121,8 @@ class TiersReport:
         ceilings: every ceiling (its median round), by chunk size.
         rows: every tier figure, by chunk size, tier and op.
         elapsed_s: wall time of the whole run.
+        checksums: what checked bytes cost next to memcpy, by chunk size and method (see
+            :mod:`tiercache.bench.tiers.checksum_ceiling`).
     """
 
     config: TiersBenchConfig
@@ -127,6 +130,7 @@ class TiersReport:
     ceilings: tuple[CeilingRow, ...]
     rows: tuple[TierRow, ...]
     elapsed_s: float
+    checksums: tuple[ChecksumRow, ...] = ()
 
 
 def _measure_ceilings(
@@ -185,7 +189,7 @@ def _measure_tiers(
 
 def _measure_size(
     config: TiersBenchConfig, chunk_bytes: int, work: Path
-) -> tuple[list[CeilingRow], list[TierRow]]:
+) -> tuple[list[CeilingRow], list[TierRow], list[ChecksumRow]]:
     opts = config.options
     payload = make_payload(chunk_bytes, config.num_chunks(chunk_bytes), config.seed)
     devices = list(dict.fromkeys([torch.device("cpu")] + [tier_device(lv, opts) for lv in config.levels]))
@@ -193,9 +197,12 @@ def _measure_size(
     dsts = {d: make_destinations(payload, d) for d in devices}
     ceiling_rounds: list[list[CeilingResult]] = []
     result_rounds: list[list[TierOpResult]] = []
+    checksum_rounds: list[dict[ChecksumMethod, float]] = []
+    cpu = torch.device("cpu")
     for i in range(config.rounds):
         logger.info("chunk size %d KiB: round %d of %d", chunk_bytes >> 10, i + 1, config.rounds)
         ceiling_rounds.append(_measure_ceilings(config, payloads, dsts, work))
+        checksum_rounds.append(measure_checksums(payloads[cpu].chunks(), list(dsts[cpu].unbind(0))))
         result_rounds.append(_measure_tiers(config, payloads, dsts, work))
     ceilings = []
     for j in range(len(ceiling_rounds[0])):
@@ -207,7 +214,7 @@ def _measure_size(
         per_result = [rs[j] for rs in result_rounds]
         gbps = tuple(r.timing.gbps for r in per_result)
         rows.append(TierRow(per_result[median_round(gbps)], compare(per_result, ceiling_rounds), gbps))
-    return ceilings, rows
+    return ceilings, rows, checksum_rows(chunk_bytes, checksum_rounds)
 
 
 @contextlib.contextmanager
@@ -234,6 +241,7 @@ def run_tiers(config: TiersBenchConfig) -> TiersReport:
     start = time.perf_counter()
     ceilings: list[CeilingRow] = []
     rows: list[TierRow] = []
+    checksums: list[ChecksumRow] = []
     with work_directory(config.work_root) as work, shared_store(config, work) as config:
         machine = describe_machine(torch.device(config.options.l1_device), work)
         for chunk_bytes in config.chunk_sizes:
@@ -244,7 +252,9 @@ def run_tiers(config: TiersBenchConfig) -> TiersReport:
                 config.options.batch,
                 config.rounds,
             )
-            size_ceilings, size_rows = _measure_size(config, chunk_bytes, work)
+            size_ceilings, size_rows, size_checksums = _measure_size(config, chunk_bytes, work)
             ceilings.extend(size_ceilings)
             rows.extend(size_rows)
-    return TiersReport(config, machine, tuple(ceilings), tuple(rows), time.perf_counter() - start)
+            checksums.extend(size_checksums)
+    elapsed = time.perf_counter() - start
+    return TiersReport(config, machine, tuple(ceilings), tuple(rows), elapsed, tuple(checksums))
