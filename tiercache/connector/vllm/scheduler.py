@@ -68,13 +68,11 @@ from typing import Any
 
 from tiercache.errors import TierCacheError
 from tiercache.keys import Namespace, chunk_keys
-from tiercache.policies.load import LoadPolicyKind
 
 from ..client import TierCacheClient
-from ..dataplane import Medium
-from ..handlers import daemon_medium
 from ..results import LoadLease
 from .ahead import connect_ahead
+from .asking import Answer, Asker, Question
 from .config import VllmConnectorConfig
 from .loads import leased_prefix
 from .metadata import LoadSpec, SaveSpec, TierCacheMetadata
@@ -129,16 +127,12 @@ class _Ask:
     num_computed: int  # the tokens vLLM has
 
 
-_Answer = list[LoadLease] | list[int] | TierCacheError
-"""A namespace's answer: its requests' leases (AcquireLoad), their cached chunks (Lookups), or the error."""
-
-
 @dataclass
 class _Call:
     """A batch of asks in flight: one daemon call per namespace, made in the ask thread."""
 
     asks: dict[Namespace, list[_Ask]]
-    future: concurrent.futures.Future[dict[Namespace, _Answer]]
+    future: concurrent.futures.Future[dict[Namespace, Answer]]
     applied: bool = False
 
 
@@ -159,7 +153,6 @@ class SchedulerSide:
         self._chunk = identity.layout.chunk_tokens
         self._block = identity.layout.page_tokens
         self._lease_here = identity.tp_size == 1 and identity.pp_size == 1
-        self._timeout_s = config.timeout_s if config.load_policy is LoadPolicyKind.TIMEOUT else 0.0
         self._requests: dict[str, _Request] = {}
         self._waiting: set[str] = set()  # leased for, and not allocated (yet)
         self._arrived: dict[str, Any] = {}  # received by vLLM, not asked about yet (in order)
@@ -167,7 +160,7 @@ class SchedulerSide:
         self._asking: dict[str, _Call] = {}  # asked about, the answer not taken yet
         self._calls: list[_Call] = []  # in flight, answers not taken (some of their requests may be gone)
         self._busy = False  # the last step ran requests: a request whose answer is late waits a step
-        self._asker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tiercache-ask")
+        self._asker = Asker(client, config, self._lease_here)
         self.lookup_failures = 0
         self.lookups = 0
         self.lookup_misses = 0  # requests asked about of which the daemon held nothing more
@@ -190,7 +183,7 @@ class SchedulerSide:
         for call in list(self._calls):
             concurrent.futures.wait([call.future])
             self._apply(call)
-        self._asker.shutdown(wait=True)
+        self._asker.shutdown()
         for tracked in self._requests.values():
             self._release(tracked)
         self._connecting.join()
@@ -279,7 +272,10 @@ class SchedulerSide:
             self.lookups += 1
             for ask in asks:
                 ask.tracked.asked_from, ask.tracked.asked_at, ask.tracked.namespace = ask.first, now, ns
-        call = _Call(calls, self._asker.submit(self._call, calls))
+        questions: dict[Namespace, list[Question]] = {
+            ns: [(ask.keys, ask.first) for ask in asks] for ns, asks in calls.items()
+        }
+        call = _Call(calls, self._asker.submit(questions))
         self._calls.append(call)
         for asks in calls.values():
             for ask in asks:
@@ -316,34 +312,6 @@ class SchedulerSide:
         ns = self._identity.namespace(adapter, salt)
         keys = chunk_keys(ns, prompt[: full * self._chunk])
         return tracked, _Ask(tracked, ns, keys, first, most, num_computed)
-
-    def _call(self, calls: dict[Namespace, list[_Ask]]) -> dict[Namespace, _Answer]:
-        """In the ask thread: one daemon call per namespace (a Lookup each without leases)."""
-        answers: dict[Namespace, _Answer] = {}
-        for ns, asks in calls.items():
-            try:
-                if self._leases(ns):
-                    if self._config.prefill is not None:
-                        self._client.declare_models(
-                            ns, self._config.prefill
-                        )  # sent with the first registration
-                    chains = [ask.keys[ask.first :] for ask in asks]
-                    first = self._client.acquire_load(
-                        ns,
-                        chains[0],
-                        policy=self._config.load_policy,
-                        timeout_s=self._timeout_s,
-                        more_chains=chains[1:],
-                    )
-                    answers[ns] = [
-                        replace(first, more=()),
-                        *first.more,
-                    ]  # (a daemon without more_chains: none)
-                else:
-                    answers[ns] = [self._client.lookup(ns, ask.keys, prefetch=True).chunks for ask in asks]
-            except TierCacheError as exc:
-                answers[ns] = exc
-        return answers
 
     def _apply(self, call: _Call) -> None:
         """Take a call's answers: each request's lease or cached chunks (a failed call is a miss)."""
@@ -393,16 +361,6 @@ class SchedulerSide:
         if lease.lease_id:
             ask.tracked.lease = lease
         ask.tracked.cached_chunks = ask.first + len(leased_prefix(lease, self._identity.layout.chunk_bytes))
-
-    def _leases(self, ns: Namespace) -> bool:
-        """Whether the lookup leases the prefix for the worker (TP = PP = 1 and shared memory to lease in)."""
-        if not self._lease_here:
-            return False
-
-        def offered() -> bool:  # asked under auto only
-            return self._client.registration(ns).segment is not None
-
-        return daemon_medium(self._config.data_plane, offered) is Medium.SHARED_MEMORY
 
     def _release(self, tracked: _Request) -> None:
         """Release the request's lease, if it still holds one (deferred: nothing was copied from it)."""
