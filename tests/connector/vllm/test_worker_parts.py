@@ -100,8 +100,9 @@ def test_save_thread_runs_at_a_lower_priority() -> None:
     assert seen == [min(19, os.getpriority(os.PRIO_PROCESS, 0) + SAVE_NICE)]
 
 
-def test_one_save_thread_serves_requests_that_follow_each_other() -> None:
+def test_one_save_thread_serves_requests_that_follow_each_other(monkeypatch: pytest.MonkeyPatch) -> None:
     # Starting a thread per request made the engine's thread wait for the new one to be scheduled.
+    monkeypatch.setattr("tiercache.connector.vllm.saves.SAVE_IDLE_S", 3600.0)  # only a post can wake it
     identity = EngineIdentity("tiny", "", BackendLayout.CPU, LAYOUT)
     seen: list[int] = []
     done = threading.Event()
@@ -111,9 +112,12 @@ def test_one_save_thread_serves_requests_that_follow_each_other() -> None:
         )
         queue._post("a", lambda: (seen.append(threading.get_ident()), done.set()))
         assert done.wait(30)
-        with queue._cond:  # the job ran: the thread now waits for more work (or exits after SAVE_IDLE_S)
+        with queue._cond:  # the job ran: the thread now waits for more work
             queue._cond.wait_for(lambda: not queue._pending["a"], timeout=30)
-        queue._post("b", lambda: seen.append(threading.get_ident()))
+        second = threading.Event()
+        queue._post("b", lambda: (seen.append(threading.get_ident()), second.set()))
+        # The waiting thread takes the job when it is posted, not when its idle wait ends (an hour here).
+        assert second.wait(60)
         queue.close()  # ends the idle wait at once
         assert queue._thread is None
     assert len(seen) == 2 and seen[0] == seen[1]

@@ -171,6 +171,7 @@ class SaveQueue:
         with self._cond:
             self._jobs.append((req_id, job))
             self._pending[req_id] += 1
+            self._cond.notify_all()  # the thread may be waiting for work
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="tiercache-vllm-save")
                 self._thread.start()
