@@ -34,7 +34,8 @@ from .workloads import WorkloadKind
 logger = logging.getLogger(__name__)
 
 QUICK = {"workloads": (WorkloadKind.CHAT,), "concurrency": (4,), "engine_tokens": 1024, "sets": (False,),
-         "columns": (ColumnKind.PLAIN, ColumnKind.TIERCACHE_L2), "max_tokens": 8, "hidden": 256, "layers": 2}  # fmt: skip
+         "columns": (ColumnKind.PLAIN, ColumnKind.TIERCACHE_L2), "max_tokens": 8, "hidden": 256, "layers": 2,
+         "outgrow_factor": 6.0}  # fmt: skip
 """``--quick``: one outgrowing workload at one concurrency on plain vLLM and tiercache, on a smaller model
 (CI size: two servers)."""
 
@@ -70,7 +71,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-tokens", type=positive_int, default=None,
                         help="the outgrowing engines' KV cache, tokens (default: 1.5x the largest concurrency's"
                         " longest requests, at least 2048); the ideal's holds everything")  # fmt: skip
-    parser.add_argument("--outgrow-factor", type=positive_float, default=d.outgrow_factor,
+    parser.add_argument("--outgrow-factor", type=positive_float, default=None,
                         help=f"every working set, in engine caches ({d.outgrow_factor})")  # fmt: skip
     parser.add_argument("--sets", type=_sets, default=None,
                         help="fits (engine caches that hold the working set), outgrows (the run's), or both")  # fmt: skip
@@ -111,10 +112,9 @@ def config_from_args(args: argparse.Namespace) -> ServeBenchConfig:
     base: dict[str, Any] = dict(QUICK) if args.quick else {}
     given = {"workloads": args.workloads, "concurrency": args.concurrency, "columns": args.columns,
              "engine_tokens": args.engine_tokens, "max_tokens": args.max_tokens, "sets": args.sets,
-             "hidden": args.hidden, "layers": args.layers}  # fmt: skip
+             "hidden": args.hidden, "layers": args.layers, "outgrow_factor": args.outgrow_factor}  # fmt: skip
     base.update({k: v for k, v in given.items() if v is not None})
-    return ServeBenchConfig(**base, outgrow_factor=args.outgrow_factor,
-                            chunk_tokens=args.chunk_tokens, threads=args.threads, repeats=args.repeats,
+    return ServeBenchConfig(**base, chunk_tokens=args.chunk_tokens, threads=args.threads, repeats=args.repeats,
                             lmcache_python=args.lmcache_python, kill_daemon_at_s=args.kill_daemon_at,
                             kill_pause_s=args.kill_pause, workloads_dir=args.workloads_dir)  # fmt: skip
 

@@ -38,6 +38,7 @@ from pathlib import Path
 import httpx
 
 from tiercache.connector.client import TierCacheClient
+from tiercache.connector.settle import SETTLE_AFTER_S
 from tiercache.errors import TierCacheError
 from tiercache.testing.daemon import DaemonProcess, DaemonStartError
 from tiercache.testing.vllm_server import VllmServerError
@@ -55,6 +56,8 @@ LIVE_HEADROOM = 1.5
 """The default engine cache holds this many times the largest concurrency's longest requests."""
 MIN_ENGINE_TOKENS = 2048
 """The smallest default engine cache (tokens)."""
+SETTLED_WAIT_S = 10.0
+"""After the daemon-kill probe, how long the run waits for the engine's deferred usage reports."""
 
 
 def default_threads(cpus: int | None) -> int:
@@ -342,6 +345,18 @@ def _probe(served: Served, model: str, workload: Workload) -> tuple[int, int, in
     return len(workload.sessions), failed, _vllm_counters(served.server.url)[1] - before
 
 
+def _settled_tiers(daemon: DaemonProcess | None, loaded: int) -> dict[str, tuple[int, int]]:
+    """The daemon's per-tier counters once the engine's usage reports of ``loaded`` tokens came in: the
+    worker defers them (they ride on its next call, or go alone :data:`SETTLE_AFTER_S` later), so they may
+    land after the last request's answer. Waits at most :data:`SETTLED_WAIT_S`."""
+    deadline = time.monotonic() + SETTLED_WAIT_S
+    tiers = _daemon_tiers(daemon)
+    while loaded and not sum(v[0] for v in tiers.values()) and time.monotonic() < deadline:
+        time.sleep(SETTLE_AFTER_S)
+        tiers = _daemon_tiers(daemon)
+    return tiers
+
+
 def _warm(served: Served, model: str) -> None:
     """One untimed request (a fresh server's first request pays for lazy setup)."""
     body = {"model": model, "prompt": prompt(999_999, 64), "max_tokens": 2, "temperature": 0.0}
@@ -437,7 +452,7 @@ def run_bench(config: ServeBenchConfig, work: Path) -> ServeResult:
                     if killer is not None:
                         probed = max((w for _, w in todo), key=lambda w: w.working_set_tokens)
                         probe = _probe(served, str(model), probed) if killer.restarted_at >= 0 else (0, 0, 0)
-                        after = _daemon_tiers(served.daemon)
+                        after = _settled_tiers(served.daemon, probe[2])
                         kill = KillReport(plan.name, killer.killed_at, killer.restarted_at,
                                           sum(1 for m in got for o in m.outcomes if o.error),
                                           sum(v[0] for v in after.values()), *probe, killer.error)  # fmt: skip
