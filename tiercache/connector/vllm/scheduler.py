@@ -127,13 +127,12 @@ class _Ask:
     num_computed: int  # the tokens vLLM has
 
 
-@dataclass
+@dataclass(eq=False)  # one call is itself only (compared by identity in the in-flight list)
 class _Call:
     """A batch of asks in flight: one daemon call per namespace, made in the ask thread."""
 
     asks: dict[Namespace, list[_Ask]]
     future: concurrent.futures.Future[dict[Namespace, Answer]]
-    applied: bool = False
 
 
 class SchedulerSide:
@@ -315,9 +314,8 @@ class SchedulerSide:
 
     def _apply(self, call: _Call) -> None:
         """Take a call's answers: each request's lease or cached chunks (a failed call is a miss)."""
-        if call.applied:
-            return
-        call.applied = True
+        if call not in self._calls:
+            return  # taken already
         self._calls.remove(call)
         try:
             answers = call.future.result()
@@ -346,9 +344,10 @@ class SchedulerSide:
         self.lookup_hit_tokens += hit
         self.lookup_misses += int(hit == 0)
         req_id = tracked.request.request_id
-        if self._asking.get(req_id) is not call or tracked.loadable_tokens <= ask.num_computed:
+        wanted = self._asking.get(req_id) is call  # (vLLM did not drop the request meanwhile)
+        if not wanted or tracked.loadable_tokens <= ask.num_computed:
             self._release(tracked)
-        if self._asking.get(req_id) is call:
+        if wanted:
             del self._asking[req_id]
             self._requests[req_id] = tracked
             if tracked.lease is not None:
