@@ -39,7 +39,7 @@ from tiercache.connector.channel import parse_address
 from tiercache.connector.paged import chunk_layer_planes
 from tiercache.connector.vllm.layout import BackendLayout
 from tiercache.connector.vllm.params import SKIP_LOAD, SKIP_SAVE
-from tiercache.connector.vllm.scheduler import HOLD_FRACTION, SchedulerSide
+from tiercache.connector.vllm.scheduler import ASK_WAIT_S, HOLD_FRACTION, SchedulerSide
 from tiercache.connector.vllm.worker import WorkerSide
 from tiercache.errors import InvalidArgumentError
 from tiercache.keys import Namespace
@@ -57,6 +57,13 @@ def daemon(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
         yield d
     finally:
         d.cleanup()
+
+
+@pytest.fixture(autouse=True)
+def _answers_are_awaited(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests look at what is asked and answered, not at a late answer: the scheduler waits for every
+    answer (a loaded host can take longer than ASK_WAIT_S); the late-answer test sets its own wait."""
+    monkeypatch.setattr("tiercache.connector.vllm.scheduler.ASK_WAIT_S", 600.0)
 
 
 class CountingClient(TierCacheClient):
@@ -274,10 +281,11 @@ def test_the_daemon_refuses_too_many_chains_naming_the_field(daemon: Daemon) -> 
         assert len(lease.more) == 2  # the daemon is still up (and answers every chain)
 
 
-def test_a_late_answer_lets_the_running_requests_go_on(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_late_answer_lets_the_running_requests_go_on(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     # The scheduler waited for every AcquireLoad while vLLM's running requests waited with it (py-spy of
     # vllm serve, chat outgrowing its cache at concurrency 8: 15 % of EngineCore's time). Now a request
     # whose answer is late is skipped for the step (None: vLLM asks again) while others run.
+    monkeypatch.setattr("tiercache.connector.vllm.scheduler.ASK_WAIT_S", ASK_WAIT_S)
     daemon = connector_daemon(tmp_path / "late-daemon")
     try:
         daemon.start()
