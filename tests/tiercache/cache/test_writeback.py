@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 from tiercache.cache.mover import MoveOutcome
-from tiercache.cache.writeback import WriteBack
+from tiercache.cache.writeback import WRITE_DOWN_NICE, WriteBack
 
 
 def test_a_batch_is_written_down_in_order_and_one_failure_stops_only_its_chunk() -> None:
@@ -44,3 +45,19 @@ def test_a_batch_is_written_down_in_order_and_one_failure_stops_only_its_chunk()
         wb.close()
     wb.schedule_many([b"x"])  # once closed: ignored
     assert wb.pending == 0
+
+
+def test_the_write_down_thread_runs_at_a_lower_priority() -> None:
+    seen: list[int] = []
+
+    def step(cid: bytes) -> MoveOutcome | None:
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return None
+
+    wb = WriteBack(step)
+    try:
+        wb.schedule(b"a")
+        wb.flush(10)
+    finally:
+        wb.close()
+    assert seen == [min(19, os.getpriority(os.PRIO_PROCESS, 0) + WRITE_DOWN_NICE)]

@@ -38,7 +38,6 @@ import collections
 import contextlib
 import functools
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -48,6 +47,7 @@ import torch
 from tiercache.errors import ConflictError, TierCacheError
 from tiercache.keys import Namespace, chunk_keys
 from tiercache.layout import KVLayout
+from tiercache.priority import lower_thread_priority
 
 from ..client import TierCacheClient
 from ..dataplane import DataPlane
@@ -63,15 +63,6 @@ SAVE_NICE = 10
 SAVE_IDLE_S = 2.0
 """How long the save thread waits for more work before it exits: starting a thread makes the engine's
 thread wait until the new one runs, which on a busy host is a scheduler tick or more, once per request."""
-
-
-def _lower_priority() -> None:
-    """Lower the calling thread's CPU priority by :data:`SAVE_NICE` (where the OS supports it per thread)."""
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + SAVE_NICE)
-    except (AttributeError, OSError) as exc:  # not Linux, or not allowed: saves run at normal priority
-        logger.debug("cannot lower the save thread's priority (%s)", exc)
 
 
 class SaveQueue:
@@ -179,7 +170,7 @@ class SaveQueue:
     # ------------------------------------------------------------------ background thread
 
     def _run(self) -> None:
-        _lower_priority()
+        lower_thread_priority(SAVE_NICE, "save")
         while True:
             with self._cond:
                 if not self._jobs and not self._closing:
