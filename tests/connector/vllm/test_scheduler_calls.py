@@ -37,6 +37,7 @@ from tests.connector.vllm.test_scheduler_leases import (
 from tiercache.connector import TierCacheClient
 from tiercache.connector.channel import parse_address
 from tiercache.connector.paged import chunk_layer_planes
+from tiercache.connector.vllm.asking import MISS_RUN
 from tiercache.connector.vllm.layout import BackendLayout
 from tiercache.connector.vllm.params import SKIP_LOAD, SKIP_SAVE
 from tiercache.connector.vllm.scheduler import ASK_WAIT_S, HOLD_FRACTION, SchedulerSide
@@ -315,6 +316,55 @@ def test_a_late_answer_lets_the_running_requests_go_on(tmp_path, monkeypatch: py
             assert got == (3 * 32, False)
             assert sched.held_leases == 1  # late's; gone's lease was released when its answer came
             sched.request_finished(late, [])
+            sched.shutdown()
+            client.settle()
+        assert _active_leases(daemon) == 0
+    finally:
+        daemon.cleanup()
+
+
+def test_after_a_run_of_misses_a_busy_step_does_not_wait(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    # With a working set that fits vLLM's cache every lookup is a miss, yet a busy step waited for each
+    # (1.4 ms median under vllm serve, the running requests waiting with it; 10 % late, a step each). After
+    # MISS_RUN answers without a hit a busy step no longer waits: the request computes its prompt; the
+    # answer still comes, its lease is released, and a hit in it makes the next steps wait again.
+    monkeypatch.setattr("tiercache.connector.vllm.scheduler.ASK_WAIT_S", ASK_WAIT_S)
+    daemon = connector_daemon(tmp_path / "outlook-daemon")
+    try:
+        daemon.start()
+        stored = _prompt(9000)
+        _store_chunks(daemon, stored)
+        with _client(daemon) as client:
+            sched = SchedulerSide(IDENTITY, client, _config(daemon.address))
+            for i in range(MISS_RUN):  # nothing runs: each answer is awaited, each a miss
+                assert sched.get_num_new_matched_tokens(
+                    _Request(f"new{i}", _prompt(20000 + 1000 * i)), 0
+                ) == (
+                    0,
+                    False,
+                )
+            sched.build_connector_meta(_step([("new0", BLOCKS, 0)]))  # a step ran requests
+            os.kill(daemon.pid, signal.SIGSTOP)
+            try:
+                late = _Request("late", stored)
+                assert sched.get_num_new_matched_tokens(late, 0) == (0, False)  # not None: it went on
+                assert sched.unawaited == 1
+            finally:
+                os.kill(daemon.pid, signal.SIGCONT)
+            sched.build_connector_meta(_step())  # nothing runs: the next answer is awaited
+            probe = _Request("probe", stored)
+            assert sched.get_num_new_matched_tokens(probe, 0) == (3 * 32, False)  # (answered after late's)
+            sched.build_connector_meta(_step())  # takes late's answer: a hit, its lease released
+            assert sched.get_num_new_matched_tokens(late, 0) == (0, False)  # late computes its prompt
+            assert sched.held_leases == 1  # probe's only
+            sched.build_connector_meta(_step([("probe", BLOCKS, 0)]))  # busy again, hits seen: it waits
+            os.kill(daemon.pid, signal.SIGSTOP)
+            try:
+                assert sched.get_num_new_matched_tokens(_Request("again", stored), 0) == (None, False)
+            finally:
+                os.kill(daemon.pid, signal.SIGCONT)
+            for req in (late, probe, _Request("again", stored)):
+                sched.request_finished(req, [])
             sched.shutdown()
             client.settle()
         assert _active_leases(daemon) == 0

@@ -17,8 +17,10 @@
   The call runs in a background thread (``tiercache-ask``): while other requests run (the last step
   scheduled some), vLLM's scheduler waits at most :data:`ASK_WAIT_S` for it and otherwise answers None
   (vLLM skips the request and asks again next step), so a slow daemon delays only the requests it is asked
-  about, never the running ones; with nothing else to run it waits for the answer. An answer that comes
-  after vLLM dropped its request has its lease released.
+  about, never the running ones; with nothing else to run it waits for the answer. After a run of answers
+  that brought nothing (:class:`~.asking.Outlook`) a busy step does not wait: a request whose answer is not
+  there computes its prompt. An answer that comes after vLLM dropped its request, or after the request
+  went on without it, has its lease released.
   With TP = PP = 1 that one call is AcquireLoad (under the configured load policy): it looks the chunks up,
   promotes them into shared memory and leases their slots, and the lease travels to the worker in the
   step's :class:`~.metadata.LoadSpec` (its slots numbered by chunk position in the prompt) — the worker only
@@ -54,7 +56,8 @@ Primitives:
     ASK_WAIT_S: how long a step waits for a late answer while other requests run.
     SchedulerSide: get_num_new_matched_tokens, update_state_after_alloc, build_connector_meta,
         request_finished, shutdown; ``lookup_failures`` counts daemon failures, ``lookups`` the daemon calls
-        made (one per namespace of a batch), ``held_leases`` the leases taken and not yet handed to the worker or released.
+        made (one per namespace of a batch), ``unawaited`` the requests that went on without their answer,
+        ``held_leases`` the leases taken and not yet handed to the worker or released.
 """
 
 from __future__ import annotations
@@ -72,7 +75,7 @@ from tiercache.keys import Namespace, chunk_keys
 from ..client import TierCacheClient
 from ..results import LoadLease
 from .ahead import connect_ahead
-from .asking import Answer, Asker, Question
+from .asking import Answer, Asker, Outlook, Question
 from .config import VllmConnectorConfig
 from .loads import leased_prefix
 from .metadata import LoadSpec, SaveSpec, TierCacheMetadata
@@ -160,6 +163,8 @@ class SchedulerSide:
         self._calls: list[_Call] = []  # in flight, answers not taken (some of their requests may be gone)
         self._busy = False  # the last step ran requests: a request whose answer is late waits a step
         self._asker = Asker(client, config, self._lease_here)
+        self._outlook = Outlook()
+        self.unawaited = 0  # requests that went on without their answer (a miss was expected)
         self.lookup_failures = 0
         self.lookups = 0
         self.lookup_misses = 0  # requests asked about of which the daemon held nothing more
@@ -204,7 +209,9 @@ class SchedulerSide:
                 self._arrived.pop(req_id, None)
                 call = self._lookup([(request, num_computed_tokens), *self._take_arrived()])
             if call is not None and not self._wait(call):
-                return None, False
+                if not self._outlook.expect_miss:
+                    return None, False
+                self._go_on(req_id, call)
             tracked = self._requests[req_id]
         return max(0, tracked.loadable_tokens - num_computed_tokens), False
 
@@ -284,11 +291,19 @@ class SchedulerSide:
     def _wait(self, call: _Call) -> bool:
         """Take ``call``'s answer when it comes within :data:`ASK_WAIT_S` (whenever it comes, when no
         other request runs); False when it is late."""
-        done, _ = concurrent.futures.wait([call.future], timeout=ASK_WAIT_S if self._busy else None)
+        wait_s = (0.0 if self._outlook.expect_miss else ASK_WAIT_S) if self._busy else None
+        done, _ = concurrent.futures.wait([call.future], timeout=wait_s)
         if not done:
             return False
         self._apply(call)
         return True
+
+    def _go_on(self, req_id: str, call: _Call) -> None:
+        """Track a request as a miss without its answer (which, when it comes, is only noted and released)."""
+        ask = next(a for asks in call.asks.values() for a in asks if a.tracked.request.request_id == req_id)
+        del self._asking[req_id]
+        self._requests[req_id] = replace(ask.tracked, lease=None, loadable_tokens=0, block_ids=[])
+        self.unawaited += 1
 
     def _collect(self) -> None:
         """Take the answers that came (their leases are then tracked, or released when the request is
@@ -341,10 +356,11 @@ class SchedulerSide:
         tracked = ask.tracked
         tracked.loadable_tokens = max(0, min(tracked.cached_chunks * self._chunk, ask.most))
         hit = max(0, tracked.loadable_tokens - ask.num_computed)  # (for vLLM's stats: .stats)
-        self.lookup_hit_tokens += hit
-        self.lookup_misses += int(hit == 0)
+        self._outlook.note(hit > 0)
         req_id = tracked.request.request_id
-        wanted = self._asking.get(req_id) is call  # (vLLM did not drop the request meanwhile)
+        wanted = self._asking.get(req_id) is call  # (vLLM neither dropped the request nor went on)
+        self.lookup_hit_tokens += hit if wanted else 0
+        self.lookup_misses += int(hit == 0)
         if not wanted or tracked.loadable_tokens <= ask.num_computed:
             self._release(tracked)
         if wanted:
