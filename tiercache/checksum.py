@@ -16,13 +16,17 @@ Primitives:
     checksum: the xxh3-64 checksum of bytes (the value format's raw and header checksums).
     copy_checksum: copy ``src`` into the front of ``dst`` and return the checksum of the bytes copied.
     copy_checksum_tensor: the same for 1-D ``uint8`` CPU tensors (contiguous or not).
+    gather_checksum: copy byte arrays one after another into a byte array and return the checksum of the
+        whole, without holding the interpreter lock while bytes move (two threads can each gather chunks).
     Hasher: a streaming checksum for bytes that arrive in pieces (a gather of many source tensors).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import xxhash
 
@@ -92,6 +96,42 @@ def copy_checksum_tensor(dst: torch.Tensor, src: torch.Tensor, block_bytes: int 
     out.copy_(src)
     hashed = out if out.is_contiguous() else src.contiguous()
     return xxhash.xxh3_64_intdigest(_bytes_of(hashed))
+
+
+def gather_checksum(dst: np.ndarray, parts: Sequence[np.ndarray], block_bytes: int = BLOCK_BYTES) -> int:
+    """Copy the 1-D ``uint8`` arrays ``parts`` one after another into the front of the 1-D ``uint8`` array
+    ``dst`` and return the xxh3-64 checksum of all the bytes copied, block by block as in
+    :func:`copy_checksum` (each block hashed from ``dst`` right after it landed).
+
+    Both the copies (``numpy.copyto``) and the hash (xxhash) release the interpreter lock, so two threads
+    gathering different chunks run at once (:func:`copy_checksum`'s slice assignment holds the lock).
+
+    Raises:
+        ValueError: ``dst`` is shorter than the parts together, or ``block_bytes`` is not positive.
+    """
+    total = sum(part.nbytes for part in parts)
+    if dst.nbytes < total:
+        raise ValueError(f"dst: {dst.nbytes} bytes cannot hold {total}")
+    if block_bytes <= 0:
+        raise ValueError(f"block_bytes: must be positive, got {block_bytes}")
+    state = xxhash.xxh3_64()
+    update: Any = state.update  # an ndarray exports the buffer protocol; its stubs do not say so
+    copyto = np.copyto
+    offset = 0
+    for part in parts:
+        n = part.nbytes
+        if n <= block_bytes:  # one block: no per-block loop (a small layout has many small parts)
+            block = dst[offset : offset + n]
+            copyto(block, part)
+            update(block)
+        else:
+            for start in range(0, n, block_bytes):
+                end = min(start + block_bytes, n)
+                block = dst[offset + start : offset + end]
+                copyto(block, part[start:end])
+                update(block)
+        offset += n
+    return int(state.intdigest())
 
 
 class Hasher:

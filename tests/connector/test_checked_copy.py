@@ -3,6 +3,10 @@ the slots exactly as the plain gather writes it, and each chunk's checksum is xx
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
 import torch
 import xxhash
 
@@ -46,3 +50,43 @@ def test_a_kv_that_is_not_contiguous_cpu_memory_is_left_to_the_plain_copy() -> N
     refs = [SlotRef(index=0, slot=0, nbytes=LAYOUT.chunk_bytes)]
     assert kv_to_slots_checked(LAYOUT, paged, refs, lambda r: pool[r.slot]) is None
     assert not pool.any()  # nothing copied
+
+
+class _CountingHelper(ThreadPoolExecutor):
+    """A real one-thread executor that remembers which threads ran its work."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.threads: set[int] = set()
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
+        def run() -> Any:
+            self.threads.add(threading.get_ident())
+            return fn(*args, **kwargs)
+
+        return super().submit(run)
+
+
+def test_a_large_store_copies_every_other_chunk_on_the_helper() -> None:
+    kv = _kv(2)
+    pool = torch.zeros(CHUNKS, LAYOUT.chunk_bytes, dtype=torch.uint8)
+    refs = [SlotRef(index=i, slot=CHUNKS - 1 - i, nbytes=LAYOUT.chunk_bytes) for i in range(CHUNKS)]
+    with _CountingHelper() as helper:
+        sums = kv_to_slots_checked(LAYOUT, kv, refs, lambda r: pool[r.slot], helper, split_min_bytes=0)
+    assert helper.threads and threading.get_ident() not in helper.threads  # the helper's thread took part
+    assert sums is not None and sorted(sums) == list(range(CHUNKS))
+    for ref in refs:
+        want = torch.empty(LAYOUT.chunk_bytes, dtype=torch.uint8)
+        kv_to_chunk(LAYOUT, kv, ref.index, want)
+        assert torch.equal(pool[ref.slot], want)
+        assert sums[ref.index] == xxhash.xxh3_64_intdigest(want.numpy().tobytes())
+
+
+def test_a_small_store_stays_on_the_calling_thread() -> None:
+    kv = _kv(3)
+    pool = torch.zeros(CHUNKS, LAYOUT.chunk_bytes, dtype=torch.uint8)
+    refs = [SlotRef(index=i, slot=i, nbytes=LAYOUT.chunk_bytes) for i in range(CHUNKS)]
+    with _CountingHelper() as helper:
+        sums = kv_to_slots_checked(LAYOUT, kv, refs, lambda r: pool[r.slot], helper)  # far below the split
+    assert not helper.threads
+    assert sums is not None and len(sums) == CHUNKS
