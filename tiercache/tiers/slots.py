@@ -39,9 +39,10 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from tiercache.checksum import copy_checksum_tensor
+from tiercache.checksum import copy_checksum_array, copy_checksum_tensor
 from tiercache.errors import CapacityError, ConflictError, InvalidArgumentError
 from tiercache.keys import NAMESPACE_ID_BYTES
 from tiercache.tiers.base import SlotTier, TierLevel, TierUsage, WriteSlot, check_batch, check_sources
@@ -174,6 +175,11 @@ class SlotPoolTier(SlotTier):
         start = where[1] * self.page_bytes
         return self._space.flat(where[0])[start : start + nbytes]
 
+    def _host_row(self, where: _Slot, nbytes: int) -> np.ndarray:
+        """:meth:`_row` as an array (a host pool only): no tensor op on the per-chunk path."""
+        start = where[1] * self.page_bytes
+        return self._space.array(where[0])[start : start + nbytes]
+
     def reserve(self, chunk_ids: Sequence[bytes], sizes: Sequence[int]) -> list[WriteSlot]:
         """See :meth:`StorageTier.reserve`."""
         check_batch(chunk_ids, sizes)
@@ -253,7 +259,11 @@ class SlotPoolTier(SlotTier):
             wheres = self._live(slots)
         known = checksums if checksums is not None else [None] * len(slots)
         checks: list[int | None] = []
+        host = not self._pool.is_cuda
         for ws, where, src, check in zip(slots, wheres, srcs, known, strict=True):
+            if check is None and host and src.device.type == "cpu" and src.is_contiguous():
+                checks.append(copy_checksum_array(self._host_row(where, ws.nbytes), src.numpy()))
+                continue
             row = self._row(where, ws.nbytes)
             if check is None and src.device.type == "cpu":
                 checks.append(copy_checksum_tensor(row, src))
@@ -365,9 +375,15 @@ class SlotPoolTier(SlotTier):
                     self._committed.move_to_end(cid)
                     self._readers[entry.where] = self._readers.get(entry.where, 0) + 1
         ok = [entry is not None for entry in found]
+        host = not self._pool.is_cuda
         try:
             for i, (entry, dst) in enumerate(zip(found, dsts)):
-                if entry is not None:
+                if entry is None:
+                    continue
+                if entry.checksum is not None and host and dst.device.type == "cpu" and dst.is_contiguous():
+                    src_row = self._host_row(entry.where, entry.nbytes)
+                    ok[i] = copy_checksum_array(dst.numpy(), src_row) == entry.checksum
+                else:
                     out = dst[: entry.nbytes]
                     src = self._row(entry.where, entry.nbytes)
                     if entry.checksum is None:
