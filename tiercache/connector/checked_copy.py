@@ -8,10 +8,11 @@ sends the checksums with CommitStore: the daemon keeps them and reads nothing ag
 buggy engine) only makes that tenant's own chunk a miss when it is copied out, never wrong bytes. Any other
 KV (paged, on a GPU) is copied as before and hashed by the daemon.
 
-A large store (at least :data:`~.kv.SPLIT_MIN_BYTES`, two chunks or more) has every other chunk copied and
-hashed on the caller's helper thread meanwhile: the copies (numpy) and the hash (xxhash) release the
-interpreter lock, and one thread reaches only part of the machine's copy bandwidth (as for
-:func:`~.kv.kv_to_run`, which the old path split the same way). A chunk's checksum is one streaming hash,
+A large store (at least :data:`~.kv.SPLIT_MIN_BYTES`, two chunks or more) is shared with the caller's helper
+thread: the copies (numpy) and the hash (xxhash) release the interpreter lock, and one thread reaches only
+part of the machine's copy bandwidth (as for :func:`~.kv.kv_to_run`, which the old path split by layers).
+Both threads take the next chunk not yet taken, so a helper that is busy or not scheduled (a loaded host)
+leaves its share to the caller instead of holding the store up. A chunk's checksum is one streaming hash,
 so a store of one chunk stays on one thread.
 
 Primitives:
@@ -20,11 +21,11 @@ Primitives:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
-import numpy as np
 import torch
 
 from tiercache.checksum import gather_checksum
@@ -51,7 +52,7 @@ def kv_to_slots_checked(
         kv: the engine's KV, checked with :func:`~.kv.check_kv` for every chunk named.
         refs: the slots of a store grant (``nbytes`` checked to be ``layout.chunk_bytes``).
         view: a slot's bytes (a 1-D ``uint8`` CPU tensor, e.g. ``SlotAccess.view``).
-        helper: one worker thread that copies every other chunk of a large store (None: all on this one).
+        helper: one worker thread that shares the chunks of a large store (None: all on this one).
         split_min_bytes: the fewest bytes of a store split with ``helper``.
     """
     spans = chunk_spans(layout, kv)
@@ -59,20 +60,28 @@ def kv_to_slots_checked(
         return None
     part = layout.chunk_bytes // len(spans)
     slots: list[tuple[int, Any]] = [(ref.index, view(ref).numpy()) for ref in refs]
+    pending = iter(slots)
+    take = threading.Lock()
 
-    def fill(some: Sequence[tuple[int, np.ndarray]]) -> dict[int, int]:
+    def fill() -> dict[int, int]:
         out: dict[int, int] = {}
-        for index, dst in some:
+        while True:
+            with take:
+                item = next(pending, None)
+            if item is None:
+                return out
+            index, dst = item
             start = index * part
             out[index] = gather_checksum(dst, [span[start : start + part] for span in spans])
-        return out
 
     if helper is None or len(slots) < 2 or len(slots) * layout.chunk_bytes < split_min_bytes:
-        return fill(slots)
-    other = helper.submit(fill, slots[1::2])
+        return fill()
+    other = helper.submit(fill)
     try:
-        sums = fill(slots[0::2])
+        sums = fill()
     finally:
-        theirs = other.result()  # never return while the helper still writes a slot (it may be released)
+        # Not started yet (its thread busy or not scheduled): this thread took every chunk, it never runs.
+        # Started: it is copying its last chunk, and must finish before the slots may be released.
+        theirs = {} if other.cancel() else other.result()
     sums.update(theirs)
     return sums

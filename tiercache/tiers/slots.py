@@ -45,7 +45,15 @@ import torch
 from tiercache.checksum import copy_checksum_array, copy_checksum_tensor
 from tiercache.errors import CapacityError, ConflictError, InvalidArgumentError
 from tiercache.keys import NAMESPACE_ID_BYTES
-from tiercache.tiers.base import SlotTier, TierLevel, TierUsage, WriteSlot, check_batch, check_sources
+from tiercache.tiers.base import (
+    SlotTier,
+    TierLevel,
+    TierUsage,
+    WriteSlot,
+    check_batch,
+    check_checksums,
+    check_sources,
+)
 from tiercache.tiers.pages import check_dst, checksum_of, poor_utilisation
 from tiercache.tiers.slotspace import DEFAULT_PARTITION, PartitionBacking, SlotSpace
 
@@ -311,12 +319,14 @@ class SlotPoolTier(SlotTier):
         """The commit-time checksum of each reserved chunk's bytes: the ``known`` one, else hashed here
         (None without checksums). Runs without the lock: the rows stay reserved unless aborted, which the
         commit checks afterwards."""
-        rows = [self._row(where, ws.nbytes) for ws, where in zip(slots, wheres)]
-        check_sources(slots, rows, known)
+        check_checksums(known, len(slots))
         if not self.checksums:
             return [None] * len(slots)
         given = known if known is not None else [None] * len(slots)
-        return [checksum_of(row) if check is None else check for row, check in zip(rows, given)]
+        return [  # a row only where one is hashed (an engine that hashed as it copied sent them all)
+            check if check is not None else checksum_of(self._row(where, ws.nbytes))
+            for ws, where, check in zip(slots, wheres, given, strict=True)
+        ]
 
     def abort(self, slots: Sequence[WriteSlot]) -> None:
         """See :meth:`StorageTier.abort`."""
