@@ -20,8 +20,9 @@ logs a warning once (:func:`~tiercache.tiers.pages.poor_utilisation`: pages too 
 Checked bytes: with ``checksums`` (host pools), commit takes the xxh3-64 checksum of each chunk's bytes, and
 every copy out of the tier (demotion, write-down, a copy to a caller) is checked against it over the bytes
 that left; :meth:`SlotPoolTier.verify` checks a chunk in place (a load out of shared memory). A copy into
-or out of a CPU pool hashes each block as it lands (:func:`tiercache.checksum.copy_checksum_tensor`: one
-pass over memory, not a copy and then a hash); ``commit_from`` takes a checksum the caller already holds. A chunk that
+or out of a CPU pool hashes each block as it lands (:func:`tiercache.checksum.copy_checksum_array` on numpy
+views of the pool, made once per partition: one pass over memory, not a copy and then a hash, and no tensor
+op per chunk); ``commit_from`` takes a checksum the caller already holds. A chunk that
 fails is deleted, counted in ``corrupt_reads`` and reported absent, so it is a miss and never served.
 
 Primitives:
