@@ -3,6 +3,10 @@ the slots exactly as the plain gather writes it, and each chunk's checksum is xx
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
 import torch
 import xxhash
 
@@ -46,3 +50,62 @@ def test_a_kv_that_is_not_contiguous_cpu_memory_is_left_to_the_plain_copy() -> N
     refs = [SlotRef(index=0, slot=0, nbytes=LAYOUT.chunk_bytes)]
     assert kv_to_slots_checked(LAYOUT, paged, refs, lambda r: pool[r.slot]) is None
     assert not pool.any()  # nothing copied
+
+
+def test_a_large_store_shared_with_the_helper_lands_every_chunk() -> None:
+    kv = _kv(2)
+    pool = torch.zeros(CHUNKS, LAYOUT.chunk_bytes, dtype=torch.uint8)
+    refs = [SlotRef(index=i, slot=CHUNKS - 1 - i, nbytes=LAYOUT.chunk_bytes) for i in range(CHUNKS)]
+    with ThreadPoolExecutor(1) as helper:
+        sums = kv_to_slots_checked(LAYOUT, kv, refs, lambda r: pool[r.slot], helper, split_min_bytes=0)
+    assert sums is not None and sorted(sums) == list(range(CHUNKS))
+    for ref in refs:
+        want = torch.empty(LAYOUT.chunk_bytes, dtype=torch.uint8)
+        kv_to_chunk(LAYOUT, kv, ref.index, want)
+        assert torch.equal(pool[ref.slot], want)
+        assert sums[ref.index] == xxhash.xxh3_64_intdigest(want.numpy().tobytes())
+
+
+def test_a_busy_helper_does_not_hold_a_store_up() -> None:
+    """The helper's thread is busy (e.g. a load of another request): the caller copies every chunk itself
+    and returns without waiting for it (before, half the chunks waited for the helper: this hung)."""
+    kv = _kv(4)
+    pool = torch.zeros(CHUNKS, LAYOUT.chunk_bytes, dtype=torch.uint8)
+    refs = [SlotRef(index=i, slot=i, nbytes=LAYOUT.chunk_bytes) for i in range(CHUNKS)]
+    release = threading.Event()
+    with ThreadPoolExecutor(1) as helper:
+        busy = helper.submit(release.wait)
+        try:
+            sums = kv_to_slots_checked(LAYOUT, kv, refs, lambda r: pool[r.slot], helper, split_min_bytes=0)
+        finally:
+            release.set()
+        assert busy.result()
+    assert sums is not None and len(sums) == CHUNKS
+    for ref in refs:
+        want = torch.empty(LAYOUT.chunk_bytes, dtype=torch.uint8)
+        kv_to_chunk(LAYOUT, kv, ref.index, want)
+        assert torch.equal(pool[ref.slot], want)
+
+
+class _CountingHelper(ThreadPoolExecutor):
+    """A real one-thread executor that counts the work handed to it."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.submitted = 0
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
+        self.submitted += 1
+        return super().submit(fn, *args, **kwargs)
+
+
+def test_a_small_store_stays_on_the_calling_thread() -> None:
+    kv = _kv(3)
+    pool = torch.zeros(CHUNKS, LAYOUT.chunk_bytes, dtype=torch.uint8)
+    refs = [SlotRef(index=i, slot=i, nbytes=LAYOUT.chunk_bytes) for i in range(CHUNKS)]
+    with _CountingHelper() as helper:
+        sums = kv_to_slots_checked(LAYOUT, kv, refs, lambda r: pool[r.slot], helper)  # far below the split
+        assert helper.submitted == 0
+        sums_split = kv_to_slots_checked(LAYOUT, kv, refs, lambda r: pool[r.slot], helper, split_min_bytes=0)
+        assert helper.submitted == 1
+    assert sums is not None and sums == sums_split and len(sums) == CHUNKS

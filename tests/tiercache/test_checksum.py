@@ -9,11 +9,19 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 import xxhash
 
-from tiercache.checksum import BLOCK_BYTES, Hasher, checksum, copy_checksum, copy_checksum_tensor
+from tiercache.checksum import (
+    BLOCK_BYTES,
+    Hasher,
+    checksum,
+    copy_checksum,
+    copy_checksum_tensor,
+    gather_checksum,
+)
 
 BLOCK = 4096
 """A small block, so that tests cross many block edges cheaply."""
@@ -91,3 +99,25 @@ def test_a_hasher_fed_in_pieces_equals_the_whole() -> None:
         hasher.copy_in(view[a:b], memoryview(whole)[a:b], BLOCK)
     assert hasher.intdigest() == checksum(whole)
     assert dst == whole
+
+
+@pytest.mark.parametrize("block", [1, 3, BLOCK, BLOCK_BYTES])
+def test_a_gather_copies_the_parts_in_order_and_hashes_the_whole(block: int) -> None:
+    whole = np.frombuffer(bytes(data(6 * BLOCK + 11, 4)), dtype=np.uint8)
+    # parts below, at and above a block
+    cuts = [0, 0, 1, BLOCK - 1, 2 * BLOCK, 2 * BLOCK + 7, 5 * BLOCK, len(whole)]
+    parts = [whole[a:b] for a, b in itertools.pairwise(cuts)]
+    dst = np.zeros(len(whole) + 5, dtype=np.uint8)
+    assert gather_checksum(dst, parts, block) == checksum(whole.tobytes())
+    assert np.array_equal(dst[: len(whole)], whole) and not dst[len(whole) :].any()
+    flipped = whole.copy()
+    flipped[2 * BLOCK] ^= 1  # the first byte of a part
+    assert gather_checksum(dst, [flipped[a:b] for a, b in itertools.pairwise(cuts)], block) != checksum(whole)
+
+
+def test_a_gather_refuses_a_short_destination_or_block() -> None:
+    parts = [np.ones(3, dtype=np.uint8), np.ones(2, dtype=np.uint8)]
+    with pytest.raises(ValueError, match="dst"):
+        gather_checksum(np.zeros(4, dtype=np.uint8), parts)
+    with pytest.raises(ValueError, match="block_bytes"):
+        gather_checksum(np.zeros(5, dtype=np.uint8), parts, 0)

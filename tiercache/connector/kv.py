@@ -27,6 +27,7 @@ Primitives:
         block planes).
     check_kv: validate an engine KV against a layout for a number of chunks.
     chunk_to_kv / kv_to_chunk: copy one chunk (all layers, or one layer) in or out.
+    chunk_spans: a contiguous CPU KV as byte arrays of the engine's memory, one per layer's K and V.
     chunk_parts: the chunks of a contiguous CPU KV as views of the engine's memory (no copy).
     run_to_kv / kv_to_run: copy a run of consecutive chunks in or out (one copy per layer).
     SPLIT_MIN_BYTES: the smallest run whose copy is split over a helper thread.
@@ -281,20 +282,16 @@ def kv_to_chunk(
         _copy_layer(layout, kv, chunk, layer, chunk_buf, into_kv=False, non_blocking=non_blocking)
 
 
-def chunk_parts(layout: KVLayout, kv: EngineKV) -> Callable[[int], tuple[memoryview, ...]] | None:
-    """Chunks of the engine's tensors as views of them, in chunk-buffer order (no copy): a chunk's K and V
-    of every layer (MLA: its rows of every layer), when each layer's K and V are one contiguous span of
-    CPU memory of the layout's dtype (a :class:`ContiguousKV` of contiguous CPU tensors); else None (chunks
-    must be gathered with :func:`kv_to_chunk`). The byte stream writes such chunks straight from the
-    engine's memory. Checked once: a chunk's parts are then slices of the spans (no tensor op per chunk).
-
-    Returns:
-        chunk position -> its parts (the caller checked the KV with :func:`check_kv` for those chunks).
+def chunk_spans(layout: KVLayout, kv: EngineKV) -> tuple[np.ndarray, ...] | None:
+    """The engine's KV as byte spans, one per layer's K and V (MLA: one per layer), in chunk-buffer order,
+    when each is one contiguous span of CPU memory of the layout's dtype (a :class:`ContiguousKV` of
+    contiguous CPU tensors); else None. Chunk ``i``'s bytes are ``span[i * p:(i + 1) * p]`` of every span in
+    order, with ``p = layout.chunk_bytes // len(spans)`` (views of the engine's memory, no copy).
     """
     if not isinstance(kv, ContiguousKV) or len(kv.layers) != layout.num_layers:
         return None
     row = (layout.head_dim,) if layout.mla else (layout.num_kv_heads, layout.head_dim)
-    spans: list[memoryview] = []
+    spans: list[np.ndarray] = []
     for tensor in kv.layers:
         if tensor.device.type != "cpu" or tensor.dtype != layout.dtype.torch_dtype:
             return None
@@ -303,7 +300,23 @@ def chunk_parts(layout: KVLayout, kv: EngineKV) -> Callable[[int], tuple[memoryv
         for span in (tensor,) if layout.mla else (tensor[0], tensor[1]):
             if tuple(span.shape[1:]) != row or not span.is_contiguous():
                 return None
-            spans.append(span.detach().view(torch.uint8).reshape(-1).numpy().data)
+            spans.append(span.detach().view(torch.uint8).reshape(-1).numpy())
+    return tuple(spans)
+
+
+def chunk_parts(layout: KVLayout, kv: EngineKV) -> Callable[[int], tuple[memoryview, ...]] | None:
+    """Chunks of the engine's tensors as views of them, in chunk-buffer order (no copy): a chunk's K and V
+    of every layer (MLA: its rows of every layer), when the KV has :func:`chunk_spans`; else None (chunks
+    must be gathered with :func:`kv_to_chunk`). The byte stream writes such chunks straight from the
+    engine's memory. Checked once: a chunk's parts are then slices of the spans (no tensor op per chunk).
+
+    Returns:
+        chunk position -> its parts (the caller checked the KV with :func:`check_kv` for those chunks).
+    """
+    arrays = chunk_spans(layout, kv)
+    if arrays is None:
+        return None
+    spans = [array.data for array in arrays]
     part = layout.chunk_bytes // len(spans)
 
     def parts(chunk: int) -> tuple[memoryview, ...]:

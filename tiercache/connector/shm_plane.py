@@ -200,7 +200,7 @@ class SharedMemoryPlane(DataPlane):
                             f"store slot for chunk {ref.index} holds {ref.nbytes} bytes,"
                             f" expected {self._layout.chunk_bytes}"
                         )
-                sums = kv_to_slots_checked(self._layout, kv, grant.slots, slots.view)
+                sums = kv_to_slots_checked(self._layout, kv, grant.slots, slots.view, self._helper)
                 if sums is None:  # not contiguous CPU memory: copied as before, hashed by the daemon
                     for first, run in slots.runs(sorted(grant.slots, key=lambda r: r.index)):
                         kv_to_run(self._layout, kv, first, run, helper=self._helper)

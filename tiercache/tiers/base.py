@@ -49,6 +49,21 @@ def check_batch(chunk_ids: Sequence[bytes], sizes: Sequence[int]) -> None:
             raise InvalidArgumentError("sizes", f"must be positive integers, got {size!r}")
 
 
+def check_checksums(checksums: Sequence[int | None] | None, count: int) -> None:
+    """Validate commit checksums: None, or one per slot (``count``), each an unsigned 64-bit int or None."""
+    if checksums is None:
+        return
+    if len(checksums) != count:
+        raise InvalidArgumentError("checksums", f"{len(checksums)} checksums for {count} sources")
+    for i, value in enumerate(checksums):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 64
+        ):
+            raise InvalidArgumentError(
+                "checksums", f"[{i}] must be an unsigned 64-bit int or None, got {value!r}"
+            )
+
+
 def check_sources(
     slots: Sequence[WriteSlot], srcs: Sequence[torch.Tensor], checksums: Sequence[int | None] | None = None
 ) -> None:
@@ -56,16 +71,7 @@ def check_sources(
     given, one checksum (an unsigned 64-bit int, or None) per source."""
     if len(slots) != len(srcs):
         raise InvalidArgumentError("srcs", f"{len(srcs)} sources for {len(slots)} slots")
-    if checksums is not None:
-        if len(checksums) != len(srcs):
-            raise InvalidArgumentError("checksums", f"{len(checksums)} checksums for {len(srcs)} sources")
-        for i, value in enumerate(checksums):
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 64
-            ):
-                raise InvalidArgumentError(
-                    "checksums", f"[{i}] must be an unsigned 64-bit int or None, got {value!r}"
-                )
+    check_checksums(checksums, len(srcs))
     for i, (slot, src) in enumerate(zip(slots, srcs, strict=True)):
         if not isinstance(src, torch.Tensor) or src.dtype != torch.uint8 or src.dim() != 1:
             raise InvalidArgumentError("srcs", f"[{i}] must be a 1-D uint8 tensor")

@@ -20,8 +20,9 @@ logs a warning once (:func:`~tiercache.tiers.pages.poor_utilisation`: pages too 
 Checked bytes: with ``checksums`` (host pools), commit takes the xxh3-64 checksum of each chunk's bytes, and
 every copy out of the tier (demotion, write-down, a copy to a caller) is checked against it over the bytes
 that left; :meth:`SlotPoolTier.verify` checks a chunk in place (a load out of shared memory). A copy into
-or out of a CPU pool hashes each block as it lands (:func:`tiercache.checksum.copy_checksum_tensor`: one
-pass over memory, not a copy and then a hash); ``commit_from`` takes a checksum the caller already holds. A chunk that
+or out of a CPU pool hashes each block as it lands (:func:`tiercache.checksum.copy_checksum_array` on numpy
+views of the pool, made once per partition: one pass over memory, not a copy and then a hash, and no tensor
+op per chunk); ``commit_from`` takes a checksum the caller already holds. A chunk that
 fails is deleted, counted in ``corrupt_reads`` and reported absent, so it is a miss and never served.
 
 Primitives:
@@ -39,12 +40,21 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from tiercache.checksum import copy_checksum_tensor
+from tiercache.checksum import copy_checksum_array, copy_checksum_tensor
 from tiercache.errors import CapacityError, ConflictError, InvalidArgumentError
 from tiercache.keys import NAMESPACE_ID_BYTES
-from tiercache.tiers.base import SlotTier, TierLevel, TierUsage, WriteSlot, check_batch, check_sources
+from tiercache.tiers.base import (
+    SlotTier,
+    TierLevel,
+    TierUsage,
+    WriteSlot,
+    check_batch,
+    check_checksums,
+    check_sources,
+)
 from tiercache.tiers.pages import check_dst, checksum_of, poor_utilisation
 from tiercache.tiers.slotspace import DEFAULT_PARTITION, PartitionBacking, SlotSpace
 
@@ -174,6 +184,11 @@ class SlotPoolTier(SlotTier):
         start = where[1] * self.page_bytes
         return self._space.flat(where[0])[start : start + nbytes]
 
+    def _host_row(self, where: _Slot, nbytes: int) -> np.ndarray:
+        """:meth:`_row` as an array (a host pool only): no tensor op on the per-chunk path."""
+        start = where[1] * self.page_bytes
+        return self._space.array(where[0])[start : start + nbytes]
+
     def reserve(self, chunk_ids: Sequence[bytes], sizes: Sequence[int]) -> list[WriteSlot]:
         """See :meth:`StorageTier.reserve`."""
         check_batch(chunk_ids, sizes)
@@ -253,7 +268,11 @@ class SlotPoolTier(SlotTier):
             wheres = self._live(slots)
         known = checksums if checksums is not None else [None] * len(slots)
         checks: list[int | None] = []
+        host = not self._pool.is_cuda
         for ws, where, src, check in zip(slots, wheres, srcs, known, strict=True):
+            if check is None and host and src.device.type == "cpu" and src.is_contiguous():
+                checks.append(copy_checksum_array(self._host_row(where, ws.nbytes), src.numpy()))
+                continue
             row = self._row(where, ws.nbytes)
             if check is None and src.device.type == "cpu":
                 checks.append(copy_checksum_tensor(row, src))
@@ -301,12 +320,14 @@ class SlotPoolTier(SlotTier):
         """The commit-time checksum of each reserved chunk's bytes: the ``known`` one, else hashed here
         (None without checksums). Runs without the lock: the rows stay reserved unless aborted, which the
         commit checks afterwards."""
-        rows = [self._row(where, ws.nbytes) for ws, where in zip(slots, wheres)]
-        check_sources(slots, rows, known)
+        check_checksums(known, len(slots))
         if not self.checksums:
             return [None] * len(slots)
         given = known if known is not None else [None] * len(slots)
-        return [checksum_of(row) if check is None else check for row, check in zip(rows, given)]
+        return [  # a row only where one is hashed (an engine that hashed as it copied sent them all)
+            check if check is not None else checksum_of(self._row(where, ws.nbytes))
+            for ws, where, check in zip(slots, wheres, given, strict=True)
+        ]
 
     def abort(self, slots: Sequence[WriteSlot]) -> None:
         """See :meth:`StorageTier.abort`."""
@@ -365,9 +386,15 @@ class SlotPoolTier(SlotTier):
                     self._committed.move_to_end(cid)
                     self._readers[entry.where] = self._readers.get(entry.where, 0) + 1
         ok = [entry is not None for entry in found]
+        host = not self._pool.is_cuda
         try:
             for i, (entry, dst) in enumerate(zip(found, dsts)):
-                if entry is not None:
+                if entry is None:
+                    continue
+                if entry.checksum is not None and host and dst.device.type == "cpu" and dst.is_contiguous():
+                    src_row = self._host_row(entry.where, entry.nbytes)
+                    ok[i] = copy_checksum_array(dst.numpy(), src_row) == entry.checksum
+                else:
                     out = dst[: entry.nbytes]
                     src = self._row(entry.where, entry.nbytes)
                     if entry.checksum is None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from tiercache.errors import CapacityError
@@ -61,6 +62,7 @@ class _Partition:
     flat: torch.Tensor  # the same memory, 1-D
     free: FreeRuns  # resident free pages
     fresh: FreeRuns  # free pages without memory
+    array: np.ndarray | None = None  # ``flat`` as an array (host memory only), made on first use
 
 
 class SlotSpace:
@@ -90,6 +92,18 @@ class SlotSpace:
     def flat(self, key: str) -> torch.Tensor:
         """A partition's memory as one 1-D tensor (a run of pages is a slice of it)."""
         return self._part(key).flat
+
+    def array(self, key: str) -> np.ndarray:
+        """A host partition's memory as one 1-D ``uint8`` array (the same memory as :meth:`flat`): a run of
+        pages is a slice of it without a tensor op (a tenth of a microsecond, not one).
+
+        Raises:
+            TypeError: the partition is not in host memory.
+        """
+        part = self._part(key)
+        if part.array is None:
+            part.array = part.flat.numpy()
+        return part.array
 
     def keys(self) -> list[str]:
         """Keys of the partitions made so far."""

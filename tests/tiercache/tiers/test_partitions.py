@@ -71,3 +71,15 @@ def test_flipped_bytes_in_a_tenant_pool_fail_the_check(tier: HostTier) -> None:
     tier.segment_of("team-b").buffer[slot * SLOT + 100] = 8  # as a stray engine of B would
     assert not tier.verify(cid)
     assert tier.contains([cid]) == [False] and tier.usage().corrupt_reads == 1
+
+
+def test_a_partitions_array_is_its_memory(tier: HostTier) -> None:
+    """The per-chunk copies go through the array of a partition: it must be the partition's memory, for
+    the default partition and for a tenant's, made on first use."""
+    _store(tier, b"\x01" * 40, 7)
+    space = tier._space  # internal to the tier
+    partitions = space.keys()
+    for key in partitions:
+        flat, array = space.flat(key), space.array(key)
+        assert array.ctypes.data == flat.data_ptr() and array.nbytes == flat.numel()
+        assert space.array(key) is array  # made once
