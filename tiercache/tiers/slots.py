@@ -13,17 +13,14 @@ reservation of an expired store ticket whose writer may still be writing: kept o
 A committed run that is deleted while a copy out of it is in flight is freed only when the copy ends, so a
 reader never sees reused pages.
 
-Utilisation: :meth:`SlotPoolTier.usage` reports the chunks' own bytes (``payload_bytes``) next to the pages
-they take; a tier that fills up while its chunks' bytes are under :data:`POOR_UTILISATION` of its capacity
-logs a warning once (:func:`~tiercache.tiers.pages.poor_utilisation`: pages too large for the chunks).
+Utilisation: :meth:`SlotPoolTier.usage` reports the chunks' bytes (``payload_bytes``) beside their pages; a
+tier that fills while those are under :data:`POOR_UTILISATION` of it warns once (pages too large).
 
 Checked bytes: with ``checksums`` (host pools), commit takes the xxh3-64 checksum of each chunk's bytes, and
-every copy out of the tier (demotion, write-down, a copy to a caller) is checked against it over the bytes
-that left; :meth:`SlotPoolTier.verify` checks a chunk in place (a load out of shared memory). A copy into
-or out of a CPU pool hashes each block as it lands (:func:`tiercache.checksum.copy_checksum_array` on numpy
-views of the pool, made once per partition: one pass over memory, not a copy and then a hash, and no tensor
-op per chunk); ``commit_from`` takes a checksum the caller already holds. A chunk that
-fails is deleted, counted in ``corrupt_reads`` and reported absent, so it is a miss and never served.
+every copy out of the tier is checked against it over the bytes that left (:mod:`.slot_copies`: copy and hash
+in one pass); :meth:`SlotPoolTier.verify` checks a chunk in place (a load out of shared memory);
+``commit_from`` takes a checksum the caller already holds. A chunk that fails is deleted, counted in
+``corrupt_reads`` and reported absent, so it is a miss and never served.
 
 Primitives:
     SlotPoolTier: the :class:`~tiercache.tiers.base.SlotTier` implementation over page runs; ``assign``,
@@ -32,6 +29,7 @@ Primitives:
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import logging
@@ -43,7 +41,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tiercache.checksum import copy_checksum_array, copy_checksum_tensor
 from tiercache.errors import CapacityError, ConflictError, InvalidArgumentError
 from tiercache.keys import NAMESPACE_ID_BYTES
 from tiercache.tiers.base import (
@@ -56,6 +53,7 @@ from tiercache.tiers.base import (
     check_sources,
 )
 from tiercache.tiers.pages import check_dst, checksum_of, poor_utilisation
+from tiercache.tiers.slot_copies import copy_in, copy_out
 from tiercache.tiers.slotspace import DEFAULT_PARTITION, PartitionBacking, SlotSpace
 
 logger = logging.getLogger(__name__)
@@ -230,13 +228,12 @@ class SlotPoolTier(SlotTier):
         """Warn once when the tier is full while its chunks' bytes are a poor share of it (under the lock)."""
         if not self._warned:
             held = len(self._committed) + len(self._reserved)
-            self._warned = poor_utilisation(
-                self.level.name,
+            pages, payload = (
                 self._used_pages + self._held_pages + wanted_pages,
-                self.num_pages,
-                self.page_bytes,
                 self._payload + self._reserved_payload,
-                held,
+            )
+            self._warned = poor_utilisation(
+                self.level.name, pages, self.num_pages, self.page_bytes, payload, held
             )
 
     def commit(self, slots: Sequence[WriteSlot], checksums: _Checks = None) -> None:
@@ -270,15 +267,8 @@ class SlotPoolTier(SlotTier):
         checks: list[int | None] = []
         host = not self._pool.is_cuda
         for ws, where, src, check in zip(slots, wheres, srcs, known, strict=True):
-            if check is None and host and src.device.type == "cpu" and src.is_contiguous():
-                checks.append(copy_checksum_array(self._host_row(where, ws.nbytes), src.numpy()))
-                continue
-            row = self._row(where, ws.nbytes)
-            if check is None and src.device.type == "cpu":
-                checks.append(copy_checksum_tensor(row, src))
-                continue
-            row.copy_(src)
-            checks.append(check if check is not None else checksum_of(row))
+            host_row = functools.partial(self._host_row, where, ws.nbytes) if host else None
+            checks.append(copy_in(host_row, functools.partial(self._row, where, ws.nbytes), src, check))
         self._commit(slots, wheres, checks)
 
     def _commit(self, slots: Sequence[WriteSlot], wheres: list[_Slot], checks: Sequence[int | None]) -> None:
@@ -391,19 +381,9 @@ class SlotPoolTier(SlotTier):
             for i, (entry, dst) in enumerate(zip(found, dsts)):
                 if entry is None:
                     continue
-                if entry.checksum is not None and host and dst.device.type == "cpu" and dst.is_contiguous():
-                    src_row = self._host_row(entry.where, entry.nbytes)
-                    ok[i] = copy_checksum_array(dst.numpy(), src_row) == entry.checksum
-                else:
-                    out = dst[: entry.nbytes]
-                    src = self._row(entry.where, entry.nbytes)
-                    if entry.checksum is None:
-                        out.copy_(src)
-                    elif out.device.type == "cpu":
-                        ok[i] = copy_checksum_tensor(out, src) == entry.checksum
-                    else:
-                        out.copy_(src)
-                        ok[i] = checksum_of(src) == entry.checksum
+                host_row = functools.partial(self._host_row, entry.where, entry.nbytes) if host else None
+                row = functools.partial(self._row, entry.where, entry.nbytes)
+                ok[i] = copy_out(host_row, row, dst, entry.nbytes, entry.checksum)
         finally:
             with self._lock:
                 for entry in found:
@@ -442,13 +422,8 @@ class SlotPoolTier(SlotTier):
         if self._committed.get(cid) is not entry:
             return
         self._corrupt += 1
-        logger.warning(
-            "%s chunk %s failed its checksum (page %d of partition %r); dropping it",
-            self.level.name,
-            cid.hex(),
-            entry.slot,
-            entry.part,
-        )
+        where = f"page {entry.slot} of partition {entry.part!r}"
+        logger.warning("%s chunk %s failed its checksum (%s); dropping it", self.level.name, cid.hex(), where)
         self._delete_entry(cid)
 
     def _end_read(self, where: _Slot) -> None:
