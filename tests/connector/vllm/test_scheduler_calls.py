@@ -370,3 +370,38 @@ def test_after_a_run_of_misses_a_busy_step_does_not_wait(tmp_path, monkeypatch: 
         assert _active_leases(daemon) == 0
     finally:
         daemon.cleanup()
+
+
+def test_after_a_run_of_misses_a_follow_up_of_a_saved_prompt_is_still_awaited(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    # The serve record with the run of misses alone: 168 of 169 and 223 of 225 follow-up turns got their
+    # whole previous turn back (169 and 225 before): a follow-up whose answer was late went on without it.
+    # A request asking about a chunk this engine saved is awaited as before; any other goes on.
+    monkeypatch.setattr("tiercache.connector.vllm.scheduler.ASK_WAIT_S", ASK_WAIT_S)
+    daemon = connector_daemon(tmp_path / "follow-daemon")
+    try:
+        daemon.start()
+        with _client(daemon) as client:
+            sched = SchedulerSide(IDENTITY, client, _config(daemon.address))
+            for i in range(MISS_RUN):
+                request = _Request(f"new{i}", _prompt(20000 + 1000 * i))
+                assert sched.get_num_new_matched_tokens(request, 0) == (0, False)
+            own = _Request("own", _prompt(50000))
+            assert sched.get_num_new_matched_tokens(own, 0) == (0, False)
+            sched.build_connector_meta(_step([("own", BLOCKS, 0)]))  # busy; own's chunks are being saved
+            os.kill(daemon.pid, signal.SIGSTOP)
+            try:
+                follow = _Request("follow", _prompt(50000))  # asks about own's first chunk on
+                assert sched.get_num_new_matched_tokens(follow, 0) == (None, False)
+                other = _Request("other", _prompt(60000))
+                assert sched.get_num_new_matched_tokens(other, 0) == (0, False)
+            finally:
+                os.kill(daemon.pid, signal.SIGCONT)
+            for req in (own, follow, other):
+                sched.request_finished(req, [])
+            sched.shutdown()
+            client.settle()
+        assert _active_leases(daemon) == 0
+    finally:
+        daemon.cleanup()

@@ -8,19 +8,22 @@ namespace is the requests' leases, their cached chunks, or the error (a miss for
 scheduler (:mod:`.scheduler`) decides how long to wait for it, helped by :class:`Outlook`: after a run of
 answers that brought nothing (a working set that fits vLLM's own cache: every new prompt's next chunk is
 new), a step with requests running does not wait at all for an answer that is not there yet: the request
-computes its prompt, as it would have. The answers still come and are still noted, so a hit ends the run.
+computes its prompt, as it would have, unless it asks about a chunk this engine saved itself (a follow-up
+turn). The answers still come and are still noted, so a hit ends the run.
 
 Primitives:
     MISS_RUN: answers without a hit after which a busy step stops waiting.
     Answer: a namespace's answer.
-    Outlook: note, expect_miss.
+    SAVED_KEYS: how many of its own saved chunks the Outlook remembers.
+    Outlook: note, saved, hopeful.
     Asker: submit, leases, shutdown.
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from tiercache.errors import TierCacheError
@@ -39,6 +42,9 @@ late answer (measured under ``vllm serve``, chat fitting the engine's cache at c
 1.4 ms (median) for each lookup while the running requests waited with it, and 10 % of them came after the
 2 ms bound and cost their request a step)."""
 
+SAVED_KEYS = 16384
+"""How many of the chunks this engine saved the Outlook remembers (32-byte keys: ~2 MiB with the dict)."""
+
 Answer = list[LoadLease] | list[int] | TierCacheError
 """A namespace's answer: its requests' leases (AcquireLoad), their cached chunks (Lookups), or the error."""
 
@@ -47,20 +53,29 @@ Question = tuple[Sequence[bytes], int]
 
 
 class Outlook:
-    """Whether the daemon's next answer is expected to bring nothing: the last :data:`MISS_RUN` answers
-    (requests looked up) offered vLLM no token."""
+    """Whether a request's answer is worth waiting for in a busy step: while the daemon's answers bring
+    hits (fewer than :data:`MISS_RUN` misses in a row), or when the first chunk it asks about is one this
+    engine saved itself (a follow-up turn of a conversation; the last :data:`SAVED_KEYS` chunks kept)."""
 
     def __init__(self) -> None:
         self._misses = 0  # answers in a row without a hit
+        self._saved: collections.OrderedDict[bytes, None] = collections.OrderedDict()
 
     def note(self, hit: bool) -> None:
         """Count one request's answer."""
         self._misses = 0 if hit else self._misses + 1
 
-    @property
-    def expect_miss(self) -> bool:
-        """The last :data:`MISS_RUN` answers brought nothing."""
-        return self._misses >= MISS_RUN
+    def saved(self, keys: Iterable[bytes]) -> None:
+        """Remember chunks this engine is saving."""
+        for key in keys:
+            self._saved[key] = None
+            self._saved.move_to_end(key)
+        while len(self._saved) > SAVED_KEYS:
+            self._saved.popitem(last=False)
+
+    def hopeful(self, first_key: bytes) -> bool:
+        """Whether a busy step waits for the answer of a request that asks from ``first_key`` on."""
+        return self._misses < MISS_RUN or first_key in self._saved
 
 
 class Asker:

@@ -19,8 +19,9 @@
   (vLLM skips the request and asks again next step), so a slow daemon delays only the requests it is asked
   about, never the running ones; with nothing else to run it waits for the answer. After a run of answers
   that brought nothing (:class:`~.asking.Outlook`) a busy step does not wait: a request whose answer is not
-  there computes its prompt. An answer that comes after vLLM dropped its request, or after the request
-  went on without it, has its lease released.
+  there computes its prompt (unless it asks about a chunk this engine saved: a follow-up turn). An answer
+  that comes after vLLM dropped its request, or after the request went on without it, has its lease
+  released.
   With TP = PP = 1 that one call is AcquireLoad (under the configured load policy): it looks the chunks up,
   promotes them into shared memory and leases their slots, and the lease travels to the worker in the
   step's :class:`~.metadata.LoadSpec` (its slots numbered by chunk position in the prompt) — the worker only
@@ -28,15 +29,12 @@
   registers too), so a loaded request costs one round trip. A request that vLLM asked about but could not
   schedule (no free blocks) keeps its answer and its lease for its retries while the lease is young
   (:data:`HOLD_FRACTION` of its TTL): a request waiting for blocks is not looked up and leased again at
-  every step. A lease the worker never gets is released here (deferred: it rides on the namespace's next
-  call, or goes one-way shortly after): when vLLM allocates no external tokens (everything is in its own
-  prefix cache), when a waiting request's lease grows old, when it is preempted before its load, and when
-  it finishes.
-  With TP or PP > 1 every worker holds its own shard of each chunk: the call is a Lookup that starts
-  promoting the prefix, and each worker leases its shard (:mod:`.worker`). With the byte stream
-  (``data_plane`` ``stream``, or ``auto`` when the daemon names no shared-memory segment) there are no slots
-  to lease: the call is a Lookup that starts promoting the prefix, and the worker streams it. Under ``auto``
-  the worker may still find that it cannot map the segment; it then releases the lease and streams.
+  every step. A lease the worker never gets is released here (deferred: on the namespace's next call, or
+  one-way shortly after) when vLLM allocates no external tokens, when a waiting request's lease grows old,
+  when it is preempted before its load, and when it finishes.
+  With TP or PP > 1 (each worker leases its own shard: :mod:`.worker`) or the byte stream (``data_plane``
+  ``stream``, or ``auto`` when the daemon names no segment: the worker streams) the call is a Lookup that
+  starts promoting the prefix. Under ``auto`` a worker that cannot map the segment releases and streams.
   A daemon that is down or fails is a miss (logged and counted), never an exception.
 * ``update_state_after_alloc`` records which tokens the worker loads; ``build_connector_meta`` turns that
   and the step's block tables into a :class:`~.metadata.TierCacheMetadata`: the blocks to load, and the
@@ -85,15 +83,13 @@ from .params import RequestParams, request_params
 logger = logging.getLogger(__name__)
 
 HOLD_FRACTION = 0.5
-"""A request that vLLM could not schedule keeps its answer and lease for its retries while the lease is
-younger than this share of its TTL (then it is released, and a retry asks again)."""
+"""A request vLLM could not schedule keeps its answer and lease for retries while younger than this of its TTL."""
 BATCH_MAX = 32
 """Most requests looked up in one daemon call: the one vLLM asks about and those that arrived with it."""
 ANSWER_FRESH_S = 1.0
 """A retried request's answer without a lease (a miss, or a Lookup's) is reused for this long."""
 ASK_WAIT_S = 0.002
-"""While other requests run, how long vLLM's scheduler waits for the daemon's answer before it goes on
-without the request (asked again next step); with nothing else to run it waits for the answer."""
+"""While other requests run, how long a step waits for an answer before it goes on without the request."""
 
 
 @dataclass
@@ -116,6 +112,7 @@ class _Request:
     namespace: Namespace | None = None
     lease: LoadLease | None = None
     asked_at: float = 0.0  # the clock just before the daemon was asked (a lease's TTL starts after)
+    keys: list[bytes] | None = None  # the prompt's full chunks' keys, once computed
 
 
 @dataclass
@@ -208,10 +205,13 @@ class SchedulerSide:
             if call is None:
                 self._arrived.pop(req_id, None)
                 call = self._lookup([(request, num_computed_tokens), *self._take_arrived()])
-            if call is not None and not self._wait(call):
-                if not self._outlook.expect_miss:
-                    return None, False
-                self._go_on(req_id, call)
+            ask = None if call is None else self._ask_of(call, req_id)
+            if ask is not None and call is not None:  # (else the batch's call brings all its blocks)
+                hopeful = self._outlook.hopeful(ask.keys[ask.first])
+                if not self._wait(call, hopeful):
+                    if hopeful:
+                        return None, False
+                    self._go_on(req_id, ask)
             tracked = self._requests[req_id]
         return max(0, tracked.loadable_tokens - num_computed_tokens), False
 
@@ -224,8 +224,7 @@ class SchedulerSide:
         self._arrived[request.request_id] = request
 
     def _take_arrived(self) -> list[tuple[Any, int]]:
-        """The requests that arrived and were not asked about yet (up to :data:`BATCH_MAX` in all), with
-        the tokens vLLM's own prefix cache holds of each now."""
+        """The requests arrived and not asked about (up to :data:`BATCH_MAX`), with vLLM's tokens of each."""
         taken: list[tuple[Any, int]] = []
         while self._arrived and len(taken) < BATCH_MAX - 1:
             req_id = next(iter(self._arrived))
@@ -236,8 +235,7 @@ class SchedulerSide:
         return taken
 
     def _answers(self, tracked: _Request, num_computed: int) -> bool:
-        """Whether a retried request's earlier answer still holds: the daemon was asked about every chunk
-        vLLM does not have now, and its lease (if any) is young."""
+        """Whether a retried request's answer holds: it covers what vLLM lacks now, and its lease is young."""
         if tracked.asked_from < 0 or num_computed // self._chunk < tracked.asked_from:
             return False  # deciding again costs no call, or vLLM lost blocks it had
         return self._young(tracked)
@@ -288,26 +286,29 @@ class SchedulerSide:
                 self._asking[ask.tracked.request.request_id] = call
         return call
 
-    def _wait(self, call: _Call) -> bool:
-        """Take ``call``'s answer when it comes within :data:`ASK_WAIT_S` (whenever it comes, when no
-        other request runs); False when it is late."""
-        wait_s = (0.0 if self._outlook.expect_miss else ASK_WAIT_S) if self._busy else None
+    def _wait(self, call: _Call, hopeful: bool) -> bool:
+        """Take ``call``'s answer if it comes in time (at once when not hopeful); False when it is late."""
+        wait_s = (ASK_WAIT_S if hopeful else 0.0) if self._busy else None
         done, _ = concurrent.futures.wait([call.future], timeout=wait_s)
         if not done:
             return False
         self._apply(call)
         return True
 
-    def _go_on(self, req_id: str, call: _Call) -> None:
+    @staticmethod
+    def _ask_of(call: _Call, req_id: str) -> _Ask | None:
+        return next(
+            (a for asks in call.asks.values() for a in asks if a.tracked.request.request_id == req_id), None
+        )
+
+    def _go_on(self, req_id: str, ask: _Ask) -> None:
         """Track a request as a miss without its answer (which, when it comes, is only noted and released)."""
-        ask = next(a for asks in call.asks.values() for a in asks if a.tracked.request.request_id == req_id)
         del self._asking[req_id]
         self._requests[req_id] = replace(ask.tracked, lease=None, loadable_tokens=0, block_ids=[])
         self.unawaited += 1
 
     def _collect(self) -> None:
-        """Take the answers that came (their leases are then tracked, or released when the request is
-        gone)."""
+        """Take the answers that came (leases tracked, or released when the request is gone)."""
         for call in [c for c in self._calls if c.future.done()]:
             self._apply(call)
 
@@ -324,7 +325,7 @@ class SchedulerSide:
         if not params.load or most <= num_computed or getattr(request, "skip_reading_prefix_cache", False):
             return tracked, None  # tiercache cannot add a block (or vLLM would not take it)
         ns = self._identity.namespace(adapter, salt)
-        keys = chunk_keys(ns, prompt[: full * self._chunk])
+        tracked.keys = keys = chunk_keys(ns, prompt[: full * self._chunk])
         return tracked, _Ask(tracked, ns, keys, first, most, num_computed)
 
     def _apply(self, call: _Call) -> None:
@@ -468,6 +469,10 @@ class SchedulerSide:
         if not positions:
             return
         commit = done >= tracked.full_chunks
+        if tracked.keys is None:
+            ns = self._identity.namespace(tracked.adapter, tracked.salt)
+            tracked.keys = chunk_keys(ns, list(prompt[: tracked.full_chunks * self._chunk]))
+        self._outlook.saved(tracked.keys[p] for p in positions)
         meta.saves.append(
             SaveSpec(
                 req_id,
