@@ -323,6 +323,13 @@ def test_a_late_answer_lets_the_running_requests_go_on(tmp_path, monkeypatch: py
         daemon.cleanup()
 
 
+def _miss_run(sched: SchedulerSide) -> None:
+    """Ask about MISS_RUN new prompts with nothing running: each answer is awaited, each a miss."""
+    for i in range(MISS_RUN):
+        request = _Request(f"new{i}", _prompt(20000 + 1000 * i))
+        assert sched.get_num_new_matched_tokens(request, 0) == (0, False)
+
+
 def test_after_a_run_of_misses_a_busy_step_does_not_wait(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     # With a working set that fits vLLM's cache every lookup is a miss, yet a busy step waited for each
     # (1.4 ms median under vllm serve, the running requests waiting with it; 10 % late, a step each). After
@@ -336,13 +343,7 @@ def test_after_a_run_of_misses_a_busy_step_does_not_wait(tmp_path, monkeypatch: 
         _store_chunks(daemon, stored)
         with _client(daemon) as client:
             sched = SchedulerSide(IDENTITY, client, _config(daemon.address))
-            for i in range(MISS_RUN):  # nothing runs: each answer is awaited, each a miss
-                assert sched.get_num_new_matched_tokens(
-                    _Request(f"new{i}", _prompt(20000 + 1000 * i)), 0
-                ) == (
-                    0,
-                    False,
-                )
+            _miss_run(sched)
             sched.build_connector_meta(_step([("new0", BLOCKS, 0)]))  # a step ran requests
             os.kill(daemon.pid, signal.SIGSTOP)
             try:
@@ -384,9 +385,7 @@ def test_after_a_run_of_misses_a_follow_up_of_a_saved_prompt_is_still_awaited(
         daemon.start()
         with _client(daemon) as client:
             sched = SchedulerSide(IDENTITY, client, _config(daemon.address))
-            for i in range(MISS_RUN):
-                request = _Request(f"new{i}", _prompt(20000 + 1000 * i))
-                assert sched.get_num_new_matched_tokens(request, 0) == (0, False)
+            _miss_run(sched)
             own = _Request("own", _prompt(50000))
             assert sched.get_num_new_matched_tokens(own, 0) == (0, False)
             sched.build_connector_meta(_step([("own", BLOCKS, 0)]))  # busy; own's chunks are being saved

@@ -205,8 +205,8 @@ class SchedulerSide:
             if call is None:
                 self._arrived.pop(req_id, None)
                 call = self._lookup([(request, num_computed_tokens), *self._take_arrived()])
-            ask = None if call is None else self._ask_of(call, req_id)
-            if ask is not None and call is not None:  # (else the batch's call brings all its blocks)
+            # (a request not in its batch's call has all its blocks brought by it: nothing to wait for)
+            if call is not None and (ask := self._ask_of(call, req_id)) is not None:
                 hopeful = self._outlook.hopeful(ask.keys[ask.first])
                 if not self._wait(call, hopeful):
                     if hopeful:
