@@ -6,7 +6,9 @@ No test asserts wall-clock timings; waits are bounded loops on observable state.
 
 from __future__ import annotations
 
+import os
 import signal
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -283,6 +285,30 @@ def test_unawaited_calls_to_a_dead_daemon_neither_raise_nor_hang(
     with pytest.raises(UnavailableError):
         client.stats()  # the next waited call sees the dead daemon itself
     client.close()
+
+
+def test_a_usage_report_sent_one_way_just_before_close_still_counts(
+    daemon: Daemon, engine_mod: ModuleType
+) -> None:
+    """An engine that reports usage one-way and exits at once: close waits for the answer (closing the
+    channel would cancel the call), so the daemon counts it; a SIGSTOPped daemon keeps the call in flight."""
+    conn = _connector(daemon.address, engine_mod)
+    client, ns = conn.client, conn.namespace
+    assert conn.lookup(engine_mod.prompt(9, TOKENS)) == 0  # registered and connected
+    before = {t.level: t.effective_hit_tokens for t in client.stats().tiers}[TierLevel.L2]
+    os.kill(daemon.pid, signal.SIGSTOP)
+    try:
+        client.report_usage(ns, {TierLevel.L2: 3}, 0, wait=False)
+        closing = threading.Thread(target=client.close)
+        closing.start()
+        closing.join(0.5)
+        assert closing.is_alive()  # waiting for the answer, not cancelling the call
+    finally:
+        os.kill(daemon.pid, signal.SIGCONT)
+    closing.join()
+    with TierCacheClient.connect(daemon.address) as other:
+        after = {t.level: t.effective_hit_tokens for t in other.stats().tiers}[TierLevel.L2]
+    assert after - before == 3 * ns.layout.chunk_tokens
 
 
 @pytest.mark.parametrize("codec", [Codec.RAW, Codec.ZSTD], ids=["raw", "zstd"])

@@ -27,8 +27,10 @@ Primitives:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -145,11 +147,20 @@ class Connection:
         self._models: dict[Namespace, EngineModels] = {}
         self._stale: set[Namespace] = set()
         self._closed = False
+        self._one_way: set[grpc.Future] = set()  # unary_nowait calls not answered yet
 
     def close(self) -> None:
-        """Close the channel (idempotent); later calls fail with UnavailableError."""
+        """Close the channel (idempotent); later calls fail with UnavailableError.
+
+        One-way calls still in flight (:meth:`unary_nowait`: lease releases, usage reports) are waited for
+        first, at most ``config.timeout_s`` in all: closing a gRPC channel cancels its calls, and a usage
+        report sent just before an engine exits would be lost.
+        """
         with self._lock:
             self._closed = True
+            in_flight = list(self._one_way)
+        _wait_all(in_flight, self.config.timeout_s)
+        with self._lock:
             channel, self._channel, self._stub = self._channel, None, None
             control, self._control = self._control, None
         if channel is not None:
@@ -267,8 +278,12 @@ class Connection:
             logger.info("%s not sent (%s)", rpc.name, exc)
             return
         call = rpc.future(stub, build(handle), self.config.timeout_s, self._metadata)
+        with self._lock:
+            self._one_way.add(call)
 
         def done(fut: grpc.Future) -> None:
+            with self._lock:
+                self._one_way.discard(fut)
             if fut.cancelled():
                 return
             exc = fut.exception()
@@ -464,3 +479,11 @@ class Connection:
     def _succeeded(self) -> None:
         with self._lock:
             self._backoff.succeeded()
+
+
+def _wait_all(calls: list[grpc.Future], timeout_s: float) -> None:
+    """Wait until every call is answered (or failed), at most ``timeout_s`` in all."""
+    deadline = time.monotonic() + timeout_s
+    for call in calls:  # a failure is logged by the call's callback; a late call is cancelled by the close
+        with contextlib.suppress(grpc.RpcError, grpc.FutureTimeoutError, grpc.FutureCancelledError):
+            call.result(timeout=max(0.0, deadline - time.monotonic()))
