@@ -24,6 +24,7 @@ from tiercache.connector.vllm.config import VllmConnectorConfig
 from tiercache.connector.vllm.layout import BackendLayout
 from tiercache.connector.vllm.metadata import LoadSpec, TierCacheMetadata
 from tiercache.connector.vllm.namespace import EngineIdentity
+from tiercache.connector.vllm.stats import StatsTaker, worker_counters
 from tiercache.connector.vllm.worker import WorkerSide
 from tiercache.keys import chunk_keys
 from tiercache.layout import KVDtype, KVLayout
@@ -116,3 +117,35 @@ def test_a_partial_load_reports_what_it_wrote_and_what_vllm_recomputes(daemon: D
         loaded, effective, recomputed = _counts(client.stats())  # settles the deferred report first
     assert _minus(loaded, before[0]) == _minus(effective, before[1]) == {TierLevel.L2: 32}
     assert recomputed - before[2] == 32
+
+
+def test_only_a_step_with_loads_moves_the_worker_counters(daemon: Daemon) -> None:
+    """A decode step (no loads, no saves) moves no counter, so vLLM ships no connector stats with it (a
+    counter that moved every step made vLLM carry, aggregate and export them every step); a step that loads
+    moves ``load_seconds``."""
+    layout = KVLayout(2, 2, 64, KVDtype.FLOAT32, chunk_tokens=32, page_tokens=32)
+    identity = EngineIdentity("tiny-steps", "", BackendLayout.CPU, layout)
+    ns = identity.namespace()
+    tokens = tuple(range(9100, 9100 + 2 * 32))
+    config = VllmConnectorConfig.from_extra_config({"address": daemon.address, "chunk_tokens": 32}, 32)
+    shape = BackendLayout.CPU.expected_shape(4, layout)
+    taker = StatsTaker()
+    with TierCacheClient.connect(daemon.address) as client:
+        grant = client.begin_store(ns, chunk_keys(ns, tokens))
+        assert client.commit_store(ns, grant.ticket_id) == 2
+        worker = WorkerSide(identity, client, config)
+        names = [f"layers.{i}" for i in range(layout.num_layers)]
+        worker.register_kv_caches({name: torch.zeros(shape) for name in names})
+        for _ in range(3):  # decode steps
+            worker.start_load_kv(TierCacheMetadata())
+            for name in names:
+                worker.wait_for_layer_load(name)
+            assert taker.take(worker_counters(worker)) is None
+        worker.start_load_kv(TierCacheMetadata(loads=[LoadSpec("r", "", "", tokens, (1, 2), first_block=0)]))
+        for name in names:
+            worker.wait_for_layer_load(name)
+        assert worker.get_block_ids_with_load_errors() == set()
+        moved = taker.take(worker_counters(worker))
+        worker.shutdown()
+    assert moved is not None and moved.data["load_seconds"] > 0
+    assert moved.data["loaded_tokens.L2"] == 2 * 32

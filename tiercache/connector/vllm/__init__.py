@@ -45,7 +45,6 @@ Primitives:
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
@@ -102,7 +101,6 @@ class TierCacheConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._scheduler = SchedulerSide(self.identity, self.client, self.config) if scheduler else None
         self._worker = None if scheduler else WorkerSide(self.identity, self.client, self.config)
         self._stats = StatsTaker()
-        self._load_s = 0.0  # time the model steps waited for loads (start_load_kv, wait_for_layer_load)
         self.kv_events: KVEventsBridge | None = None
         self._watch: EventWatch | None = None
         events_config = getattr(vllm_config, "kv_events_config", None)
@@ -132,14 +130,10 @@ class TierCacheConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._w().register_kv_caches(kv_caches)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        started = time.perf_counter()
         self._w().start_load_kv(self._meta())
-        self._load_s += time.perf_counter() - started
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        started = time.perf_counter()
         self._w().wait_for_layer_load(layer_name)
-        self._load_s += time.perf_counter() - started
 
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
         super().bind_connector_metadata(connector_metadata)
@@ -171,7 +165,7 @@ class TierCacheConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
     def get_kv_connector_stats(self) -> TierCacheStats | None:
         if self._worker is not None:
-            return self._stats.take(worker_counters(self._worker, self._load_s))
+            return self._stats.take(worker_counters(self._worker))
         return self._stats.take(scheduler_counters(self._s()))
 
     @classmethod

@@ -71,13 +71,13 @@ class TierCacheStats(KVConnectorStats):  # type: ignore[misc]
         return not any(self.data.values())
 
 
-def worker_counters(worker: WorkerSide, load_s: float) -> dict[str, float]:
-    """The worker side's cumulative counters (``load_s``: the time model steps waited for loads)."""
+def worker_counters(worker: WorkerSide) -> dict[str, float]:
+    """The worker side's cumulative counters."""
     counters: dict[str, float] = {f"loaded_tokens.{t.name}": n for t, n in worker.loaded_tokens.items()}
     counters.update(
         recomputed_tokens=worker.recomputed_tokens,
         saved_tokens=worker.saved_tokens,
-        load_seconds=load_s,
+        load_seconds=worker.load_s,
         save_seconds=worker.save_s,
         load_failures=worker.load_failures,
         save_failures=worker.save_failures,

@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -90,6 +90,7 @@ class WorkerSide:
         self._saves = SaveQueue(client, identity, lambda: self._caches, self.plane)
         self._connecting: threading.Thread | None = None
         self.load_failures = 0
+        self.load_s = 0.0  # time the model steps waited for loads (steps that had some: see start_load_kv)
         self.loaded_tokens: dict[TierLevel, int] = {}  # written into vLLM's blocks, per source tier
         self.recomputed_tokens = 0  # asked to load, and not loaded
 
@@ -151,9 +152,21 @@ class WorkerSide:
 
     def start_load_kv(self, meta: TierCacheMetadata) -> None:
         """Take every request's lease and copy its chunks (into a CPU cache now; on CUDA layer by layer, in the
-        background); a request over the byte stream is received now."""
+        background); a request over the byte stream is received now.
+
+        Only a step with loads adds to ``load_s``: a counter that moved every decode step would make vLLM
+        ship, aggregate and export the connector's stats with every step (measured: +0.5 ms per decode step
+        at concurrency 1, ~9 % of it, on the serve bench's tiny model).
+        """
+        started, unfinished = time.perf_counter(), bool(self._loads)
         self._finish_loads()
-        for spec in meta.loads:
+        if meta.loads:
+            self._start_loads(meta.loads)
+        if unfinished or meta.loads:
+            self.load_s += time.perf_counter() - started
+
+    def _start_loads(self, specs: Sequence[LoadSpec]) -> None:
+        for spec in specs:
             if self._streamed(spec):
                 continue
             leased = self._lease(spec)
@@ -253,9 +266,11 @@ class WorkerSide:
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Block until this layer of the step's loads is in the cache (on CUDA: the current stream waits)."""
         layer = self._layers.get(layer_name)
-        if layer is not None:
+        if layer is not None and self._loads:
+            started = time.perf_counter()
             for load, _, _ in self._loads:
                 load.wait_layer(layer)
+            self.load_s += time.perf_counter() - started
 
     def _finish_loads(self) -> None:
         loads, self._loads = self._loads, []
