@@ -417,10 +417,12 @@ def run_bench(config: ServeBenchConfig, work: Path) -> ServeResult:
     if max_len > engine_tokens:
         raise ValueError(f"engine_tokens ({engine_tokens}) must hold the longest request ({max_len} tokens)")
     biggest = max(w.working_set_tokens for _, w in todo)
+    # One daemon serves every cell of its server in turn: its L2 holds what all of them store.
+    stored = sum(w.working_set_tokens for _, w in todo)
     margin = (max(config.concurrency) + 2) * config.block_size * 2
     model = build_model(work / "model", VllmBenchConfig(lengths=(max_len,), hidden=config.hidden,
                                                         layers=config.layers, throughput=False, seed=config.seed))  # fmt: skip
-    setup = Setup(model, work, engine_tokens, biggest + margin, 2 * biggest, max_len, config.block_size,
+    setup = Setup(model, work, engine_tokens, biggest + margin, 2 * stored, max_len, config.block_size,
                   config.chunk_tokens, kv_bytes_per_token(config.hidden, config.layers), config.threads,
                   config.lmcache_python)  # fmt: skip
     skipped: dict[str, str] = {}
