@@ -67,9 +67,15 @@ def _minus(after: dict[TierLevel, int], before: dict[TierLevel, int]) -> dict[Ti
 _LAYOUT = KVLayout(2, 2, 64, KVDtype.FLOAT32, chunk_tokens=32, page_tokens=32)
 
 
-def _cpu_worker(daemon: Daemon, client: TierCacheClient, model: str) -> tuple[WorkerSide, list[str]]:
-    """A worker of a CPU engine ``model`` (one-block chunks of 32 tokens, 4 blocks) and its layer names."""
-    identity = EngineIdentity(model, "", BackendLayout.CPU, _LAYOUT)
+def _cpu_engine(model: str) -> EngineIdentity:
+    """A CPU engine ``model`` with one-block chunks of 32 tokens."""
+    return EngineIdentity(model, "", BackendLayout.CPU, _LAYOUT)
+
+
+def _cpu_worker(
+    daemon: Daemon, client: TierCacheClient, identity: EngineIdentity
+) -> tuple[WorkerSide, list[str]]:
+    """The worker of ``identity`` (4 blocks of KV cache) and its layer names."""
     config = VllmConnectorConfig.from_extra_config({"address": daemon.address, "chunk_tokens": 32}, 32)
     worker = WorkerSide(identity, client, config)
     names = [f"layers.{i}" for i in range(_LAYOUT.num_layers)]
@@ -113,13 +119,14 @@ def test_loaded_and_effective_tokens_are_what_vllm_skipped(
 def test_a_partial_load_reports_what_it_wrote_and_what_vllm_recomputes(daemon: Daemon) -> None:
     """The worker alone: 2 of a prompt's 3 chunks cached, vLLM holds block 0 itself: the daemon counts
     block 1 (chunk 1) as loaded and effective, and block 2 (not cached) as recomputed."""
-    ns = EngineIdentity("tiny", "", BackendLayout.CPU, _LAYOUT).namespace()
+    identity = _cpu_engine("tiny")
+    ns = identity.namespace()
     tokens = tuple(range(9000, 9000 + 3 * 32))
     with TierCacheClient.connect(daemon.address) as client:
         grant = client.begin_store(ns, chunk_keys(ns, tokens)[:2])
         assert client.commit_store(ns, grant.ticket_id) == 2
         before = _counts(client.stats())
-        worker, _ = _cpu_worker(daemon, client, "tiny")
+        worker, _ = _cpu_worker(daemon, client, identity)
         spec = LoadSpec("r", "", "", tokens, (3, 1, 2), first_block=1)
         worker.start_load_kv(TierCacheMetadata(loads=[spec]))
         assert worker.get_block_ids_with_load_errors() == {2}
@@ -133,13 +140,14 @@ def test_only_a_step_with_loads_moves_the_worker_counters(daemon: Daemon) -> Non
     """A decode step (no loads, no saves) moves no counter, so vLLM ships no connector stats with it (a
     counter that moved every step made vLLM carry, aggregate and export them every step); a step that loads
     moves ``load_seconds``."""
-    ns = EngineIdentity("tiny-steps", "", BackendLayout.CPU, _LAYOUT).namespace()
+    identity = _cpu_engine("tiny-steps")
+    ns = identity.namespace()
     tokens = tuple(range(9100, 9100 + 2 * 32))
     taker = StatsTaker()
     with TierCacheClient.connect(daemon.address) as client:
         grant = client.begin_store(ns, chunk_keys(ns, tokens))
         assert client.commit_store(ns, grant.ticket_id) == 2
-        worker, names = _cpu_worker(daemon, client, "tiny-steps")
+        worker, names = _cpu_worker(daemon, client, identity)
         for _ in range(3):  # decode steps
             worker.start_load_kv(TierCacheMetadata())
             for name in names:
