@@ -114,10 +114,16 @@ def copy_checksum_array(dst: np.ndarray, src: np.ndarray, block_bytes: int = BLO
 def gather_checksum(dst: np.ndarray, parts: Sequence[np.ndarray], block_bytes: int = BLOCK_BYTES) -> int:
     """Copy the 1-D ``uint8`` arrays ``parts`` one after another into the front of the 1-D ``uint8`` array
     ``dst`` and return the xxh3-64 checksum of all the bytes copied, block by block as in
-    :func:`copy_checksum` (each block hashed from ``dst`` right after it landed).
+    :func:`copy_checksum` (each block hashed from ``dst`` right after it landed). Consecutive parts smaller
+    than a block are gathered into one block by one call (``numpy.concatenate``) and hashed as one: a small
+    layout's chunk is many small parts (a 512 KiB chunk of 4 layers: eight 64 KiB parts), and each call
+    takes and gives back the interpreter lock.
 
-    Both the copies (``numpy.copyto``) and the hash (xxhash) release the interpreter lock, so two threads
-    gathering different chunks run at once (:func:`copy_checksum`'s slice assignment holds the lock).
+    Both the copies and the hash release the interpreter lock, so two threads gathering different chunks run
+    at once (:func:`copy_checksum`'s slice assignment holds the lock). With one call per part, two threads
+    gathering 512 KiB chunks of 64 KiB parts ran no faster than one (each waiting for the lock after
+    every part); with one call per 256 KiB block they copied at 0.95-1.07x a one-thread memcpy, against
+    0.82-0.88x for one thread.
 
     Raises:
         ValueError: ``dst`` is shorter than the parts together, or ``block_bytes`` is not positive.
@@ -138,12 +144,18 @@ def gather_checksum(dst: np.ndarray, parts: Sequence[np.ndarray], block_bytes: i
     state = xxhash.xxh3_64()
     update: Any = state.update  # (as above)
     offset = 0
+    group: list[np.ndarray] = []  # consecutive small parts copied by one call, then hashed as one block
+    group_start = group_bytes = 0
     for part in parts:
         n = part.nbytes
-        if n <= block_bytes:  # one block: no per-block loop (a small layout has many small parts)
-            block = dst[offset : offset + n]
-            copyto(block, part)
-            update(block)
+        if group and group_bytes + n > block_bytes:
+            _land(dst, group, group_start, group_bytes, update)
+            group = []
+        if n <= block_bytes:
+            if not group:
+                group_start, group_bytes = offset, 0
+            group.append(part)
+            group_bytes += n
         else:
             for start in range(0, n, block_bytes):
                 end = min(start + block_bytes, n)
@@ -151,7 +163,19 @@ def gather_checksum(dst: np.ndarray, parts: Sequence[np.ndarray], block_bytes: i
                 copyto(block, part[start:end])
                 update(block)
         offset += n
+    if group:
+        _land(dst, group, group_start, group_bytes, update)
     return int(state.intdigest())
+
+
+def _land(dst: np.ndarray, group: list[np.ndarray], start: int, nbytes: int, update: Any) -> None:
+    """Copy ``group`` one after another into ``dst`` from ``start`` with one call, then hash the block."""
+    block: Any = dst[start : start + nbytes]
+    if len(group) == 1:
+        np.copyto(block, group[0])
+    else:
+        np.concatenate(group, out=block)
+    update(block)
 
 
 class Hasher:

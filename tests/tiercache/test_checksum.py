@@ -115,6 +115,20 @@ def test_a_gather_copies_the_parts_in_order_and_hashes_the_whole(block: int) -> 
     assert gather_checksum(dst, [flipped[a:b] for a, b in itertools.pairwise(cuts)], block) != checksum(whole)
 
 
+@pytest.mark.parametrize("block", [BLOCK, 4 * BLOCK, 4 * BLOCK + 1])
+def test_a_gather_of_many_small_parts_lands_them_in_order(block: int) -> None:
+    # a small layout's chunk: equal parts, several to a block, a group ending exactly at a block
+    whole = np.frombuffer(bytes(data(8 * BLOCK, 5)), dtype=np.uint8)
+    parts = [whole[i * BLOCK : (i + 1) * BLOCK] for i in range(8)]
+    parts.insert(3, whole[:0])
+    dst = np.zeros(len(whole), dtype=np.uint8)
+    assert gather_checksum(dst, parts, block) == checksum(whole.tobytes())
+    assert np.array_equal(dst, whole)
+    flipped = [p.copy() for p in parts]
+    flipped[-1][-1] ^= 1  # the last byte of the last group
+    assert gather_checksum(dst, flipped, block) != checksum(whole.tobytes())
+
+
 def test_a_gather_refuses_a_short_destination_or_block() -> None:
     parts = [np.ones(3, dtype=np.uint8), np.ones(2, dtype=np.uint8)]
     with pytest.raises(ValueError, match="dst"):

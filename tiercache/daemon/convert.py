@@ -211,13 +211,15 @@ def lookup_to_proto(result: LookupResult, prefetch_id: int = 0) -> pb.LookupResp
     return response
 
 
-def slot_refs(slots: Sequence[StoreSlot], nbytes: int) -> list[pb.SlotRef]:
-    """SlotRefs of a store ticket's slots (each ``nbytes`` long; a load's: :func:`add_load_refs`)."""
-    refs = []
+def add_store_refs(
+    refs: RepeatedCompositeFieldContainer[pb.SlotRef], slots: Sequence[StoreSlot], nbytes: int
+) -> None:
+    """Append a store ticket's slots to a response's ``slots`` (each ``nbytes`` long; filled in place, as
+    :func:`add_load_refs`: building each SlotRef apart was half of a 256-chunk BeginStore in the daemon)."""
+    add = refs.add
     for s in slots:
         assert s.slot is not None, "shared-memory slots always have an index"
-        refs.append(pb.SlotRef(index=s.index, slot=s.slot, nbytes=nbytes, source=pb.TIER_UNSPECIFIED))
-    return refs
+        add(index=s.index, slot=s.slot, nbytes=nbytes)
 
 
 def add_load_refs(
@@ -225,8 +227,8 @@ def add_load_refs(
 ) -> None:
     """Append a load ticket's chunks to a response's ``slots`` (each ``nbytes`` long, with its source).
 
-    Filled in place: :func:`slot_refs` builds each SlotRef apart and the response then copies them, ~3x the
-    time (~0.1 ms of a 32-chunk AcquireLoad on these machines).
+    Filled in place: building each SlotRef apart and letting the response copy them took ~3x the time
+    (~0.1 ms of a 32-chunk AcquireLoad on these machines).
     """
     add = refs.add
     sources: dict[TierLevel, int] = {}

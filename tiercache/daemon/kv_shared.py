@@ -70,12 +70,13 @@ class SharedMemoryRpcs(ServicerBase):
             self._begin_store, settled, caller.namespace_id, keys, ttl, request.start_depth
         )
         self._tickets.add(ticket.ticket_id, caller.namespace_id, ticket.expires_at)
-        return pb.BeginStoreResponse(
+        resp = pb.BeginStoreResponse(
             ticket_id=ticket.ticket_id,
-            slots=convert.slot_refs(ticket.slots, caller.info.chunk_bytes),
             skipped=ticket.skipped,
             expires_in_s=self.expires_in(ticket.expires_at),
         )
+        convert.add_store_refs(resp.slots, ticket.slots, caller.info.chunk_bytes)
+        return resp
 
     def _begin_store(
         self, settled: Settled | None, handle: bytes, keys: list[bytes], ttl: float | None, start_depth: int
