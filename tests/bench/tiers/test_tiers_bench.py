@@ -21,6 +21,7 @@ from tiercache.bench.cli import main
 from tiercache.bench.common.payload import make_payload
 from tiercache.bench.common.tier_ops import Op, RoundTripError, TierOpResult, verify_round_trip
 from tiercache.bench.common.timing import Timing
+from tiercache.bench.tiers.checksum_ceiling import ChecksumMethod, copy_crc32c
 from tiercache.bench.tiers.targets import compare
 from tiercache.tiers.base import TierLevel
 from tiercache.tiers.slots import SlotPoolTier
@@ -111,6 +112,31 @@ def test_targets_follow_the_issue(tiny_run: dict[str, Any]) -> None:
     assert targets[("L3", "get", 256 << 10, "lmdb_get(lmdb)")] == 0.9  # memcpy is out of a file map's reach
     assert targets[("L3", "get", 256 << 10, "memcpy(cpu)")] is None
     assert targets[("L3", "get", 256 << 10, "disk_read")] is None
+
+
+def test_the_checksum_table_has_every_method_at_every_size(tiny_run: dict[str, Any]) -> None:
+    # the dev extra installs crc32c, so the alternative checksum is measured beside xxh3
+    rows = tiny_run["checksums"]
+    for size in SIZES:
+        methods = [r["method"] for r in rows if r["chunk_bytes"] == size]
+        assert methods == [m.value for m in ChecksumMethod], size
+        memcpy = next(r for r in rows if r["chunk_bytes"] == size and r["method"] == "memcpy")
+        assert memcpy["ratio"] == 1.0
+        assert all(r["gbps"] > 0 and r["low"] <= r["ratio"] <= r["high"] for r in rows)
+    assert sum(r["in_use"] for r in rows) == len(SIZES)
+
+
+@pytest.mark.parametrize("block", [1, 7, 4096])
+def test_the_blocked_crc32c_pass_copies_exactly_and_equals_one_shot_crc32c(block: int) -> None:
+    crc32c = pytest.importorskip("crc32c")
+    src = bytes(range(256)) * 41 + b"tail"
+    dst = bytearray(len(src) + 3)
+    value = copy_crc32c(memoryview(dst), memoryview(src), block, crc32c.crc32c)
+    assert value == crc32c.crc32c(src)
+    assert bytes(dst[: len(src)]) == src and dst[len(src) :] == b"\0\0\0"
+    flipped = bytearray(src)
+    flipped[-1] ^= 1
+    assert copy_crc32c(memoryview(dst), memoryview(bytes(flipped)), block, crc32c.crc32c) != value
 
 
 def test_verify_round_trip_counts_equal_bytes() -> None:
