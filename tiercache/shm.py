@@ -20,6 +20,7 @@ Primitives:
         what is handed out) / map one received as a file descriptor.
     REQUIRED_SEALS / is_sealed: the seals every descriptor the daemon hands out carries / whether it does.
     SharedSegment.populate / SharedSegment.release: fault in / give back the pages of a byte range.
+    SharedSegment.map_in: map the existing pages of a byte range into this process, writing nothing.
     clean_stale_segments: unlink segments of a prefix whose owner process is gone.
 """
 
@@ -37,6 +38,7 @@ from tiercache.errors import InvalidArgumentError, NotFoundError
 logger = logging.getLogger(__name__)
 
 SHM_DIR = Path("/dev/shm")
+_MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 _PAGE = mmap.PAGESIZE
 REQUIRED_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
@@ -130,6 +132,25 @@ class SharedSegment:
         if self._mmap is not None:
             start = offset - offset % _PAGE
             _populate_range(self._mmap, start, min(self.size, offset + length) - start)
+
+    def map_in(self, offset: int, length: int) -> None:
+        """Set up this process's page-table entries for the pages of ``[offset, offset + length)`` without
+        writing a byte (MADV_POPULATE_READ, else a read per page): another process's segment whose pages
+        exist, mapped here, costs a page fault per 4 KiB page on first access; this takes them ahead."""
+        if self._mmap is None:
+            return
+        start = offset - offset % _PAGE
+        length = min(self.size, offset + length) - start
+        if length <= 0:
+            return
+        try:
+            self._mmap.madvise(_MADV_POPULATE_READ, start, length)
+        except (OSError, ValueError):
+            view = memoryview(self._mmap)
+            try:
+                sum(view[start : start + length : _PAGE])
+            finally:
+                view.release()
 
     def release(self, offset: int, length: int) -> None:
         """Give back the whole pages inside ``[offset, offset + length)``; they read as zeros afterwards."""

@@ -13,6 +13,7 @@ from tiercache.connector.results import SegmentInfo, SlotRef
 from tiercache.connector.segments import SegmentMaps, SlotAccess, SlotMapping
 from tiercache.errors import InvalidArgumentError, NotFoundError, TierCacheError, UnavailableError
 from tiercache.shm import SHM_DIR, SharedSegment
+from tiercache.testing.memory import resident_bytes
 
 
 @pytest.fixture
@@ -88,6 +89,37 @@ def test_retire_waits_for_active_users(segment: SharedSegment) -> None:
     with pytest.raises(UnavailableError, match="retired"), mapping.use():
         pass
     mapping.retire()  # idempotent
+
+
+def test_prefault_maps_a_named_segments_pages_in_and_writes_nothing() -> None:
+    size = 64 * 4096
+    owner = SharedSegment.create(f"tiercache-pf-{secrets.token_hex(3)}", size)
+    try:
+        owner.buffer[:] = bytes(range(256)) * (size // 256)
+        mapping = SlotMapping.attach(SegmentInfo(owner.name, 4096, 64, size))
+        with mapping.use() as slots:
+            address = slots.view(SlotRef(0, 0, 1)).data_ptr()
+        assert resident_bytes(address) == 0  # a fresh mapping of another's pages: a fault per page
+        assert mapping.prefault() == size
+        assert resident_bytes(address) == size
+        assert bytes(owner.buffer) == bytes(range(256)) * (size // 256)
+        assert mapping.prefault(max_bytes=3 * 4096) == 3 * 4096  # capped
+        mapping.retire()
+        assert mapping.prefault() == 0  # retired: nothing left to map
+    finally:
+        owner.close()
+        owner.unlink()
+
+
+def test_prefault_leaves_a_descriptors_sparse_pool_alone() -> None:
+    pool = SharedSegment.create_anonymous("tiercache-pf-pool", 16 * 4096)
+    info = SegmentInfo(pool.name, 4096, 16, 16 * 4096, fd_socket="/run/nowhere.sock")
+    mapping = SlotMapping(pool, info)
+    with mapping.use() as slots:
+        address = slots.view(SlotRef(0, 0, 1)).data_ptr()
+    assert mapping.prefault() == 0
+    assert resident_bytes(address) == 0  # mapping it in would have allocated every page
+    mapping.retire()
 
 
 def test_attach_failures(segment: SharedSegment) -> None:

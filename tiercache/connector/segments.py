@@ -18,6 +18,7 @@ Primitives:
     SlotMapping.use: a context in which ``SlotAccess.view(ref)`` gives a slot's bytes as a tensor, and
         ``SlotAccess.runs(refs)`` a request's slots as strided runs (one view per run of evenly spaced slots).
     SlotMapping.retire / close: unmap when the last user is done (retire) or now (close).
+    SlotMapping.prefault: map a named segment's pages into this process ahead of the first copies.
     SegmentMaps: mapping (get), retain (retire the mappings of segments no longer named), close.
 """
 
@@ -43,6 +44,10 @@ from tiercache.shm import SharedSegment
 from .results import SegmentInfo, SlotRef
 
 logger = logging.getLogger(__name__)
+
+PREFAULT_MAX_BYTES = 16 << 30
+"""The most of a daemon's segment :meth:`SlotMapping.prefault` maps in ahead (page tables cost 1/512 of it)."""
+_PREFAULT_STEP = 64 << 20
 
 
 class SlotAccess:
@@ -200,6 +205,38 @@ class SlotMapping:
             self._unmap()
 
     close = retire
+
+    def prefault(self, max_bytes: int = PREFAULT_MAX_BYTES) -> int:
+        """Map the pages of a named segment into this process ahead of its first loads and stores; returns
+        the bytes mapped in (0 for a descriptor's pool, or a retired mapping).
+
+        The daemon faults its segment in when it starts, but every process that maps it takes a page fault
+        per 4 KiB page on its first access: a fresh engine's first 8 MiB load from L2 took 1.7 ms against
+        1.0 ms once mapped in. Run off the request path (the vLLM connector's connect-ahead thread), in steps
+        that each hold the mapping (a retire waits for the current step only). A tenant's descriptor-passed
+        pool is sparse: mapping it in would allocate every page, so it is left as it is.
+        """
+        if self.info.fd_socket:
+            return 0
+        total = min(self.info.segment_bytes, max_bytes)
+        done = 0
+        while done < total:
+            step = min(_PREFAULT_STEP, total - done)
+            with self._lock:
+                segment = None if self._retired else self._segment
+                if segment is None:
+                    break
+                self._users += 1
+            try:
+                segment.map_in(done, step)
+            finally:
+                with self._lock:
+                    self._users -= 1
+                    unmap = self._retired and self._users == 0
+                if unmap:
+                    self._unmap()
+            done += step
+        return done
 
     def _unmap(self) -> None:
         with self._lock:

@@ -16,6 +16,8 @@ pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'tiercach
 from tiercache.connector import ConnectorConfig, TierCacheClient
 from tiercache.connector.channel import parse_address
 from tiercache.connector.paged import chunk_layer_planes
+from tiercache.connector.results import SlotRef
+from tiercache.connector.segments import PREFAULT_MAX_BYTES
 from tiercache.connector.stream_plane import ByteStreamPlane
 from tiercache.connector.vllm.ahead import connect_ahead
 from tiercache.connector.vllm.config import VllmConnectorConfig
@@ -29,6 +31,7 @@ from tiercache.keys import Namespace, chunk_keys
 from tiercache.layout import KVDtype, KVLayout
 from tiercache.shm import SHM_DIR
 from tiercache.testing.daemon import DaemonProcess as Daemon
+from tiercache.testing.memory import resident_bytes
 
 LAYOUT = KVLayout(2, 2, 64, KVDtype.FLOAT32, chunk_tokens=32, page_tokens=32)  # 64 KiB: one daemon slot
 NS = Namespace(model_id="tiny", revision="+kv:cpu", layout=LAYOUT)
@@ -79,6 +82,19 @@ def test_connect_ahead_registers_and_maps_before_the_first_request(daemon: Daemo
         daemon.proc.wait(30)
         mapping = client.slot_mapping(NS)  # no call left to make: registered and mapped at start
         assert mapping is not None and mapping.info.num_slots > 0
+
+
+def test_connect_ahead_maps_the_segments_pages_in(daemon: Daemon) -> None:
+    with TierCacheClient.connect(daemon.address) as client:
+        connect_ahead(client, NS, map_segment=True).join()
+        mapping = client.slot_mapping(NS)
+        assert mapping is not None
+        prefault = [t for t in threading.enumerate() if t.name == "tiercache-prefault"]
+        for thread in prefault:  # it may have finished already
+            thread.join(60)
+        with mapping.use() as slots:
+            address = slots.view(SlotRef(0, 0, 1)).data_ptr()
+        assert resident_bytes(address) == min(mapping.info.segment_bytes, PREFAULT_MAX_BYTES)
 
 
 def test_connect_ahead_without_a_daemon_logs(tmp_path, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]

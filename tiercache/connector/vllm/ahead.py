@@ -5,7 +5,9 @@ channel and registering its namespace in both roles (two Register round trips), 
 mapping the daemon's shared-memory segment. :func:`connect_ahead` does that work in a background thread
 while vLLM is still starting; a request that arrives first simply does it itself (the client is
 thread-safe and maps a segment once). A daemon that is down is logged, not raised: requests recompute
-until it is back.
+until it is back. Once the segment is mapped, another background thread maps its pages into this process
+(:meth:`~..segments.SlotMapping.prefault`, at a lower CPU priority), so that a fresh engine's first loads do
+not take a page fault per 4 KiB; it stops when the mapping is retired and is never waited for.
 
 Primitives:
     connect_ahead: start the thread (register, and map the segment for the worker role).
@@ -19,10 +21,15 @@ import threading
 from tiercache.errors import TierCacheError
 from tiercache.keys import Namespace
 from tiercache.policies.load import PrefillModel
+from tiercache.priority import lower_thread_priority
 
 from ..client import TierCacheClient
+from ..segments import SlotMapping
 
 logger = logging.getLogger(__name__)
+
+PREFAULT_NICE = 10
+"""Nice increment of the thread that maps the segment in: it takes only CPU the engine leaves."""
 
 
 def connect_ahead(
@@ -39,7 +46,11 @@ def connect_ahead(
             client.declare_models(namespace, prefill)  # sent with this first registration
         try:
             if map_segment:
-                client.slot_mapping(namespace)
+                mapping = client.slot_mapping(namespace)
+                if mapping is not None:
+                    threading.Thread(
+                        target=_prefault, args=(mapping,), name="tiercache-prefault", daemon=True
+                    ).start()
             else:
                 client.registration(namespace)
         except TierCacheError as exc:
@@ -50,3 +61,9 @@ def connect_ahead(
     thread = threading.Thread(target=run, name="tiercache-vllm-connect", daemon=True)
     thread.start()
     return thread
+
+
+def _prefault(mapping: SlotMapping) -> None:
+    lower_thread_priority(PREFAULT_NICE, "prefault")
+    mapped = mapping.prefault()
+    logger.debug("mapped %d bytes of segment %s in ahead", mapped, mapping.name)
