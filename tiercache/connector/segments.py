@@ -222,19 +222,14 @@ class SlotMapping:
         done = 0
         while done < total:
             step = min(_PREFAULT_STEP, total - done)
-            with self._lock:
-                segment = None if self._retired else self._segment
-                if segment is None:
-                    break
-                self._users += 1
             try:
-                segment.map_in(done, step)
-            finally:
-                with self._lock:
-                    self._users -= 1
-                    unmap = self._retired and self._users == 0
-                if unmap:
-                    self._unmap()
+                with self.use():  # not unmapped meanwhile
+                    segment = self._segment
+                    if segment is None:
+                        break
+                    segment.map_in(done, step)
+            except UnavailableError:  # retired
+                break
             done += step
         return done
 
