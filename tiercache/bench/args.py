@@ -203,7 +203,7 @@ def add_policy_flags(g: argparse._ArgumentGroup | argparse.ArgumentParser) -> No
         "--write-policy",
         type=enum_choice(WritePolicyKind),
         default=WritePolicyKind.WRITE_THROUGH,
-        help="write policy: write_through, on_evict or selective (write_through)",
+        help="write policy: write_through, on_evict, selective or watermark (write_through)",
     )
     g.add_argument(
         "--eviction-policy",

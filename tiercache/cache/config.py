@@ -36,7 +36,8 @@ class CacheConfig:
     write_policy: WritePolicyKind = option(
         "write_policy",
         parse=parse_choice(WritePolicyKind),
-        help="when chunks are written down: write_through, on_evict or selective",
+        help="when chunks are written down: write_through, on_evict, selective or watermark (write-through "
+        "once the tier is half full)",
         metavar="POLICY",
         default=WritePolicyKind.WRITE_THROUGH,
     )

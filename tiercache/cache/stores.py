@@ -158,6 +158,8 @@ class Stores:
             with self._lock:
                 self._mover.storing.difference_update(ws.chunk_id for ws in writes)
             raise
+        usage = tier.usage()
+        fill = usage.used_bytes / usage.capacity_bytes if usage.capacity_bytes > 0 else 1.0
         with self._lock:
             self._mover.storing.difference_update(ws.chunk_id for ws in writes)
             down: list[bytes] = []
@@ -168,7 +170,7 @@ class Stores:
                     store.level,
                     now,
                 )
-                if self._writes.on_commit(self._index.is_pinned(entry)):
+                if self._writes.on_commit(self._index.is_pinned(entry), fill):
                     down.append(ws.chunk_id)
             self._writeback.schedule_many(down)
             self._prefill.published([ws.chunk_id for ws in writes])

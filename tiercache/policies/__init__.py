@@ -31,6 +31,7 @@ from tiercache.policies.load import (
 from tiercache.policies.write import (
     OnEvict,
     Selective,
+    Watermark,
     WritePolicy,
     WritePolicyKind,
     WriteThrough,
@@ -53,6 +54,7 @@ __all__ = [
     "Selective",
     "Timeout",
     "WaitComplete",
+    "Watermark",
     "WritePolicy",
     "WritePolicyKind",
     "WriteThrough",

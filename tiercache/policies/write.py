@@ -1,10 +1,12 @@
 """Write policies: when a chunk is written down to the tiers below the one it landed in.
 
-At commit (write-through), when it is evicted (on-evict), or only when it is evicted after it proved worth
-keeping (selective).
+At commit (write-through), when it is evicted (on-evict), only when it is evicted after it proved worth
+keeping (selective), or at commit once the tier it landed in is half full and when evicted before that
+(watermark).
 
 Primitives:
-    WritePolicyKind, WritePolicy, WriteThrough, OnEvict, Selective, make_write_policy.
+    WritePolicyKind, WritePolicy, WriteThrough, OnEvict, Selective, Watermark, make_write_policy.
+    WATERMARK_FILL: the share of a tier's capacity from which the watermark policy writes through.
 """
 
 from __future__ import annotations
@@ -23,14 +25,20 @@ class WritePolicyKind(enum.Enum):
     WRITE_THROUGH = "write_through"
     ON_EVICT = "on_evict"
     SELECTIVE = "selective"
+    WATERMARK = "watermark"
+
+
+WATERMARK_FILL = 0.5
+"""The share of a tier's capacity in use from which :class:`Watermark` writes commits through."""
 
 
 class WritePolicy(abc.ABC):
     """When a chunk goes down to the tiers below the one holding it."""
 
     @abc.abstractmethod
-    def on_commit(self, pinned: bool) -> bool:
-        """Write down (asynchronously) right after a store commits."""
+    def on_commit(self, pinned: bool, fill: float) -> bool:
+        """Write down (asynchronously) right after a store commits; ``fill``: the share of the capacity of
+        the tier the store landed in that is in use, the store included (0 to 1)."""
 
     @abc.abstractmethod
     def on_hit(self, hits: int) -> bool:
@@ -44,7 +52,7 @@ class WritePolicy(abc.ABC):
 class WriteThrough(WritePolicy):
     """Every store is written down at once; an eviction that outruns the write-down demotes."""
 
-    def on_commit(self, pinned: bool) -> bool:
+    def on_commit(self, pinned: bool, fill: float) -> bool:
         """Always."""
         return True
 
@@ -60,7 +68,7 @@ class WriteThrough(WritePolicy):
 class OnEvict(WritePolicy):
     """Chunks go down only when evicted from the tier above."""
 
-    def on_commit(self, pinned: bool) -> bool:
+    def on_commit(self, pinned: bool, fill: float) -> bool:
         """Never at commit."""
         return False
 
@@ -89,7 +97,7 @@ class Selective(WritePolicy):
             raise InvalidArgumentError("selective_min_hits", f"must be a positive integer, got {min_hits!r}")
         self.min_hits = min_hits
 
-    def on_commit(self, pinned: bool) -> bool:
+    def on_commit(self, pinned: bool, fill: float) -> bool:
         """Pinned chunks are written through."""
         return pinned
 
@@ -100,6 +108,40 @@ class Selective(WritePolicy):
     def on_evict(self, hits: int, pinned: bool) -> bool:
         """Demote only proven chunks."""
         return pinned or hits >= self.min_hits
+
+
+class Watermark(WritePolicy):
+    """Write-through once the tier a store lands in is :data:`WATERMARK_FILL` full; below that, a chunk goes
+    down only when it is evicted (as on-evict), and pinned chunks are always written through.
+
+    While a tier has room, nothing it holds is about to be evicted, and a write-down then only costs the host
+    CPU and disk bandwidth the engines would use: with a working set that fits the engines' own caches, the
+    write-down was most of what tiercache cost a serving engine on a small host (``tiercache-bench serve``,
+    chat at concurrency 8 on 2 cores, 3 repeats: 0.86x plain vLLM's requests/s under write-through, 0.94x
+    and 0.97x under this policy in the runs before and after it). Once the tier
+    is half full, commits are written through as under write-through, so that evictions find their chunks
+    already below; the chunks committed before that are demoted when evicted (on the eviction's path, once).
+    What it gives up: a chunk stored while the tier is under the mark is not in the slower tier until it is
+    evicted, so a daemon that dies loses it (a miss, never a wrong byte).
+    """
+
+    def __init__(self, fill: float = WATERMARK_FILL) -> None:
+        """Args: fill: the share of the tier's capacity from which commits are written through (0 to 1)."""
+        if isinstance(fill, bool) or not isinstance(fill, (int, float)) or not 0.0 <= fill <= 1.0:
+            raise InvalidArgumentError("watermark_fill", f"must be between 0 and 1, got {fill!r}")
+        self.fill = float(fill)
+
+    def on_commit(self, pinned: bool, fill: float) -> bool:
+        """Pinned chunks, and every chunk once the tier is at the mark."""
+        return pinned or fill >= self.fill
+
+    def on_hit(self, hits: int) -> bool:
+        """Never on hits: the upper copy serves them."""
+        return False
+
+    def on_evict(self, hits: int, pinned: bool) -> bool:
+        """Always demote (a chunk committed under the mark is not below yet)."""
+        return True
 
 
 def make_write_policy(kind: WritePolicyKind | str, selective_min_hits: int = 2) -> WritePolicy:
@@ -115,4 +157,5 @@ _WRITE: dict[WritePolicyKind, Callable[[int], WritePolicy]] = {
     WritePolicyKind.WRITE_THROUGH: lambda _: WriteThrough(),
     WritePolicyKind.ON_EVICT: lambda _: OnEvict(),
     WritePolicyKind.SELECTIVE: Selective,
+    WritePolicyKind.WATERMARK: lambda _: Watermark(),
 }

@@ -298,6 +298,21 @@ def test_selective_writes_down_only_reused_or_pinned_chunks(make: Callable[..., 
     assert h.check(keys) == [True, True, False, False]
 
 
+def test_watermark_writes_through_once_the_tier_is_half_full(make: Callable[..., Harness]) -> None:
+    h = make(config=CacheConfig(write_policy=WritePolicyKind.WATERMARK, eviction_policy=LRU))  # L1: 4 slots
+    keys = h.keys(6)
+    for k in keys[:4]:
+        h.put([k])  # L1 at 1/4: kept above only; from 2/4 on: written through
+    assert h.in_tier(L2, keys) == [False, True, True, True, False, False]
+    written = h.cache.stats().tier(L2).demotions  # (write-downs count as demotions)
+    h.put([keys[4]])
+    h.put([keys[5]])  # evicts keys[0] (not below yet: demoted) and keys[1] (below already)
+    assert h.removed(L1) == [keys[0], keys[1]]
+    assert h.in_tier(L2, keys) == [True, True, True, True, True, True]
+    assert h.cache.stats().tier(L2).demotions == written + 3  # keys[0], and keys[4], keys[5] written through
+    assert h.check(keys) == [True] * 6
+
+
 # ---------------------------------------------------------------- eviction order
 
 

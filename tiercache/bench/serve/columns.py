@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tiercache.cache.config import CacheConfig
 from tiercache.testing.daemon import DaemonProcess
 from tiercache.testing.embedded import EmbeddedDaemonConfig, daemon_process
 from tiercache.testing.vllm_server import VllmServer, VllmServerConfig
@@ -108,7 +109,10 @@ class Setup:
             if kind is ColumnKind.TIERCACHE_L2
             else max(8 * chunk, self.engine_tokens * self.bytes_per_token)
         )
-        config = EmbeddedDaemonConfig(slot_bytes=chunk, l2_bytes=l2, l3_bytes=store)
+        # the daemon's own default write policy: the record measures what a user gets
+        config = EmbeddedDaemonConfig(
+            slot_bytes=chunk, l2_bytes=l2, l3_bytes=store, write_policy=CacheConfig().write_policy
+        )
         sock_dir = Path(tempfile.mkdtemp(prefix="tcserve-"))  # short: a unix socket path has ~107 bytes
         l3 = self.work / f"l3-{name}"
         # Every server starts cold: a repeat must not find the chunks of the one before.
