@@ -53,7 +53,7 @@ from tiercache.tiers.base import (
     check_sources,
 )
 from tiercache.tiers.pages import check_dst, checksum_of, poor_utilisation
-from tiercache.tiers.slot_copies import copy_in, copy_out
+from tiercache.tiers.slot_copies import CopyPool, copy_in, copy_out, copy_workers
 from tiercache.tiers.slotspace import DEFAULT_PARTITION, PartitionBacking, SlotSpace
 
 logger = logging.getLogger(__name__)
@@ -91,6 +91,7 @@ class SlotPoolTier(SlotTier):
         backing: PartitionBacking | None = None,
         verify_loads: bool = False,
         max_chunk_bytes: int | None = None,
+        copy_threads: int | None = None,
     ) -> None:
         """Wrap a page tensor.
 
@@ -104,6 +105,8 @@ class SlotPoolTier(SlotTier):
             verify_loads: the cache checks a chunk's bytes (:meth:`verify`) before it leases them to a
                 reader (needs ``checksums``).
             max_chunk_bytes: the largest chunk (None: one page); a multiple of pages is not needed.
+            copy_threads: helper threads for a large batch's copies (None: :func:`~.slot_copies.copy_workers`
+                of this host; GPU pools none).
         """
         if pool.dtype != torch.uint8 or pool.dim() != 2 or pool.shape[0] == 0:
             raise InvalidArgumentError("pool", "must be a non-empty 2-D uint8 tensor [num_pages, page_bytes]")
@@ -136,6 +139,8 @@ class SlotPoolTier(SlotTier):
         self._payload = 0  # bytes of the committed chunks
         self._reserved_payload = 0
         self._warned = False
+        workers = copy_workers() if copy_threads is None else copy_threads
+        self._copies = CopyPool(0 if pool.is_cuda else workers, f"tiercache-{level.name.lower()}-copy")
 
     @property
     def device(self) -> torch.device:
@@ -264,11 +269,18 @@ class SlotPoolTier(SlotTier):
         with self._lock:
             wheres = self._live(slots)
         known = checksums if checksums is not None else [None] * len(slots)
-        checks: list[int | None] = []
         host = not self._pool.is_cuda
-        for ws, where, src, check in zip(slots, wheres, srcs, known, strict=True):
-            host_row = functools.partial(self._host_row, where, ws.nbytes) if host else None
-            checks.append(copy_in(host_row, functools.partial(self._row, where, ws.nbytes), src, check))
+        calls = [
+            functools.partial(
+                copy_in,
+                functools.partial(self._host_row, where, ws.nbytes) if host else None,
+                functools.partial(self._row, where, ws.nbytes),
+                src,
+                check,
+            )
+            for ws, where, src, check in zip(slots, wheres, srcs, known, strict=True)
+        ]
+        checks: list[int | None] = list(self._copies.run(calls, sum(ws.nbytes for ws in slots)))
         self._commit(slots, wheres, checks)
 
     def _commit(self, slots: Sequence[WriteSlot], wheres: list[_Slot], checks: Sequence[int | None]) -> None:
@@ -378,12 +390,22 @@ class SlotPoolTier(SlotTier):
         ok = [entry is not None for entry in found]
         host = not self._pool.is_cuda
         try:
-            for i, (entry, dst) in enumerate(zip(found, dsts)):
-                if entry is None:
-                    continue
-                host_row = functools.partial(self._host_row, entry.where, entry.nbytes) if host else None
-                row = functools.partial(self._row, entry.where, entry.nbytes)
-                ok[i] = copy_out(host_row, row, dst, entry.nbytes, entry.checksum)
+            present = [(i, e, dst) for i, (e, dst) in enumerate(zip(found, dsts)) if e is not None]
+            calls = [
+                functools.partial(
+                    copy_out,
+                    functools.partial(self._host_row, e.where, e.nbytes) if host else None,
+                    functools.partial(self._row, e.where, e.nbytes),
+                    dst,
+                    e.nbytes,
+                    e.checksum,
+                )
+                for _, e, dst in present
+            ]
+            for (i, _, _), good in zip(
+                present, self._copies.run(calls, sum(e.nbytes for _, e, _ in present))
+            ):
+                ok[i] = good
         finally:
             with self._lock:
                 for entry in found:
@@ -490,6 +512,7 @@ class SlotPoolTier(SlotTier):
 
     def close(self) -> None:
         """Forget every chunk; subclasses release the memory."""
+        self._copies.close()
         with self._lock:
             self._committed.clear()
             self._reserved.clear()
