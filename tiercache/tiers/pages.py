@@ -12,11 +12,13 @@ Primitives:
     poor_utilisation: the once-per-tier warning of a full tier whose chunks use little of it.
     checksum_of: the xxh3-64 checksum of a chunk's bytes.
     check_dst: the check of a copy's destination.
+    Run, CommittedRun: where a chunk's pages are, and a committed chunk's record.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -124,3 +126,23 @@ def check_dst(dst: torch.Tensor, nbytes: int) -> None:
         raise InvalidArgumentError(
             "dsts", f"destination of {dst.numel()} bytes is smaller than the chunk ({nbytes})"
         )
+
+
+Run = tuple[str, int]
+"""A run of pages: (partition key, first page)."""
+
+
+@dataclass(slots=True)
+class CommittedRun:
+    """A committed chunk: its run (``part``, first page ``slot``, ``pages``), its bytes and checksum."""
+
+    part: str
+    slot: int
+    pages: int
+    nbytes: int
+    checksum: int | None = None
+
+    @property
+    def where(self) -> Run:
+        """The run: (partition key, first page)."""
+        return (self.part, self.slot)

@@ -35,8 +35,7 @@ import itertools
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -52,28 +51,15 @@ from tiercache.tiers.base import (
     check_checksums,
     check_sources,
 )
-from tiercache.tiers.pages import check_dst, checksum_of, poor_utilisation
+from tiercache.tiers.pages import CommittedRun, Run, check_dst, checksum_of, poor_utilisation
 from tiercache.tiers.slot_copies import CopyPool, copy_in, copy_out, copy_workers
 from tiercache.tiers.slotspace import DEFAULT_PARTITION, PartitionBacking, SlotSpace
 
 logger = logging.getLogger(__name__)
 
-_Slot = tuple[str, int]
-"""A run: (partition key, first page)."""
+_Slot = Run
 _Checks = Sequence[int | None] | None
-
-
-@dataclass(slots=True)
-class _Entry:
-    part: str
-    slot: int
-    pages: int
-    nbytes: int
-    checksum: int | None = None
-
-    @property
-    def where(self) -> _Slot:
-        return (self.part, self.slot)
+_Entry = CommittedRun
 
 
 class SlotPoolTier(SlotTier):
@@ -105,8 +91,7 @@ class SlotPoolTier(SlotTier):
             verify_loads: the cache checks a chunk's bytes (:meth:`verify`) before it leases them to a
                 reader (needs ``checksums``).
             max_chunk_bytes: the largest chunk (None: one page); a multiple of pages is not needed.
-            copy_threads: helper threads for a large batch's copies (None: :func:`~.slot_copies.copy_workers`
-                of this host; GPU pools none).
+            copy_threads: helpers for a large batch's copies (None: :func:`~.slot_copies.copy_workers`).
         """
         if pool.dtype != torch.uint8 or pool.dim() != 2 or pool.shape[0] == 0:
             raise InvalidArgumentError("pool", "must be a non-empty 2-D uint8 tensor [num_pages, page_bytes]")
@@ -192,6 +177,13 @@ class SlotPoolTier(SlotTier):
         start = where[1] * self.page_bytes
         return self._space.array(where[0])[start : start + nbytes]
 
+    def _rows(
+        self, where: _Slot, nbytes: int
+    ) -> tuple[Callable[[], np.ndarray] | None, Callable[[], torch.Tensor]]:
+        """The run as an array (None for a GPU pool) and as a tensor, each made when a copy needs it."""
+        host = None if self._pool.is_cuda else functools.partial(self._host_row, where, nbytes)
+        return host, functools.partial(self._row, where, nbytes)
+
     def reserve(self, chunk_ids: Sequence[bytes], sizes: Sequence[int]) -> list[WriteSlot]:
         """See :meth:`StorageTier.reserve`."""
         check_batch(chunk_ids, sizes)
@@ -269,16 +261,9 @@ class SlotPoolTier(SlotTier):
         with self._lock:
             wheres = self._live(slots)
         known = checksums if checksums is not None else [None] * len(slots)
-        host = not self._pool.is_cuda
         calls = [
-            functools.partial(
-                copy_in,
-                functools.partial(self._host_row, where, ws.nbytes) if host else None,
-                functools.partial(self._row, where, ws.nbytes),
-                src,
-                check,
-            )
-            for ws, where, src, check in zip(slots, wheres, srcs, known, strict=True)
+            functools.partial(copy_in, *self._rows(w, ws.nbytes), src, check)
+            for ws, w, src, check in zip(slots, wheres, srcs, known, strict=True)
         ]
         checks: list[int | None] = list(self._copies.run(calls, sum(ws.nbytes for ws in slots)))
         self._commit(slots, wheres, checks)
@@ -388,18 +373,10 @@ class SlotPoolTier(SlotTier):
                     self._committed.move_to_end(cid)
                     self._readers[entry.where] = self._readers.get(entry.where, 0) + 1
         ok = [entry is not None for entry in found]
-        host = not self._pool.is_cuda
         try:
             present = [(i, e, dst) for i, (e, dst) in enumerate(zip(found, dsts)) if e is not None]
             calls = [
-                functools.partial(
-                    copy_out,
-                    functools.partial(self._host_row, e.where, e.nbytes) if host else None,
-                    functools.partial(self._row, e.where, e.nbytes),
-                    dst,
-                    e.nbytes,
-                    e.checksum,
-                )
+                functools.partial(copy_out, *self._rows(e.where, e.nbytes), dst, e.nbytes, e.checksum)
                 for _, e, dst in present
             ]
             for (i, _, _), good in zip(
