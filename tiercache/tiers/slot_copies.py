@@ -23,9 +23,10 @@ Primitives:
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import numpy as np
 import torch
@@ -105,21 +106,37 @@ class CopyPool:
 
     def __init__(self, workers: int, name: str) -> None:
         """Args: workers: helper threads (0: every copy on the caller's thread); name: their name prefix."""
+        self._workers = workers
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix=name) if workers > 0 else None
 
     def run(self, calls: Sequence[Callable[[], _T]], nbytes: int) -> list[_T]:
         """Each call's result, in order. A batch of ``nbytes`` under :data:`PARALLEL_MIN_BYTES`, or of one
-        call, runs on the caller's thread; otherwise the helpers take all calls but the first, which the caller
-        makes. Returns only once every call has finished (a copy never outlives its caller's hold on the
+        call, runs on the caller's thread; otherwise the caller and the helpers each take the next call nobody
+        took (as the connector's split store does), so a helper that is slow to start leaves its share to the
+        others. Returns only once every call has finished (a copy never outlives its caller's hold on the
         slots), raising the first error."""
         if self._executor is None or len(calls) < 2 or nbytes < PARALLEL_MIN_BYTES:
             return [call() for call in calls]
-        futures = [self._executor.submit(call) for call in calls[1:]]
+        results: list[_T | None] = [None] * len(calls)
+        pending = iter(range(len(calls)))
+        take = threading.Lock()
+
+        def drain() -> None:
+            while True:
+                with take:
+                    i = next(pending, None)
+                if i is None:
+                    return
+                results[i] = calls[i]()
+
+        helpers = [self._executor.submit(drain) for _ in range(min(self._workers, len(calls) - 1))]
         try:
-            first = calls[0]()
+            drain()
         finally:
-            wait(futures)
-        return [first, *(f.result() for f in futures)]
+            wait(helpers)
+        for helper in helpers:
+            helper.result()  # the first error of a helper
+        return cast(list[_T], results)  # every call ran: no None left
 
     def close(self) -> None:
         """Stop the helpers (idempotent)."""
