@@ -186,6 +186,10 @@ class CacheStats:
         default=0,
         metadata=counter("Prefill tokens engines reported recomputing although they had looked them up"),
     )
+    deferred_writes: int = field(
+        default=0,
+        metadata=gauge("Write-downs kept for when the host has a core to spare (watermark write policy)"),
+    )
 
     def tier(self, level: TierLevel) -> TierStats:
         """The stats of one tier.

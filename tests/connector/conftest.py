@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -24,9 +24,9 @@ DAEMON_ARGS = (*SMALL_DAEMON_ARGS, "--lease-ttl-s", "2")
 """Options of this directory's daemons: small sizes, leases of 2 s."""
 
 
-def connector_daemon(root: Path) -> DaemonProcess:
-    """A (not started) daemon with this directory's options in ``root``."""
-    return make_daemon(root, DAEMON_ARGS)
+def connector_daemon(root: Path, extra: Sequence[str] = ()) -> DaemonProcess:
+    """A (not started) daemon with this directory's options and ``extra`` in ``root``."""
+    return make_daemon(root, [*DAEMON_ARGS, *extra])
 
 
 @pytest.fixture(scope="session")

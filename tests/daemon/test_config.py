@@ -32,7 +32,7 @@ def test_precedence_defaults_toml_env_cli(tmp_path: Path) -> None:
     assert opts["lease_ttl_s"] == 9.0  # flag over environment
     assert opts["eviction_policy"] is EvictionPolicyKind.LFU  # TOML
     assert opts["l3_durable"] is True and opts["socket_mode"] == 0o640  # TOML natives
-    assert opts["write_policy"] is WritePolicyKind.WRITE_THROUGH  # default
+    assert opts["write_policy"] is WritePolicyKind.WATERMARK  # default
     assert opts["l3_codec"] is Codec.RAW and opts["stream_chunk_bytes"] == 4 << 20  # defaults
     # The config file can also come from the environment; a --no- flag beats it.
     opts = resolve_options(["--no-l3-durable"], {"TIERCACHE_CONFIG": str(cfg), "HOME": str(tmp_path)})
@@ -206,7 +206,7 @@ def test_help_lists_every_option_with_its_default() -> None:
     assert text.count("(default:") == len(OPTIONS) + 1
     assert "--l3-fault-read-delay-s FLOAT fault injection, off by default" in text
     assert "--l3-fault-read-bytes-per-s SIZE fault injection, off by default" in text
-    for fragment in ("(default: 32M;", "(default: 0600;", "(default: write_through;", "(default: adaptive;", "(default: 8M;",
+    for fragment in ("(default: 32M;", "(default: 0600;", "(default: watermark;", "(default: adaptive;", "(default: 8M;",
                      "(default: 4M;", "(default: tiercache-l2;", "(default: 127.0.0.1;", "(default: INFO;",
                      "10% of physical RAM", "min(8G, 10% of the free space"):  # fmt: skip
         assert fragment in text, fragment

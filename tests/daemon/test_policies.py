@@ -93,7 +93,8 @@ class ColdL3:
 def _cold_l3(tmp: Path, fault: Sequence[str], chains: dict[int, int]) -> Iterator[ColdL3]:
     """Store ``chains`` (seed -> chunks), let them reach L3, restart the daemon with ``fault`` on that L3."""
     prefix = f"tiercache-test-{secrets.token_hex(4)}"  # xdist workers share /dev/shm and tmp names
-    first = new_daemon(tmp, prefix=prefix).start()
+    # write-through: the stores reach L3 at once
+    first = new_daemon(tmp, ["--write-policy", "write_through"], prefix=prefix).start()
     keys = {seed: make_keys(n, seed) for seed, n in chains.items()}
     try:
         stub = first.stub()

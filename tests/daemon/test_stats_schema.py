@@ -34,6 +34,7 @@ _NAMES = {
     "tiercache_pending_writes": "gauge",
     "tiercache_failed_writes": "counter",
     "tiercache_recomputed_tokens": "counter",
+    "tiercache_deferred_writes": "gauge",  # the watermark policy's backlog (added with it)
     "tiercache_prefill_active_claims": "gauge",
     "tiercache_prefill_claimed_chunks": "gauge",
     "tiercache_prefill_waits": "counter",

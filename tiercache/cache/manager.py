@@ -120,7 +120,7 @@ class CacheManager:
         self._prefill = PrefillCoordinator(clock)
         rates, prefill, reap = self._rates, self._prefill, self._reap
         self._mover = mover = Mover(lock, by_level, index, self._space, writes, rates, clock, reap)
-        self._writeback = writeback = WriteBack(mover.write_down_step)
+        self._writeback = writeback = WriteBack(mover.write_down_step, cfg.catch_up_spare_cores)
         parts = Parts(lock, clock, by_level, index, leases, mover, writes, writeback, reap)
         self._stores = Stores(parts, prefill)
         self._loads = Loads(parts, rates)
@@ -439,12 +439,11 @@ class CacheManager:
         view (its chunks, bytes and traffic only: :meth:`Tenants.stats`)."""
         with self._lock:
             self._reap(self._clock())
-            tiers = tuple(
-                self._index.tier_stats(level, tier.usage(), self._rates.rate(level))
-                for level, tier in self._tiers.items()
-            )
             full = CacheStats(
-                tiers=tiers,
+                tiers=tuple(
+                    self._index.tier_stats(lv, t.usage(), self._rates.rate(lv))
+                    for lv, t in self._tiers.items()
+                ),
                 namespaces=len(self._namespaces),
                 active_leases=self._leases.active_leases,
                 expired_leases=self._leases.expired,
@@ -453,21 +452,22 @@ class CacheManager:
                 failed_writes=self._writeback.failed,
                 prefill=self._prefill.stats(),
                 recomputed_tokens=self._index.recomputed_tokens,
+                deferred_writes=self._writeback.deferred,
             )
             return full if tenant is None else self._tenants.stats(tenant, full)
 
     def flush(self, timeout_s: float | None = None) -> None:
-        """Wait until every write-down queued so far has finished."""
+        """Wait until every write-down queued so far has finished, deferred ones included."""
         self._writeback.flush(timeout_s)
 
     def close(self) -> None:
-        """Finish queued write-downs, then close every tier (idempotent). Persistent tiers keep their chunks."""
+        """Finish write-downs (deferred ones for ``stop_write_down_s``), close the tiers (idempotent)."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
         self._prefetcher.close()
-        self._writeback.close()
+        self._writeback.close(self._config.stop_write_down_s)
         with self._lock:
             self._stores.discard_all()
             for tier in self._tiers.values():

@@ -163,6 +163,7 @@ class Stores:
         with self._lock:
             self._mover.storing.difference_update(ws.chunk_id for ws in writes)
             down: list[bytes] = []
+            later: list[bytes] = []
             for ws, depth in zip(writes, depths):
                 entry = self._index.add_residency(
                     ws.chunk_id,
@@ -172,7 +173,10 @@ class Stores:
                 )
                 if self._writes.on_commit(self._index.is_pinned(entry), fill):
                     down.append(ws.chunk_id)
+                elif self._writes.on_idle():
+                    later.append(ws.chunk_id)
             self._writeback.schedule_many(down)
+            self._writeback.defer(later)
             self._prefill.published([ws.chunk_id for ws in writes])
             return len(writes)
 

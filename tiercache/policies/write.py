@@ -1,8 +1,8 @@
 """Write policies: when a chunk is written down to the tiers below the one it landed in.
 
 At commit (write-through), when it is evicted (on-evict), only when it is evicted after it proved worth
-keeping (selective), or at commit once the tier it landed in is half full and when evicted before that
-(watermark).
+keeping (selective), or at commit once the tier it landed in is half full, and before that while the host
+is idle or when evicted (watermark, the default).
 
 Primitives:
     WritePolicyKind, WritePolicy, WriteThrough, OnEvict, Selective, Watermark, make_write_policy.
@@ -41,6 +41,10 @@ class WritePolicy(abc.ABC):
         the tier the store landed in that is in use, the store included (0 to 1)."""
 
     @abc.abstractmethod
+    def on_idle(self) -> bool:
+        """Write down, once the host has a core to spare, a chunk that :meth:`on_commit` kept above."""
+
+    @abc.abstractmethod
     def on_hit(self, hits: int) -> bool:
         """Write down once a read brought the chunk's hit count to ``hits``."""
 
@@ -56,6 +60,10 @@ class WriteThrough(WritePolicy):
         """Always."""
         return True
 
+    def on_idle(self) -> bool:
+        """Nothing is kept above at commit."""
+        return False
+
     def on_hit(self, hits: int) -> bool:
         """Already written at commit."""
         return False
@@ -70,6 +78,10 @@ class OnEvict(WritePolicy):
 
     def on_commit(self, pinned: bool, fill: float) -> bool:
         """Never at commit."""
+        return False
+
+    def on_idle(self) -> bool:
+        """Only when evicted."""
         return False
 
     def on_hit(self, hits: int) -> bool:
@@ -101,6 +113,10 @@ class Selective(WritePolicy):
         """Pinned chunks are written through."""
         return pinned
 
+    def on_idle(self) -> bool:
+        """Only proven chunks, when evicted."""
+        return False
+
     def on_hit(self, hits: int) -> bool:
         """Never on hits: a proven chunk goes down when evicted."""
         return False
@@ -121,8 +137,10 @@ class Watermark(WritePolicy):
     and 0.97x under this policy in the runs before and after it). Once the tier
     is half full, commits are written through as under write-through, so that evictions find their chunks
     already below; the chunks committed before that are demoted when evicted (on the eviction's path, once).
-    What it gives up: a chunk stored while the tier is under the mark is not in the slower tier until it is
-    evicted, so a daemon that dies loses it (a miss, never a wrong byte).
+    A chunk stored under the mark is written down later, while the host has a core to spare
+    (:meth:`on_idle`; :mod:`tiercache.cache.writeback`), and at a daemon's stop within its bound, so a warm
+    restart finds it below. What it gives up: a daemon that dies before then loses such a chunk (a miss,
+    never a wrong byte).
     """
 
     def __init__(self, fill: float = WATERMARK_FILL) -> None:
@@ -134,6 +152,10 @@ class Watermark(WritePolicy):
     def on_commit(self, pinned: bool, fill: float) -> bool:
         """Pinned chunks, and every chunk once the tier is at the mark."""
         return pinned or fill >= self.fill
+
+    def on_idle(self) -> bool:
+        """Yes: a restart then finds what was stored under the mark, without costing a busy host anything."""
+        return True
 
     def on_hit(self, hits: int) -> bool:
         """Never on hits: the upper copy serves them."""

@@ -459,7 +459,7 @@ class PrefillStats(_message.Message):
     def __init__(self, active_claims: _Optional[int] = ..., claimed_chunks: _Optional[int] = ..., waits: _Optional[int] = ..., takeovers: _Optional[int] = ..., expired_claims: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("tiers", "namespaces", "active_leases", "expired_leases", "single_flight_joins", "pending_writes", "failed_writes", "prefill", "recomputed_tokens")
+    __slots__ = ("tiers", "namespaces", "active_leases", "expired_leases", "single_flight_joins", "pending_writes", "failed_writes", "prefill", "recomputed_tokens", "deferred_writes")
     TIERS_FIELD_NUMBER: _ClassVar[int]
     NAMESPACES_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_LEASES_FIELD_NUMBER: _ClassVar[int]
@@ -469,6 +469,7 @@ class StatsResponse(_message.Message):
     FAILED_WRITES_FIELD_NUMBER: _ClassVar[int]
     PREFILL_FIELD_NUMBER: _ClassVar[int]
     RECOMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DEFERRED_WRITES_FIELD_NUMBER: _ClassVar[int]
     tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
     namespaces: int
     active_leases: int
@@ -478,7 +479,8 @@ class StatsResponse(_message.Message):
     failed_writes: int
     prefill: PrefillStats
     recomputed_tokens: int
-    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., namespaces: _Optional[int] = ..., active_leases: _Optional[int] = ..., expired_leases: _Optional[int] = ..., single_flight_joins: _Optional[int] = ..., pending_writes: _Optional[int] = ..., failed_writes: _Optional[int] = ..., prefill: _Optional[_Union[PrefillStats, _Mapping]] = ..., recomputed_tokens: _Optional[int] = ...) -> None: ...
+    deferred_writes: int
+    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., namespaces: _Optional[int] = ..., active_leases: _Optional[int] = ..., expired_leases: _Optional[int] = ..., single_flight_joins: _Optional[int] = ..., pending_writes: _Optional[int] = ..., failed_writes: _Optional[int] = ..., prefill: _Optional[_Union[PrefillStats, _Mapping]] = ..., recomputed_tokens: _Optional[int] = ..., deferred_writes: _Optional[int] = ...) -> None: ...
 
 class ClaimPrefillRequest(_message.Message):
     __slots__ = ("handle", "keys", "ttl_s")

@@ -27,12 +27,15 @@ def test_quick_serve_with_the_daemon_killed_mid_run(
 ) -> None:
     out = tmp_path / "serve.json"
     workloads = tmp_path / "workloads"
+    # write-through: what was stored before the kill is on L3 (the default watermark policy keeps what L2
+    # took while under half full there only, until the host has a core to spare: a SIGKILL loses it)
     args = _args("--quick", "--kill-daemon-at", "1", "--json", str(out), "--dir", str(work),
-                 "--workloads-dir", str(workloads), "-q")  # fmt: skip
+                 "--workloads-dir", str(workloads), "--write-policy", "write_through", "-q")  # fmt: skip
     assert run(args) == 0
     text = capsys.readouterr().out
     doc = json.loads(out.read_text())
     assert doc["schema"] == "tiercache-bench/serve/1" and doc["skipped"] == {}
+    assert doc["config"]["write_policy"] == "write_through"
     rows = {(r["fits"], r["column"]): r for r in doc["rows"]}
     assert sorted(rows) == [(False, "plain"), (False, "tiercache_l2")]
     for row in rows.values():

@@ -110,7 +110,8 @@ class Engine:
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    d = connector_daemon(tmp_path_factory.mktemp("events-daemon"))
+    root = tmp_path_factory.mktemp("events-daemon")
+    d = connector_daemon(root, ["--write-policy", "write_through"])  # L3's events come right after a store
     try:
         d.start()
         yield d

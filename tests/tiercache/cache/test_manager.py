@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
+import math
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -299,11 +301,17 @@ def test_selective_writes_down_only_reused_or_pinned_chunks(make: Callable[..., 
 
 
 def test_watermark_writes_through_once_the_tier_is_half_full(make: Callable[..., Harness]) -> None:
-    h = make(config=CacheConfig(write_policy=WritePolicyKind.WATERMARK, eviction_policy=LRU))  # L1: 4 slots
+    busy = CacheConfig(
+        write_policy=WritePolicyKind.WATERMARK, eviction_policy=LRU, catch_up_spare_cores=math.inf
+    )
+    h = make(config=busy)  # L1: 4 slots; the host never has a core to spare
     keys = h.keys(6)
     for k in keys[:4]:
-        h.put([k])  # L1 at 1/4: kept above only; from 2/4 on: written through
-    assert h.in_tier(L2, keys) == [False, True, True, True, False, False]
+        h.put([k])  # L1 at 1/4: kept above only (deferred); from 2/4 on: written through
+    assert h.cache.stats().deferred_writes == 1
+    wait_until(lambda: h.cache.stats().pending_writes == 0, timeout_s=30, what="the write-throughs")
+    assert [h.cache.lookup(h.ns_id, [k]).by_tier[L2] for k in keys] == [0, 1, 1, 1, 0, 0]
+    assert h.cache.stats().deferred_writes == 1  # still waiting for a spare core
     written = h.cache.stats().tier(L2).demotions  # (write-downs count as demotions)
     h.put([keys[4]])
     h.put([keys[5]])  # evicts keys[0] (not below yet: demoted) and keys[1] (below already)
@@ -607,6 +615,50 @@ def test_warm_restart_finds_every_l3_chunk(tmp_path: Path, namespace: Namespace)
         assert h2.check(keys) == [True] * 12
     finally:
         h2.close()
+
+
+def test_what_watermark_deferred_is_written_down_at_a_stop_within_its_bound(
+    tmp_path: Path, namespace: Namespace, caplog: pytest.LogCaptureFixture
+) -> None:
+    def config(stop_s: float) -> CacheConfig:  # the host never has a core to spare: only the stop writes
+        return CacheConfig(
+            write_policy=WritePolicyKind.WATERMARK, catch_up_spare_cores=math.inf, stop_write_down_s=stop_s
+        )
+
+    h = Harness(tmp_path, namespace, l1=None, l2=8, l3=20, config=config(30.0))
+    keys = h.keys(3)
+    h.put(keys)  # L2 at 3/8: under the mark, nothing written down
+    assert h.cache.stats().deferred_writes == 3 and h.cache.stats().tier(L3).chunks == 0
+    h.close()
+    h2 = Harness(tmp_path, namespace, l1=None, l2=8, l3=20, config=config(0.0))
+    try:
+        assert dict(h2.cache.lookup(h2.ns_id, keys).by_tier) == {L2: 0, L3: 3}
+        assert h2.check(keys) == [True] * 3
+        more = h2.keys(2, seed=5)
+        h2.put(more)
+        with caplog.at_level(logging.WARNING, logger="tiercache.cache.writeback"):
+            h2.close()  # no time to write them down: they are gone, and the log says how many
+        assert "2 chunks stored while their tier was under its watermark were not written down" in caplog.text
+    finally:
+        h2.close()
+    h3 = Harness(tmp_path, namespace, l1=None, l2=8, l3=20)
+    try:
+        assert h3.cache.lookup(h3.ns_id, keys + more).chunks == 3
+    finally:
+        h3.close()
+
+
+def test_watermark_writes_deferred_chunks_down_while_the_host_has_a_spare_core(
+    make: Callable[..., Harness],
+) -> None:
+    idle = CacheConfig(write_policy=WritePolicyKind.WATERMARK, catch_up_spare_cores=0.0)  # always spare
+    h = make(l1=None, l2=8, config=idle)
+    keys = h.keys(3)
+    h.put(keys)
+    wait_until(lambda: h.cache.stats().tier(L3).chunks == 3, timeout_s=30, what="the catch-up")  # no flush
+    assert h.cache.stats().deferred_writes == 0
+    assert dict(h.cache.lookup(h.ns_id, keys).by_tier) == {L2: 3, L3: 3}
+    assert h.check(keys) == [True] * 3
 
 
 def test_a_corrupt_l3_value_is_a_miss(make: Callable[..., Harness]) -> None:

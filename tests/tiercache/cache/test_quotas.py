@@ -16,7 +16,7 @@ from tiercache.cache import CacheConfig, CacheManager
 from tiercache.cache.quotas import QuotaExceededError, QuotaTable, TenantQuota
 from tiercache.errors import CapacityError, InvalidArgumentError
 from tiercache.keys import Namespace, chunk_keys
-from tiercache.policies import EvictionPolicyKind
+from tiercache.policies import EvictionPolicyKind, WritePolicyKind
 from tiercache.tiers.base import TierLevel, WriteSlot
 from tiercache.tiers.host import HostTier, HostTierConfig
 from tiercache.tiers.lmdb import LmdbTier, LmdbTierConfig
@@ -360,7 +360,8 @@ def _gated(tmp_path: Path, namespace: Namespace) -> tuple[CacheManager, bytes, G
         LmdbTierConfig(path=str(tmp_path / "l3"), capacity_bytes=40 * (HEADER_BYTES + nbytes)),
         threading.Event(),
     )
-    cache = CacheManager([l2, l3])
+    # write-through: a store's write-down is queued at its commit
+    cache = CacheManager([l2, l3], CacheConfig(write_policy=WritePolicyKind.WRITE_THROUGH))
     cache.set_quotas(QuotaTable(default=TenantQuota(l2_bytes=_slots(1, namespace))))
     return cache, cache.register_namespace(namespace, "a"), l3
 

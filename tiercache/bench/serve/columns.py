@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tiercache.cache.config import CacheConfig
+from tiercache.policies import WritePolicyKind
 from tiercache.testing.daemon import DaemonProcess
 from tiercache.testing.embedded import EmbeddedDaemonConfig, daemon_process
 from tiercache.testing.vllm_server import VllmServer, VllmServerConfig
@@ -81,6 +81,7 @@ class Setup:
         bytes_per_token: KV bytes per token.
         threads: OMP threads of every server.
         lmcache_python: LMCache's venv interpreter ("" to skip the column).
+        write_policy: the tiercache daemons' write policy.
     """
 
     model: Path
@@ -94,6 +95,7 @@ class Setup:
     bytes_per_token: int
     threads: int
     lmcache_python: str
+    write_policy: WritePolicyKind
 
     def server(self, name: str, tokens: int, **kw: Any) -> VllmServer:
         config = VllmServerConfig(self.model, tokens * self.bytes_per_token, self.block_size,
@@ -109,9 +111,8 @@ class Setup:
             if kind is ColumnKind.TIERCACHE_L2
             else max(8 * chunk, self.engine_tokens * self.bytes_per_token)
         )
-        # the daemon's own default write policy: the record measures what a user gets
         config = EmbeddedDaemonConfig(
-            slot_bytes=chunk, l2_bytes=l2, l3_bytes=store, write_policy=CacheConfig().write_policy
+            slot_bytes=chunk, l2_bytes=l2, l3_bytes=store, write_policy=self.write_policy
         )
         sock_dir = Path(tempfile.mkdtemp(prefix="tcserve-"))  # short: a unix socket path has ~107 bytes
         l3 = self.work / f"l3-{name}"

@@ -23,6 +23,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from tiercache.policies import WritePolicyKind
+
 from ..args import add_output_flags, non_negative_float, parse_ints, positive_float, positive_int
 from ..command import FAILURES, failure_status, finish, progress_to_stderr
 from ..common.workdir import work_directory
@@ -99,6 +101,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help="SIGKILL the daemon this long into the first tiercache column, restart it")  # fmt: skip
     parser.add_argument("--kill-pause", type=non_negative_float, default=d.kill_pause_s, metavar="SECONDS",
                         help=f"how long the killed daemon stays down ({d.kill_pause_s})")  # fmt: skip
+    parser.add_argument("--write-policy", type=WritePolicyKind, choices=list(WritePolicyKind), default=d.write_policy,
+                        metavar="POLICY", help=f"the tiercache daemons' write policy ({d.write_policy.value})")  # fmt: skip
     parser.add_argument("--workloads-dir", type=Path, default=None, help="write the workloads' JSONL here")
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory (model, logs, L3)")
     parser.add_argument(
@@ -116,7 +120,8 @@ def config_from_args(args: argparse.Namespace) -> ServeBenchConfig:
     base.update({k: v for k, v in given.items() if v is not None})
     return ServeBenchConfig(**base, chunk_tokens=args.chunk_tokens, threads=args.threads, repeats=args.repeats,
                             lmcache_python=args.lmcache_python, kill_daemon_at_s=args.kill_daemon_at,
-                            kill_pause_s=args.kill_pause, workloads_dir=args.workloads_dir)  # fmt: skip
+                            kill_pause_s=args.kill_pause, workloads_dir=args.workloads_dir,
+                            write_policy=args.write_policy)  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:

@@ -37,9 +37,11 @@ from pathlib import Path
 
 import httpx
 
+from tiercache.cache.config import CacheConfig
 from tiercache.connector.client import TierCacheClient
 from tiercache.connector.settle import SETTLE_AFTER_S
 from tiercache.errors import TierCacheError
+from tiercache.policies import WritePolicyKind
 from tiercache.testing.daemon import DaemonProcess, DaemonStartError
 from tiercache.testing.vllm_server import VllmServerError
 
@@ -90,6 +92,8 @@ class ServeBenchConfig:
         lmcache_python: the interpreter of LMCache's venv ("" skips the LMCache column).
         kill_daemon_at_s: SIGKILL the daemon this long into the first tiercache column (None: never).
         kill_pause_s: how long the daemon stays down.
+        write_policy: the tiercache daemons' (default: the daemon's own, so the record measures what a user
+            gets).
         seed: weights and tokens.
         workloads_dir: where the workloads' JSONL go (None: the scratch directory).
     """
@@ -110,6 +114,7 @@ class ServeBenchConfig:
     lmcache_python: str = ""
     kill_daemon_at_s: float | None = None
     kill_pause_s: float = 2.0
+    write_policy: WritePolicyKind = field(default_factory=lambda: CacheConfig().write_policy)
     seed: int = 0
     workloads_dir: Path | None = None
 
@@ -424,7 +429,7 @@ def run_bench(config: ServeBenchConfig, work: Path) -> ServeResult:
                                                         layers=config.layers, throughput=False, seed=config.seed))  # fmt: skip
     setup = Setup(model, work, engine_tokens, biggest + margin, 2 * stored, max_len, config.block_size,
                   config.chunk_tokens, kv_bytes_per_token(config.hidden, config.layers), config.threads,
-                  config.lmcache_python)  # fmt: skip
+                  config.lmcache_python, config.write_policy)  # fmt: skip
     skipped: dict[str, str] = {}
     if ColumnKind.LMCACHE in config.columns:
         missing = lmcache_missing(config.lmcache_python)
