@@ -21,6 +21,7 @@ from tiercache.bench.serve.run import (
     workload_of,
 )
 from tiercache.bench.serve.workloads import WorkloadKind, build, read_jsonl, write_jsonl
+from tiercache.policies import WritePolicyKind
 
 
 @pytest.mark.parametrize("kind", list(WorkloadKind), ids=lambda k: k.value)
@@ -122,14 +123,18 @@ def test_servers_leave_one_core_to_the_daemon_by_default() -> None:
     assert [default_threads(n) for n in (None, 1, 2, 16)] == [1, 1, 1, 15]
 
 
-def test_every_tiercache_server_starts_on_an_empty_l3(tmp_path: Path) -> None:
+def test_every_tiercache_server_starts_on_an_empty_l3_with_the_runs_write_policy(tmp_path: Path) -> None:
     # A repeat's daemon once reopened the L3 of the repeat before it, and served its first turns from there.
-    setup = Setup(tmp_path / "model", tmp_path, 2048, 4096, 8192, 1024, 32, 32, 8192, 1, "")
+    setup = Setup(
+        tmp_path / "model", tmp_path, 2048, 4096, 8192, 1024, 32, 32, 8192, 1, "", WritePolicyKind.ON_EVICT
+    )
     left = tmp_path / "l3-tiercache_l2-big"
     left.mkdir()
     (left / "data.mdb").write_bytes(b"chunks of the repeat before")
     daemon = setup.daemon(ColumnKind.TIERCACHE_L2, "tiercache_l2-big")
     assert not left.exists()
+    argv = daemon.argv
+    assert argv[argv.index("--write-policy") + 1] == "on_evict"
     shutil.rmtree(daemon.socket.parent, ignore_errors=True)
 
 
