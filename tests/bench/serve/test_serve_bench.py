@@ -41,11 +41,11 @@ def test_quick_serve_with_the_daemon_killed_mid_run(
     for row in rows.values():
         assert row["failed"] == 0 and row["requests"] > 0 and row["req_per_s"] > 0, row
         assert row["ttft_p50_ms"] > 0 and row["ttft_p99_ms"] >= row["ttft_p50_ms"]
-    # Outgrowing the engine cache, follow-up turns came back from tiercache (vLLM's count: the row's
-    # daemon-side counts lose whatever the killed daemon had counted, so they depend on where the kill
-    # lands; the restarted daemon's own hits are checked below), and greedy decoding gave plain vLLM's tokens.
+    # Greedy decoding gave plain vLLM's tokens. How many of the row's prompt tokens came from tiercache depends
+    # on where the kill lands: the daemon is down from 1 s into the column until it has restarted (~5 s
+    # later on a loaded host, when the quick column may be over: CI once saw 0); the probe after the restart
+    # (below) is what must hit.
     ours = rows[(False, "tiercache_l2")]
-    assert ours["connector_tokens"] > 0, ours
     assert ours["greedy_mismatches"] == 0
     assert set(ours["ratios"]) >= {"req_per_s_vs_plain", "ttft_p50_vs_plain"}
     # The daemon was SIGKILLed mid-run and restarted on its L3: no request failed, and the connector
