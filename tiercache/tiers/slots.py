@@ -57,9 +57,7 @@ from tiercache.tiers.slotspace import DEFAULT_PARTITION, PartitionBacking, SlotS
 
 logger = logging.getLogger(__name__)
 
-_Slot = Run
 _Checks = Sequence[int | None] | None
-_Entry = CommittedRun
 
 
 class SlotPoolTier(SlotTier):
@@ -111,11 +109,11 @@ class SlotPoolTier(SlotTier):
         self._space = SlotSpace(pool, backing)
         self._lock = threading.Lock()
         self._assigned: dict[bytes, str] = {}
-        self._committed: OrderedDict[bytes, _Entry] = OrderedDict()
-        self._reserved: dict[int, tuple[bytes, _Slot, int, int]] = {}  # token -> (id, where, pages, nbytes)
+        self._committed: OrderedDict[bytes, CommittedRun] = OrderedDict()
+        self._reserved: dict[int, tuple[bytes, Run, int, int]] = {}  # token -> (id, where, pages, nbytes)
         self._reserved_ids: set[bytes] = set()
-        self._readers: dict[_Slot, int] = {}
-        self._free_after_read: dict[_Slot, int] = {}  # run -> pages
+        self._readers: dict[Run, int] = {}
+        self._free_after_read: dict[Run, int] = {}  # run -> pages
         self._quarantine: list[tuple[float, str, int, int]] = []  # (until, partition, first page, pages)
         self._tokens = itertools.count(1)
         self._corrupt = 0
@@ -168,17 +166,17 @@ class SlotPoolTier(SlotTier):
             )
         return -(-nbytes // self.page_bytes)
 
-    def _row(self, where: _Slot, nbytes: int) -> torch.Tensor:
+    def _row(self, where: Run, nbytes: int) -> torch.Tensor:
         start = where[1] * self.page_bytes
         return self._space.flat(where[0])[start : start + nbytes]
 
-    def _host_row(self, where: _Slot, nbytes: int) -> np.ndarray:
+    def _host_row(self, where: Run, nbytes: int) -> np.ndarray:
         """:meth:`_row` as an array (a host pool only): no tensor op on the per-chunk path."""
         start = where[1] * self.page_bytes
         return self._space.array(where[0])[start : start + nbytes]
 
     def _rows(
-        self, where: _Slot, nbytes: int
+        self, where: Run, nbytes: int
     ) -> tuple[Callable[[], np.ndarray] | None, Callable[[], torch.Tensor]]:
         """The run as an array (None for a GPU pool) and as a tensor, each made when a copy needs it."""
         host = None if self._pool.is_cuda else functools.partial(self._host_row, where, nbytes)
@@ -200,7 +198,7 @@ class SlotPoolTier(SlotTier):
                 raise CapacityError(
                     f"{self.level.name}: {sum(pages)} pages wanted, {free} free of {self.num_pages}"
                 )
-            taken: list[_Slot] = []
+            taken: list[Run] = []
             try:
                 for cid, count in zip(chunk_ids, pages):
                     part = self.partition_of(cid)
@@ -268,7 +266,7 @@ class SlotPoolTier(SlotTier):
         checks: list[int | None] = list(self._copies.run(calls, sum(ws.nbytes for ws in slots)))
         self._commit(slots, wheres, checks)
 
-    def _commit(self, slots: Sequence[WriteSlot], wheres: list[_Slot], checks: Sequence[int | None]) -> None:
+    def _commit(self, slots: Sequence[WriteSlot], wheres: list[Run], checks: Sequence[int | None]) -> None:
         """Commit live reservations found at ``wheres`` (without the lock) with their checksums."""
         with self._lock:
             if self._live(slots) != wheres:
@@ -280,16 +278,16 @@ class SlotPoolTier(SlotTier):
                 self._reserved_payload -= size
                 self._used_pages += count
                 self._payload += ws.nbytes
-                self._committed[ws.chunk_id] = _Entry(where[0], where[1], count, ws.nbytes, check)
+                self._committed[ws.chunk_id] = CommittedRun(where[0], where[1], count, ws.nbytes, check)
 
-    def _live(self, slots: Sequence[WriteSlot]) -> list[_Slot]:
+    def _live(self, slots: Sequence[WriteSlot]) -> list[Run]:
         """Where each slot's live reservation is (call under the lock).
 
         Raises:
             ConflictError: a slot is not a live reservation (committed, aborted or quarantined), or is
                 given twice.
         """
-        out: list[_Slot] = []
+        out: list[Run] = []
         tokens: set[int] = set()
         for ws in slots:
             held = self._reserved.get(ws.token)
@@ -302,7 +300,7 @@ class SlotPoolTier(SlotTier):
         return out
 
     def _checksums(
-        self, slots: Sequence[WriteSlot], wheres: Sequence[_Slot], known: _Checks
+        self, slots: Sequence[WriteSlot], wheres: Sequence[Run], known: _Checks
     ) -> list[int | None]:
         """The commit-time checksum of each reserved chunk's bytes: the ``known`` one, else hashed here
         (None without checksums). Runs without the lock: the rows stay reserved unless aborted, which the
@@ -341,7 +339,7 @@ class SlotPoolTier(SlotTier):
                 freed += 1
         return freed
 
-    def _unreserve(self, slots: Sequence[WriteSlot]) -> list[tuple[_Slot, int]]:
+    def _unreserve(self, slots: Sequence[WriteSlot]) -> list[tuple[Run, int]]:
         """Drop live reservations (their pages stay held: the caller frees or quarantines them)."""
         out = []
         for ws in slots:
@@ -360,7 +358,7 @@ class SlotPoolTier(SlotTier):
         absent and the chunk is deleted."""
         if len(chunk_ids) != len(dsts):
             raise InvalidArgumentError("dsts", f"{len(dsts)} destinations for {len(chunk_ids)} chunk ids")
-        found: list[_Entry | None] = []
+        found: list[CommittedRun | None] = []
         with self._lock:
             for cid, dst in zip(chunk_ids, dsts):
                 entry = self._committed.get(cid)
@@ -416,7 +414,7 @@ class SlotPoolTier(SlotTier):
             self._corrupted(chunk_id, entry)
         return False
 
-    def _corrupted(self, cid: bytes, entry: _Entry) -> None:
+    def _corrupted(self, cid: bytes, entry: CommittedRun) -> None:
         """Drop a chunk whose bytes failed their checksum (call under the lock)."""
         if self._committed.get(cid) is not entry:
             return
@@ -425,7 +423,7 @@ class SlotPoolTier(SlotTier):
         logger.warning("%s chunk %s failed its checksum (%s); dropping it", self.level.name, cid.hex(), where)
         self._delete_entry(cid)
 
-    def _end_read(self, where: _Slot) -> None:
+    def _end_read(self, where: Run) -> None:
         left = self._readers[where] - 1
         if left:
             self._readers[where] = left
