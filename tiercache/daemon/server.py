@@ -13,8 +13,9 @@ unless turned off), mark the health service SERVING and log ``tiercache-daemon l
 
 Stop (SIGTERM or SIGINT): health NOT_SERVING, event streams ended, ``server.stop(grace)`` and the control
 socket refuse new calls and wait for in-flight ones, the executor finishes its work, the manager finishes its
-write-downs and closes the tiers (the L2 segment is unlinked, L3 is closed and kept), ``/metrics`` stops,
-the socket files are removed.
+queued write-downs (and those the watermark policy deferred, for at most ``stop_write_down_s``) and closes
+the tiers (the L2 segment is unlinked, L3 is closed and kept), ``/metrics`` stops, the socket files are
+removed.
 
 Primitives:
     build_daemon_cache: the tiers and the cache manager of a config (through ``tiercache.cache.build_cache``).
