@@ -42,6 +42,7 @@ from tiercache.keys import chunk_keys
 from tiercache.layout import KVDtype, KVLayout
 from tiercache.testing.daemon import DaemonProcess, free_port
 from tiercache.testing.engine import EngineProcess
+from tiercache.testing.waits import wait_until
 
 ENGINE = HERE / "events_engine.py"
 START_S = 600.0
@@ -186,6 +187,16 @@ def _vllm_blocks(events: list[Any], tokens: list[int]) -> list[tuple[Any, list[i
     return found
 
 
+def _published(sub: Subscriber, tokens: list[int], blocks: int) -> list[tuple[Any, list[int]]]:
+    """vLLM's own GPU events for ``blocks`` full blocks of ``tokens``, once they arrived: EngineCore's publisher
+    thread sends them after the step, so they can reach the subscriber after the request's answer (on a loaded
+    host CI saw none yet right after it)."""
+    wait_until(
+        lambda: len(_vllm_blocks(sub.snapshot(), tokens)) >= blocks, WAIT_S, "vLLM's own BlockStored events"
+    )
+    return _vllm_blocks(sub.snapshot(), tokens)
+
+
 def test_a_store_of_another_vllm_engine_before_this_one_started_is_reported(
     setup: tuple[Engine, Subscriber],
 ) -> None:
@@ -193,7 +204,7 @@ def test_a_store_of_another_vllm_engine_before_this_one_started_is_reported(
     engine sees the prompt (computed here: ``tiercache_skip_load``, so that vLLM publishes its own hashes)."""
     engine, sub = setup
     assert engine.generate(EARLIER, skip_load=True) == [0]
-    gpu = [h for h, _ in _vllm_blocks(sub.snapshot(), EARLIER)]
+    gpu = [h for h, _ in _published(sub, EARLIER, 2)]
     assert len(gpu) == 2
     events = _await(
         engine,
@@ -213,7 +224,7 @@ def test_another_engines_store_and_purge_reach_vllm_events(
 ) -> None:
     engine, sub = setup
     assert engine.generate(OTHER, skip_save=True) == [0]
-    gpu = _vllm_blocks(sub.snapshot(), OTHER)
+    gpu = _published(sub, OTHER, 3)
     assert [toks for _, toks in gpu] == [OTHER[i * CHUNK : (i + 1) * CHUNK] for i in range(3)]
     wanted = [h for h, _ in gpu]
     tiercache_hashes = set(_hashes(_ours(sub.snapshot(), BlockStored, "CPU")))
@@ -251,7 +262,7 @@ def test_another_engines_store_and_purge_reach_vllm_events(
 def test_own_store_reaches_vllm_events_per_tier(setup: tuple[Engine, Subscriber]) -> None:
     engine, sub = setup
     engine.generate(OWN)
-    wanted = [h for h, _ in _vllm_blocks(sub.snapshot(), OWN)]
+    wanted = [h for h, _ in _published(sub, OWN, 2)]
     assert len(wanted) == 2
     for medium in ("CPU", "STORAGE"):  # L2, and L3 once written down
         _await(
