@@ -164,6 +164,7 @@ class Stores:
             self._mover.storing.difference_update(ws.chunk_id for ws in writes)
             down: list[bytes] = []
             later: list[bytes] = []
+            deferring = self._writes.on_idle()
             for ws, depth in zip(writes, depths):
                 entry = self._index.add_residency(
                     ws.chunk_id,
@@ -173,7 +174,7 @@ class Stores:
                 )
                 if self._writes.on_commit(self._index.is_pinned(entry), fill):
                     down.append(ws.chunk_id)
-                elif self._writes.on_idle():
+                elif deferring:
                     later.append(ws.chunk_id)
             self._writeback.schedule_many(down)
             self._writeback.defer(later)
