@@ -25,7 +25,7 @@ from typing import Any
 
 from tiercache.policies import WritePolicyKind
 
-from ..args import add_output_flags, non_negative_float, parse_ints, positive_float, positive_int
+from ..args import add_output_flags, enum_choice, non_negative_float, parse_ints, positive_float, positive_int
 from ..command import FAILURES, failure_status, finish, progress_to_stderr
 from ..common.workdir import work_directory
 from .columns import ColumnKind
@@ -101,7 +101,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help="SIGKILL the daemon this long into the first tiercache column, restart it")  # fmt: skip
     parser.add_argument("--kill-pause", type=non_negative_float, default=d.kill_pause_s, metavar="SECONDS",
                         help=f"how long the killed daemon stays down ({d.kill_pause_s})")  # fmt: skip
-    parser.add_argument("--write-policy", type=WritePolicyKind, choices=list(WritePolicyKind), default=d.write_policy,
+    parser.add_argument("--write-policy", type=enum_choice(WritePolicyKind), default=d.write_policy,
                         metavar="POLICY", help=f"the tiercache daemons' write policy ({d.write_policy.value})")  # fmt: skip
     parser.add_argument("--workloads-dir", type=Path, default=None, help="write the workloads' JSONL here")
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory (model, logs, L3)")
