@@ -19,6 +19,7 @@ Primitives:
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from typing import Any
 
@@ -30,6 +31,37 @@ logger = logging.getLogger(__name__)
 def _cudart() -> Any:
     """The CUDA runtime bindings torch ships (cudaHostRegister / cudaHostUnregister)."""
     return torch.cuda.cudart()  # type: ignore[no-untyped-call]
+
+
+def _clear_last_error() -> None:
+    """Reset the CUDA runtime's last error after a refused call.
+
+    A failed ``cudaHostRegister`` (e.g. 712: the range is already registered in this process) leaves its
+    error as the thread's last error, and the next kernel launch's check in torch raises it, far from here.
+    torch's bindings lack ``cudaGetLastError``, so it is called in the ``libcudart`` torch has loaded.
+    """
+    runtime = _cudart()
+    getter = getattr(runtime, "cudaGetLastError", None)
+    if getter is not None:
+        getter()
+        return
+    for path in _loaded_cudart_paths():
+        try:
+            ctypes.CDLL(path).cudaGetLastError()
+        except (OSError, AttributeError):
+            continue
+        return
+    logger.warning("cannot reset CUDA's last error (no libcudart found in this process)")
+
+
+def _loaded_cudart_paths() -> list[str]:
+    """The libcudart files this process has mapped (torch loads its own)."""
+    try:
+        with open("/proc/self/maps", encoding="ascii", errors="replace") as maps:
+            paths = {line.split()[-1] for line in maps if "libcudart" in line}
+    except OSError:
+        return []
+    return sorted(p for p in paths if p.startswith("/"))
 
 
 def cuda_present() -> bool:
@@ -54,6 +86,7 @@ def pin(memory: torch.Tensor, label: str) -> bool:
     err = int(_cudart().cudaHostRegister(memory.data_ptr(), memory.numel() * memory.element_size(), 0))
     if err != 0:
         logger.warning("cudaHostRegister of %s failed (cudaError %d); it stays pageable", label, err)
+        _clear_last_error()
         return False
     logger.debug("pinned %s (%d bytes)", label, memory.numel() * memory.element_size())
     return True

@@ -106,3 +106,17 @@ def test_loads_into_cuda_from_the_pinned_segment_are_bit_exact(shared_daemon: Da
         assert all(_same(a, b) for a, b in zip(back.layers, device_source.layers, strict=True))
     finally:
         client.close()
+
+
+@pytest.mark.gpu
+def test_a_refused_registration_leaves_no_cuda_error_behind(segment: SharedSegment) -> None:
+    memory = torch.frombuffer(segment.buffer, dtype=torch.uint8)
+    assert pinning.pin(memory, "first")
+    try:
+        assert pinning.pin(memory, "again") is False  # the driver refuses: already registered (error 712)
+        out = torch.arange(1024, device="cuda") * 2  # a launch: its check would raise a left-over error
+        torch.cuda.synchronize()
+        assert int(out[-1]) == 2046
+    finally:
+        pinning.unpin(memory, "first")
+    del memory
