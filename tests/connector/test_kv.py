@@ -13,13 +13,14 @@ import tiercache.connector.kv as kv_module
 from tiercache.connector.kv import (
     ContiguousKV,
     PagedKV,
-    check_kv,
     chunk_parts,
     chunk_to_kv,
+    chunks_to_kv,
     kv_to_chunk,
     kv_to_run,
     run_to_kv,
 )
+from tiercache.connector.kv_check import check_kv
 from tiercache.connector.results import SegmentInfo, SlotRef
 from tiercache.connector.segments import SlotAccess
 from tiercache.errors import InvalidArgumentError
@@ -176,6 +177,33 @@ def test_paged_load_touches_only_the_request_blocks() -> None:
     for old, new in zip(before, kv.layers):
         assert torch.equal(old[:, others], new[:, others])
     assert _reference_chunk(layout, kv, 0) == buf.numpy().tobytes()
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_a_layer_of_many_chunks_lands_as_chunk_by_chunk_copies_do(name: str) -> None:
+    # chunks_to_kv (a layerwise load's host path: numpy views made once) against chunk_to_kv per chunk, with
+    # scattered blocks, a load that starts inside the first chunk (first_block) and a last chunk in part.
+    layout = LAYOUTS[name]
+    per = layout.chunk_tokens // layout.page_tokens
+    gen = torch.Generator().manual_seed(9)
+    ids = torch.randperm(6 * per, generator=gen)[: 3 * per - (per > 1)].tolist()
+    first = 1 if per > 1 else 0
+    bufs = [(i, _chunk_buf(layout, seed=30 + i)) for i in range(3)]
+    bulk, each = (PagedKV(_paged(layout, 6 * per, ids, seed=70).layers, ids, first) for _ in range(2))
+    before = [t.clone() for t in bulk.layers]
+    for layer in range(layout.num_layers):
+        chunks_to_kv(layout, bufs, bulk, layer)
+        for index, buf in bufs:
+            chunk_to_kv(layout, buf, each, index, layers=(layer,))
+    for a, b, old in zip(bulk.layers, each.layers, before):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+        kept = ids[:first]  # before first_block: the engine computed them, nothing is written there
+        assert torch.equal(a[kept] if layout.mla else a[:, kept], old[kept] if layout.mla else old[:, kept])
+    assert not torch.equal(bulk.layers[0], before[0])
+    with pytest.raises(InvalidArgumentError, match="layer"):
+        chunks_to_kv(layout, bufs, bulk, layout.num_layers)
+    with pytest.raises(InvalidArgumentError, match="chunk_buf"):
+        chunks_to_kv(layout, [(0, bufs[0][1][:-2])], bulk, 0)
 
 
 def test_single_layer_copies_leave_other_layers_alone() -> None:

@@ -4,7 +4,7 @@ without a leaked lease, invisibility of a save before its commit, and a CUDA str
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -62,8 +62,8 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 class Gate:
-    """Replaces the layerwise copier's ``chunk_to_kv``: records (layer, chunk) and holds each layer until
-    the test opens it (optionally failing one layer)."""
+    """Replaces the layerwise copier's ``chunks_to_kv`` (its host path: one layer of every chunk): records
+    (layer, chunk) and holds each layer until the test opens it (optionally failing one layer)."""
 
     def __init__(self, real: Callable[..., None], fail_layer: int | None = None) -> None:
         self.real = real
@@ -72,14 +72,13 @@ class Gate:
         self.open = [threading.Event() for _ in range(LAYOUT.num_layers)]
 
     def __call__(
-        self, layout: KVLayout, buf: torch.Tensor, kv: ContiguousKV, chunk: int, layers: Any
+        self, layout: KVLayout, chunks: Sequence[tuple[int, torch.Tensor]], kv: ContiguousKV, layer: int
     ) -> None:
-        (layer,) = layers
         assert self.open[layer].wait(WAIT_S), f"layer {layer} never opened"
         if layer == self.fail_layer:
             raise RuntimeError("injected copy failure")
-        self.order.append((layer, chunk))
-        self.real(layout, buf, kv, chunk, layers=layers)
+        self.order.extend((layer, chunk) for chunk, _ in chunks)
+        self.real(layout, chunks, kv, layer)
 
 
 def test_wait_layer_returns_each_layer_complete_and_in_order(
@@ -88,8 +87,8 @@ def test_wait_layer_returns_each_layer_complete_and_in_order(
     conn = _connector(shared_daemon.address, "order")
     source = _kv(seed=1)
     assert conn.store(_prompt(1), source).tokens_stored == TOKENS
-    gate = Gate(layerwise.chunk_to_kv)
-    monkeypatch.setattr(layerwise, "chunk_to_kv", gate)
+    gate = Gate(layerwise.chunks_to_kv)
+    monkeypatch.setattr(layerwise, "chunks_to_kv", gate)
     kv = _kv(None)
     with conn.load_layerwise(_prompt(1), kv, LoadPolicy.best_effort()) as load:
         assert load.tokens_loaded == TOKENS
@@ -112,10 +111,10 @@ def test_a_failed_layer_copy_reports_zero_and_releases_the_lease(
 ) -> None:
     conn = _connector(shared_daemon.address, "fail")
     assert conn.store(_prompt(2), _kv(seed=2)).tokens_stored == TOKENS
-    gate = Gate(layerwise.chunk_to_kv, fail_layer=2)
+    gate = Gate(layerwise.chunks_to_kv, fail_layer=2)
     for event in gate.open:
         event.set()
-    monkeypatch.setattr(layerwise, "chunk_to_kv", gate)
+    monkeypatch.setattr(layerwise, "chunks_to_kv", gate)
     load = conn.load_layerwise(_prompt(2), _kv(None))
     assert load.result(timeout_s=WAIT_S).tokens_loaded == 0
     assert load.wait_layer(3) == 0 and load.tokens_loaded == 0

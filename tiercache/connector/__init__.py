@@ -50,7 +50,8 @@ from .config import ConnectorConfig, DataPlaneMode
 from .connection import ClientConfig
 from .dataplane import DataPlane, Medium
 from .engine import KVConnector
-from .kv import ContiguousKV, EngineKV, PagedKV, check_kv, chunk_to_kv, kv_to_chunk
+from .kv import ContiguousKV, EngineKV, PagedKV, chunk_to_kv, kv_to_chunk
+from .kv_check import check_kv
 from .layerwise import LayerwiseLoad, LayerwiseSave
 from .outcomes import LoadResult, StoreResult
 from .prefill import PrefillLease

@@ -49,7 +49,7 @@ def kv_to_slots_checked(
 
     Args:
         layout: the KV layout.
-        kv: the engine's KV, checked with :func:`~.kv.check_kv` for every chunk named.
+        kv: the engine's KV, checked with :func:`~.kv_check.check_kv` for every chunk named.
         refs: the slots of a store grant (``nbytes`` checked to be ``layout.chunk_bytes``).
         view: a slot's bytes (a 1-D ``uint8`` CPU tensor, e.g. ``SlotAccess.view``).
         helper: one worker thread that shares the chunks of a large store (None: all on this one).

@@ -41,7 +41,8 @@ from .choice import DataPlaneChoice
 from .client import TierCacheClient
 from .config import ConnectorConfig
 from .dataplane import DataPlane
-from .kv import EngineKV, check_kv
+from .kv import EngineKV
+from .kv_check import check_kv
 from .layerwise import LayerwiseLoad, LayerwiseSave
 from .outcomes import LoadResult, StoreResult, usage_of
 from .policy import WirePolicy, to_wire

@@ -44,7 +44,8 @@ import torch
 from tiercache.errors import ConflictError, InvalidArgumentError, TierCacheError
 from tiercache.layout import KVLayout
 
-from .kv import EngineKV, check_kv, chunk_to_kv, kv_to_chunk
+from .kv import EngineKV, chunk_to_kv, chunks_to_kv, kv_to_chunk
+from .kv_check import check_kv
 from .outcomes import LoadResult, StoreResult
 
 logger = logging.getLogger(__name__)
@@ -262,8 +263,7 @@ class LayerwiseLoad:
                     event = torch.cuda.Event()  # type: ignore[no-untyped-call]
                     event.record(self._stream)
             else:
-                for index, buf in chunks:
-                    chunk_to_kv(self.layout, buf, self._kv, index, layers=(layer,))
+                chunks_to_kv(self.layout, chunks, self._kv, layer)
             if not self._valid():
                 logger.warning("load lease lapsed during layer %d; recomputing", layer)
                 return False

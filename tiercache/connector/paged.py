@@ -12,12 +12,13 @@ Primitives:
     chunk_layer_planes: one layer of a chunk buffer as block planes.
     block_runs: consecutive block ids as ``(offset, first id, count)`` runs.
     copy_blocks: move some blocks of one chunk's layer in or out of the cache.
+    copy_host_chunk: move layers of a chunk in or out of a host cache through numpy views made once.
     host_bytes: a host tensor's bytes as a numpy view.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -29,7 +30,7 @@ from tiercache.layout import KVLayout
 def layer_planes(layer: object) -> torch.Tensor | None:
     """A paged layer (``[2, N, B, H, D]``, MLA ``[N, B, D]``) as ``[planes, N, plane_block_bytes]`` bytes (a
     view), or None where it has no such view (not such a tensor, or a block is not contiguous in memory:
-    :func:`~.kv.check_kv` says which)."""
+    :func:`~.kv_check.check_kv` says which)."""
     if not isinstance(layer, torch.Tensor) or layer.dim() not in (3, 5) or layer.stride(-1) != 1:
         return None
     try:
@@ -112,6 +113,36 @@ def copy_blocks(
             cache[:, block : block + count].copy_(part[:, offset : offset + count], non_blocking=non_blocking)
         else:
             part[:, offset : offset + count].copy_(cache[:, block : block + count], non_blocking=non_blocking)
+
+
+def copy_host_chunk(
+    layout: KVLayout,
+    hosts: Sequence[np.ndarray],
+    chunk_bytes: np.ndarray,
+    first: int,
+    blocks: Sequence[int],
+    layers: Iterable[int],
+    into_kv: bool,
+) -> None:
+    """Move a chunk's ``layers`` between its buffer's bytes (1-D) and the host cache blocks ``blocks`` (the
+    chunk's blocks from position ``first`` on; ``hosts``: each layer's ``[planes, num_blocks,
+    plane_block_bytes]`` bytes), one numpy copy per run of consecutive blocks. With the views made once by the
+    caller, the per-layer tensor views and conversions of :func:`copy_blocks` (~40 us a layer, 4x the copy of
+    a 64 KiB layer: a 23-chunk load of the serve bench's model took 4.7 ms against 1.0 ms of copies) are gone.
+    """
+    if not blocks:
+        return
+    runs = block_runs(blocks)
+    per, size = layout.chunk_tokens // layout.page_tokens, layout.layer_bytes
+    for layer in layers:
+        host = hosts[layer]
+        part = chunk_bytes[layer * size : (layer + 1) * size].reshape(host.shape[0], per, -1)
+        for offset, block, count in runs:
+            lo = first + offset
+            if into_kv:
+                np.copyto(host[:, block : block + count], part[:, lo : lo + count])
+            else:
+                np.copyto(part[:, lo : lo + count], host[:, block : block + count])
 
 
 def host_bytes(tensor: torch.Tensor) -> np.ndarray | None:

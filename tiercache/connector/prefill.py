@@ -35,7 +35,8 @@ from tiercache.layout import KVLayout
 
 from .client import TierCacheClient
 from .dataplane import DataPlane, PrefillPublisher
-from .kv import EngineKV, check_kv
+from .kv import EngineKV
+from .kv_check import check_kv
 from .results import PrefillClaimInfo
 
 logger = logging.getLogger(__name__)

@@ -45,7 +45,8 @@ from ..choice import DataPlaneChoice
 from ..client import TierCacheClient
 from ..config import ConnectorConfig
 from ..dataplane import DataPlane
-from ..kv import PagedKV, check_kv
+from ..kv import PagedKV
+from ..kv_check import check_kv
 from ..outcomes import usage_of
 from ..policy import to_wire
 from .config import SglangStorageOptions
