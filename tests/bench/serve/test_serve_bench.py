@@ -48,6 +48,11 @@ def test_quick_serve_with_the_daemon_killed_mid_run(
     ours = rows[(False, "tiercache_l2")]
     assert ours["greedy_mismatches"] == 0
     assert set(ours["ratios"]) >= {"req_per_s_vs_plain", "ttft_p50_vs_plain"}
+    # What the connector's scheduler side did, from vLLM's /metrics: it looked requests up (the engine's own
+    # counters: the daemon kill does not reset them) and says how long it waited; plain vLLM has none.
+    assert ours["lookups"] > 0 and ours["ask_wait_ms_per_lookup"] is not None
+    assert ours["late_answers"] >= 0 and rows[(False, "plain")]["lookups"] == 0
+    assert "asking chat outgrows c=4 tiercache_l2: " in text
     # The daemon was SIGKILLed mid-run and restarted on its L3: no request failed, and the connector
     # re-attached: the new daemon process served tokens.
     kill = doc["kill"]

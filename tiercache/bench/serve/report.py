@@ -7,7 +7,10 @@ shared-tier tokens from its ``Stats``; recomputed = prompt tokens less what vLLM
 whole-turn reuse (follow-up turns whose whole previous turn came back), the ratios against plain vLLM and
 the ideal, greedy mismatches against plain vLLM (or the ideal when plain did not run), and the issue's
 targets for the tiercache columns, met or NO (never asserted). With repeats, each figure is the median of
-the repeats and the spread of requests/s is printed.
+the repeats and the spread of requests/s is printed. Under the table, per tiercache row, what the connector's
+scheduler side did (vLLM's ``/metrics``): its lookups, the steps a request was skipped for because its answer
+came late, how long vLLM's scheduler waited for answers per lookup, and how long the model steps waited for
+loads per 1,000 tokens loaded.
 
 Targets: outgrows: >= 0.95x the ideal's requests/s, TTFT p50 <= 1.2x the ideal's, >= 2x plain's requests/s;
 fits: >= 0.98x plain's requests/s, TTFT p50 and p99 <= 1.05x plain's.
@@ -76,6 +79,16 @@ def _figures(m: Measured) -> dict[str, Any]:
         "recomputed_tokens": prompt_tokens - cached,
         "follow_ups": len(follow),
         "whole_turns": sum(1 for o in follow if o.cached_tokens >= o.reusable_tokens),
+        "lookups": int(m.asking.get("lookups", 0)),
+        "late_answers": int(m.asking.get("late_answers", 0)),
+        "ask_wait_ms_per_lookup": (
+            1000 * m.asking["ask_wait_seconds"] / m.asking["lookups"] if m.asking.get("lookups") else None
+        ),
+        "load_ms_per_1k_tokens": (
+            1e6 * m.asking["load_seconds"] / m.asking["loaded_tokens"]
+            if m.asking.get("loaded_tokens")
+            else None
+        ),
         "daemon_restarted": m.daemon_restarted,
     }
 
@@ -188,6 +201,12 @@ def format_table(result: ServeResult) -> str:
             lo, hi = r["req_per_s_spread"]
             lines.append(f"spread {r['workload']} {'fits' if r['fits'] else 'outgrows'} c={r['concurrency']} "
                          f"{r['column']}: req/s {lo:.2f}-{hi:.2f} over {r['repeats']} repeats")  # fmt: skip
+    for r in rows(result):
+        if r["lookups"]:
+            lines.append(f"asking {r['workload']} {'fits' if r['fits'] else 'outgrows'} c={r['concurrency']} "
+                         f"{r['column']}: {r['lookups']} lookups, {r['late_answers']} steps skipped for a late answer,"
+                         f" the scheduler waited {_f(r['ask_wait_ms_per_lookup'], '.2f')} ms per lookup; the model steps"
+                         f" waited {_f(r['load_ms_per_1k_tokens'], '.2f')} ms per 1,000 tokens loaded")  # fmt: skip
     for name, why in result.skipped.items():
         lines.append(f"{name}: skipped ({why})")
     lines.append("engine KV cache (tokens, read back): "

@@ -15,9 +15,10 @@
   AcquireLoad carrying a chain per request (``more_chains``), each under its own lease — so vLLM's later
   questions in the step are answered without a call, and no request waits a step for its answer.
   The call runs in a background thread (``tiercache-ask``): while other requests run (the last step
-  scheduled some), vLLM's scheduler waits at most :data:`ASK_WAIT_S` for it and otherwise answers None
-  (vLLM skips the request and asks again next step), so a slow daemon delays only the requests it is asked
-  about, never the running ones; with nothing else to run it waits for the answer. After a run of answers
+  scheduled some), vLLM's scheduler waits for it at most a share of a recent step's length
+  (:class:`~.asking.Pace`: 2-25 ms) and otherwise answers None (vLLM skips the request and asks again next
+  step: ``late_answers``), so a slow daemon delays the running requests by a bounded share of a step; with
+  nothing else to run it waits for the answer. After a run of answers
   that brought nothing (:class:`~.asking.Outlook`) a busy step does not wait: a request whose answer is not
   there computes its prompt (unless it asks about a chunk this engine saved: a follow-up turn). An answer
   that comes after vLLM dropped its request, or after the request went on without it, has its lease
@@ -51,7 +52,6 @@
 Primitives:
     HOLD_FRACTION: how much of its TTL a waiting request's lease is kept for its retries.
     BATCH_MAX: the most requests looked up in one call.
-    ASK_WAIT_S: how long a step waits for a late answer while other requests run.
     SchedulerSide: get_num_new_matched_tokens, update_state_after_alloc, build_connector_meta,
         request_finished, shutdown; ``lookup_failures`` counts daemon failures, ``lookups`` the daemon calls
         made (one per namespace of a batch), ``unawaited`` the requests that went on without their answer,
@@ -64,7 +64,7 @@ import concurrent.futures
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from tiercache.errors import TierCacheError
@@ -73,12 +73,13 @@ from tiercache.keys import Namespace, chunk_keys
 from ..client import TierCacheClient
 from ..results import LoadLease
 from .ahead import connect_ahead
-from .asking import Answer, Asker, Outlook, Question
+from .asking import Asker, Outlook, Pace, Question
 from .config import VllmConnectorConfig
 from .loads import leased_prefix
 from .metadata import LoadSpec, SaveSpec, TierCacheMetadata
 from .namespace import EngineIdentity, request_factors
-from .params import RequestParams, request_params
+from .params import request_params
+from .tracking import Ask, Call, Tracked
 
 logger = logging.getLogger(__name__)
 
@@ -88,51 +89,6 @@ BATCH_MAX = 32
 """Most requests looked up in one daemon call: the one vLLM asks about and those that arrived with it."""
 ANSWER_FRESH_S = 1.0
 """A retried request's answer without a lease (a miss, or a Lookup's) is reused for this long."""
-ASK_WAIT_S = 0.002
-"""While other requests run, how long a step waits for an answer before it goes on without the request."""
-
-
-@dataclass
-class _Request:
-    """What the scheduler side tracks of one request."""
-
-    request: Any
-    adapter: str
-    salt: str
-    params: RequestParams
-    full_chunks: int
-    cached_chunks: int
-    loadable_tokens: int = 0
-    asked_from: int = -1  # the first chunk the daemon was asked about; -1: not asked
-    pending_load: tuple[int, int] | None = None
-    block_ids: list[int] = field(default_factory=list)
-    saved_upto: int = 0
-    save_open: bool = False
-    save_done: bool = False
-    namespace: Namespace | None = None
-    lease: LoadLease | None = None
-    asked_at: float = 0.0  # the clock just before the daemon was asked (a lease's TTL starts after)
-    keys: list[bytes] | None = None  # the prompt's full chunks' keys, once computed
-
-
-@dataclass
-class _Ask:
-    """What one request asks the daemon: its chunk keys from position ``first`` on."""
-
-    tracked: _Request
-    namespace: Namespace
-    keys: list[bytes]
-    first: int
-    most: int  # the most tokens vLLM could take from tiercache
-    num_computed: int  # the tokens vLLM has
-
-
-@dataclass(eq=False)  # one call is itself only (compared by identity in the in-flight list)
-class _Call:
-    """A batch of asks in flight: one daemon call per namespace, made in the ask thread."""
-
-    asks: dict[Namespace, list[_Ask]]
-    future: concurrent.futures.Future[dict[Namespace, Answer]]
 
 
 class SchedulerSide:
@@ -152,15 +108,18 @@ class SchedulerSide:
         self._chunk = identity.layout.chunk_tokens
         self._block = identity.layout.page_tokens
         self._lease_here = identity.tp_size == 1 and identity.pp_size == 1
-        self._requests: dict[str, _Request] = {}
+        self._requests: dict[str, Tracked] = {}
         self._waiting: set[str] = set()  # leased for, and not allocated (yet)
         self._arrived: dict[str, Any] = {}  # received by vLLM, not asked about yet (in order)
         self._local_hit: Callable[[Any], int] | None = None
-        self._asking: dict[str, _Call] = {}  # asked about, the answer not taken yet
-        self._calls: list[_Call] = []  # in flight, answers not taken (some of their requests may be gone)
+        self._asking: dict[str, Call] = {}  # asked about, the answer not taken yet
+        self._calls: list[Call] = []  # in flight, answers not taken (some of their requests may be gone)
         self._busy = False  # the last step ran requests: a request whose answer is late waits a step
         self._asker = Asker(client, config, self._lease_here)
         self._outlook = Outlook()
+        self._pace = Pace()
+        self.late_answers = 0  # requests skipped for a step: their answer came after the step's wait
+        self.ask_wait_s = 0.0  # time vLLM's scheduler waited for answers
         self.unawaited = 0  # requests that went on without their answer (a miss was expected)
         self.lookup_failures = 0
         self.lookups = 0
@@ -210,6 +169,7 @@ class SchedulerSide:
                 hopeful = self._outlook.hopeful(ask.keys[ask.first])
                 if not self._wait(call, hopeful):
                     if hopeful:
+                        self.late_answers += 1
                         return None, False
                     self._go_on(req_id, ask)
             tracked = self._requests[req_id]
@@ -234,18 +194,18 @@ class SchedulerSide:
                 taken.append((request, local - local % self._block))
         return taken
 
-    def _answers(self, tracked: _Request, num_computed: int) -> bool:
+    def _answers(self, tracked: Tracked, num_computed: int) -> bool:
         """Whether a retried request's answer holds: it covers what vLLM lacks now, and its lease is young."""
         if tracked.asked_from < 0 or num_computed // self._chunk < tracked.asked_from:
             return False  # deciding again costs no call, or vLLM lost blocks it had
         return self._young(tracked)
 
-    def _young(self, tracked: _Request) -> bool:
+    def _young(self, tracked: Tracked) -> bool:
         """Whether the request's answer (and lease) is young enough to be used again."""
         fresh_s = ANSWER_FRESH_S if tracked.lease is None else HOLD_FRACTION * tracked.lease.expires_in_s
         return self._clock() < tracked.asked_at + fresh_s
 
-    def _lookup(self, batch: list[tuple[Any, int]]) -> _Call | None:
+    def _lookup(self, batch: list[tuple[Any, int]]) -> Call | None:
         """Look requests up (each with the tokens vLLM has of it): one daemon call per namespace, made in
         the ask thread (None: no request needs one). A request without a call is tracked at once; the
         others once their answer is taken (:meth:`_apply`).
@@ -254,7 +214,7 @@ class SchedulerSide:
         schedules in order, and caches the earlier request's blocks when it allocates them (a later request
         that finds fewer is asked about again: :meth:`_answers`).
         """
-        calls: dict[Namespace, list[_Ask]] = {}
+        calls: dict[Namespace, list[Ask]] = {}
         seen: dict[Namespace, set[bytes]] = {}
         for request, num_computed in batch:
             tracked, ask = self._decide(request, num_computed)
@@ -279,29 +239,31 @@ class SchedulerSide:
         questions: dict[Namespace, list[Question]] = {
             ns: [(ask.keys, ask.first) for ask in asks] for ns, asks in calls.items()
         }
-        call = _Call(calls, self._asker.submit(questions))
+        call = Call(calls, self._asker.submit(questions))
         self._calls.append(call)
         for asks in calls.values():
             for ask in asks:
                 self._asking[ask.tracked.request.request_id] = call
         return call
 
-    def _wait(self, call: _Call, hopeful: bool) -> bool:
+    def _wait(self, call: Call, hopeful: bool) -> bool:
         """Take ``call``'s answer if it comes in time (at once when not hopeful); False when it is late."""
-        wait_s = (ASK_WAIT_S if hopeful else 0.0) if self._busy else None
+        wait_s = (self._pace.wait_s() if hopeful else 0.0) if self._busy else None
+        started = time.perf_counter()
         done, _ = concurrent.futures.wait([call.future], timeout=wait_s)
+        self.ask_wait_s += time.perf_counter() - started
         if not done:
             return False
         self._apply(call)
         return True
 
     @staticmethod
-    def _ask_of(call: _Call, req_id: str) -> _Ask | None:
+    def _ask_of(call: Call, req_id: str) -> Ask | None:
         return next(
             (a for asks in call.asks.values() for a in asks if a.tracked.request.request_id == req_id), None
         )
 
-    def _go_on(self, req_id: str, ask: _Ask) -> None:
+    def _go_on(self, req_id: str, ask: Ask) -> None:
         """Track a request as a miss without its answer (which, when it comes, is only noted and released)."""
         del self._asking[req_id]
         self._requests[req_id] = replace(ask.tracked, lease=None, loadable_tokens=0, block_ids=[])
@@ -312,23 +274,23 @@ class SchedulerSide:
         for call in [c for c in self._calls if c.future.done()]:
             self._apply(call)
 
-    def _decide(self, request: Any, num_computed: int) -> tuple[_Request, _Ask | None]:
+    def _decide(self, request: Any, num_computed: int) -> tuple[Tracked, Ask | None]:
         """A request's tracking, and what to ask the daemon about it (None: no call can add a block)."""
         prompt = list(request.prompt_token_ids or ())
         adapter, salt = request_factors(request)
         params = request_params(request)
         full = len(prompt) // self._chunk
         first = min(num_computed // self._chunk, full)  # vLLM has the chunks before this one
-        tracked = _Request(request, adapter, salt, params, full, first, save_done=not params.save)
+        tracked = Tracked(request, adapter, salt, params, full, first, save_done=not params.save)
         # Whole blocks of cached chunks (the last one may be loaded in part), never the last token.
         most = min(full * self._chunk, (len(prompt) - 1) // self._block * self._block)
         if not params.load or most <= num_computed or getattr(request, "skip_reading_prefix_cache", False):
             return tracked, None  # tiercache cannot add a block (or vLLM would not take it)
         ns = self._identity.namespace(adapter, salt)
         tracked.keys = keys = chunk_keys(ns, prompt[: full * self._chunk])
-        return tracked, _Ask(tracked, ns, keys, first, most, num_computed)
+        return tracked, Ask(tracked, ns, keys, first, most, num_computed)
 
-    def _apply(self, call: _Call) -> None:
+    def _apply(self, call: Call) -> None:
         """Take a call's answers: each request's lease or cached chunks (a failed call is a miss)."""
         if call not in self._calls:
             return  # taken already
@@ -352,7 +314,7 @@ class SchedulerSide:
             for ask in asks:
                 self._answered(ask, call)
 
-    def _answered(self, ask: _Ask, call: _Call) -> None:
+    def _answered(self, ask: Ask, call: Call) -> None:
         """Track a request with its answer (or release its lease, when vLLM forgot it meanwhile)."""
         tracked = ask.tracked
         tracked.loadable_tokens = max(0, min(tracked.cached_chunks * self._chunk, ask.most))
@@ -370,7 +332,7 @@ class SchedulerSide:
             if tracked.lease is not None:
                 self._waiting.add(req_id)
 
-    def _take(self, ask: _Ask, lease: LoadLease) -> None:
+    def _take(self, ask: Ask, lease: LoadLease) -> None:
         """Keep a request's lease, its slots renumbered by chunk position in the prompt."""
         if ask.first:
             lease = replace(lease, slots=tuple(replace(r, index=r.index + ask.first) for r in lease.slots))
@@ -378,13 +340,13 @@ class SchedulerSide:
             ask.tracked.lease = lease
         ask.tracked.cached_chunks = ask.first + len(leased_prefix(lease, self._identity.layout.chunk_bytes))
 
-    def _release(self, tracked: _Request) -> None:
+    def _release(self, tracked: Tracked) -> None:
         """Release the request's lease, if it still holds one (deferred: nothing was copied from it)."""
         lease, tracked.lease = tracked.lease, None
         if lease is not None and tracked.namespace is not None:
             self._client.defer_release(tracked.namespace, lease.lease_id)
 
-    def _forget(self, req_id: str) -> _Request | None:
+    def _forget(self, req_id: str) -> Tracked | None:
         """Stop tracking a request (releasing its lease)."""
         self._waiting.discard(req_id)
         self._asking.pop(req_id, None)  # an answer still to come is released when it comes
@@ -412,6 +374,7 @@ class SchedulerSide:
         meta = TierCacheMetadata()
         self._collect()
         self._busy = any(so.num_scheduled_tokens.values())
+        self._pace.step(self._clock(), self._busy)
         for req_id in list(self._waiting):  # leased for, not scheduled: kept for its retries while young
             waiting = self._requests.get(req_id)
             if waiting is None or waiting.lease is None or not self._young(waiting):
@@ -439,7 +402,7 @@ class SchedulerSide:
     def _plan(
         self,
         req_id: str,
-        tracked: _Request,
+        tracked: Tracked,
         num_computed: int,
         num_scheduled: dict[str, int],
         meta: TierCacheMetadata,

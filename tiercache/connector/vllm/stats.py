@@ -7,7 +7,7 @@ hands the data to the Prometheus metrics the class made with ``build_prom_metric
 
 :class:`StatsTaker` turns the connector's cumulative counters (the worker's tokens loaded per source tier,
 recomputed and saved, its failures, the time it spent loading and saving; the scheduler's lookups, misses,
-hit tokens and failures) into the interval's :class:`TierCacheStats` (counter deltas, keyed by
+hit tokens, failures, late answers and time waited for answers) into the interval's :class:`TierCacheStats` (counter deltas, keyed by
 :data:`FIELDS`). :class:`TierCachePromMetrics` adds them to one Prometheus counter per field, named
 ``vllm:tiercache_<field>`` (with a ``tier`` label for the per-tier fields), on the engine's label values.
 
@@ -43,6 +43,8 @@ FIELDS: dict[str, str] = {
     "lookup_hit_tokens": "Tokens beyond vLLM's own prefix cache that tiercache offered at lookups.",
     "lookup_misses": "Requests looked up of which tiercache held no block beyond vLLM's own cache.",
     "lookup_failures": "Lookups that failed (daemon down or slow): the requests recomputed.",
+    "late_answers": "Steps a request was skipped for: tiercache's answer came after the step's wait.",
+    "ask_wait_seconds": "Time vLLM's scheduler waited for tiercache's answers.",
     "load_failures": "Loads that failed or came short (vLLM recomputed the blocks).",
     "save_failures": "Saves the daemon refused or failed (the request was not cached).",
 }
@@ -92,6 +94,8 @@ def scheduler_counters(scheduler: SchedulerSide) -> dict[str, float]:
         "lookup_hit_tokens": scheduler.lookup_hit_tokens,
         "lookup_misses": scheduler.lookup_misses,
         "lookup_failures": scheduler.lookup_failures,
+        "late_answers": scheduler.late_answers,
+        "ask_wait_seconds": scheduler.ask_wait_s,
     }
 
 
