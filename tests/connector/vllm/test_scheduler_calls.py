@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import threading
 import time
 from collections.abc import Sequence
 from types import SimpleNamespace
@@ -38,10 +37,10 @@ from tests.connector.vllm.test_scheduler_leases import (
 from tiercache.connector import TierCacheClient
 from tiercache.connector.channel import parse_address
 from tiercache.connector.paged import chunk_layer_planes
-from tiercache.connector.vllm.asking import ASK_WAIT_S, MISS_RUN
+from tiercache.connector.vllm.asking import MISS_RUN
 from tiercache.connector.vllm.layout import BackendLayout
 from tiercache.connector.vllm.params import SKIP_LOAD, SKIP_SAVE
-from tiercache.connector.vllm.scheduler import HOLD_FRACTION, SchedulerSide
+from tiercache.connector.vllm.scheduler import ASK_WAIT_S, HOLD_FRACTION, SchedulerSide
 from tiercache.connector.vllm.worker import WorkerSide
 from tiercache.errors import InvalidArgumentError
 from tiercache.keys import Namespace
@@ -65,7 +64,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
 def _answers_are_awaited(monkeypatch: pytest.MonkeyPatch) -> None:
     """These tests look at what is asked and answered, not at a late answer: the scheduler waits for every
     answer (a loaded host can take longer than ASK_WAIT_S); the late-answer test sets its own wait."""
-    monkeypatch.setattr("tiercache.connector.vllm.asking.ASK_WAIT_S", 600.0)
+    monkeypatch.setattr("tiercache.connector.vllm.scheduler.ASK_WAIT_S", 600.0)
 
 
 class CountingClient(TierCacheClient):
@@ -287,7 +286,7 @@ def test_a_late_answer_lets_the_running_requests_go_on(tmp_path, monkeypatch: py
     # The scheduler waited for every AcquireLoad while vLLM's running requests waited with it (py-spy of
     # vllm serve, chat outgrowing its cache at concurrency 8: 15 % of EngineCore's time). Now a request
     # whose answer is late is skipped for the step (None: vLLM asks again) while others run.
-    monkeypatch.setattr("tiercache.connector.vllm.asking.ASK_WAIT_S", ASK_WAIT_S)
+    monkeypatch.setattr("tiercache.connector.vllm.scheduler.ASK_WAIT_S", ASK_WAIT_S)
     daemon = connector_daemon(tmp_path / "late-daemon")
     try:
         daemon.start()
@@ -325,46 +324,6 @@ def test_a_late_answer_lets_the_running_requests_go_on(tmp_path, monkeypatch: py
         daemon.cleanup()
 
 
-def test_a_busy_step_waits_a_share_of_the_steps_length_for_an_answer(
-    tmp_path, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
-    # With a fixed 2 ms wait, 26 % of the answers in vllm serve's docqa run (outgrowing, concurrency 8) came
-    # after it and cost their request a whole step (~30-40 ms). A busy step now waits up to a share of the
-    # recent steps' length (ASK_WAIT_SHARE), so an answer that comes within it is taken in the same step.
-    monkeypatch.setattr("tiercache.connector.vllm.asking.ASK_WAIT_S", ASK_WAIT_S)
-    monkeypatch.setattr("tiercache.connector.vllm.asking.ASK_WAIT_MAX_S", 60.0)  # the share decides
-    daemon = connector_daemon(tmp_path / "pace-daemon")
-    try:
-        daemon.start()
-        prompt = _prompt(7000)
-        _store_chunks(daemon, prompt)
-        clock = Clock()
-        with _client(daemon) as client:
-            sched = SchedulerSide(IDENTITY, client, _config(daemon.address), clock=clock)
-            assert sched.get_num_new_matched_tokens(_Request("first", prompt), 0) == (3 * 32, False)
-            sched.update_state_after_alloc(_Request("first", prompt), None, 0)  # (connected; vLLM took none)
-            for _ in range(3):  # steps of 200 s (the test's clock): a step may wait up to 50 s
-                sched.build_connector_meta(_step([("running", BLOCKS, 0)]))
-                clock.now += 200.0
-            sched.build_connector_meta(_step([("running", BLOCKS, 0)]))
-            os.kill(daemon.pid, signal.SIGSTOP)
-            try:
-                timer = threading.Timer(0.2, os.kill, (daemon.pid, signal.SIGCONT))
-                timer.start()
-                got = sched.get_num_new_matched_tokens(_Request("waited", prompt), 0)
-            finally:
-                timer.join()
-                os.kill(daemon.pid, signal.SIGCONT)
-            assert got == (3 * 32, False)  # answered in this step, not None
-            assert sched.late_answers == 0 and sched.ask_wait_s > 0
-            sched.request_finished(_Request("waited", prompt), [])
-            sched.shutdown()
-            client.settle()
-        assert _active_leases(daemon) == 0
-    finally:
-        daemon.cleanup()
-
-
 def _miss_run(sched: SchedulerSide) -> None:
     """Ask about MISS_RUN new prompts with nothing running: each answer is awaited, each a miss."""
     for i in range(MISS_RUN):
@@ -377,7 +336,7 @@ def test_after_a_run_of_misses_a_busy_step_does_not_wait(tmp_path, monkeypatch: 
     # (1.4 ms median under vllm serve, the running requests waiting with it; 10 % late, a step each). After
     # MISS_RUN answers without a hit a busy step no longer waits: the request computes its prompt; the
     # answer still comes, its lease is released, and a hit in it makes the next steps wait again.
-    monkeypatch.setattr("tiercache.connector.vllm.asking.ASK_WAIT_S", ASK_WAIT_S)
+    monkeypatch.setattr("tiercache.connector.vllm.scheduler.ASK_WAIT_S", ASK_WAIT_S)
     daemon = connector_daemon(tmp_path / "outlook-daemon")
     try:
         daemon.start()
@@ -421,7 +380,7 @@ def test_after_a_run_of_misses_a_follow_up_of_a_saved_prompt_is_still_awaited(
     # The serve record with the run of misses alone: 168 of 169 and 223 of 225 follow-up turns got their
     # whole previous turn back (169 and 225 before): a follow-up whose answer was late went on without it.
     # A request asking about a chunk this engine saved is awaited as before; any other goes on.
-    monkeypatch.setattr("tiercache.connector.vllm.asking.ASK_WAIT_S", ASK_WAIT_S)
+    monkeypatch.setattr("tiercache.connector.vllm.scheduler.ASK_WAIT_S", ASK_WAIT_S)
     daemon = connector_daemon(tmp_path / "follow-daemon")
     try:
         daemon.start()

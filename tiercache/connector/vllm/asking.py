@@ -11,13 +11,8 @@ new), a step with requests running does not wait at all for an answer that is no
 computes its prompt, as it would have, unless it asks about a chunk this engine saved itself (a follow-up
 turn). The answers still come and are still noted, so a hit ends the run.
 
-How long a busy step waits for an answer worth waiting for is :class:`Pace`'s: a share of the recent steps'
-length (a late answer costs its request a whole step; a wait costs every running request the wait).
-
 Primitives:
     MISS_RUN: answers without a hit after which a busy step stops waiting.
-    ASK_WAIT_S, ASK_WAIT_SHARE, ASK_WAIT_MAX_S: the wait's floor, share of a step, and ceiling.
-    Pace: step (once per scheduler step), wait_s.
     Answer: a namespace's answer.
     SAVED_KEYS: how many of its own saved chunks the Outlook remembers.
     Outlook: note, saved, hopeful.
@@ -46,21 +41,6 @@ MISS_RUN = 16
 late answer (measured under ``vllm serve``, chat fitting the engine's cache at concurrency 8: the step waited
 1.4 ms (median) for each lookup while the running requests waited with it, and 10 % of them came after the
 2 ms bound and cost their request a step)."""
-
-ASK_WAIT_S = 0.002
-"""The least a busy step waits for an answer worth waiting for, before it goes on without the request."""
-
-ASK_WAIT_SHARE = 0.25
-"""The share of a step's length a busy step may wait for such an answer. Measured under ``vllm serve``
-(docqa outgrowing the engine's cache, concurrency 8, 2 cores): with the 2 ms floor alone 26 % of the waits
-ran out (37 of 140), each costing its request a whole step (~30-40 ms), and TTFT p50 was 168 ms; allowed
-50 ms, none ran out, the mean wait grew from 1.9 to 2.2 ms and TTFT p50 was 106 ms (requests/s level)."""
-
-ASK_WAIT_MAX_S = 0.025
-"""The most a busy step waits for an answer, whatever the steps' length."""
-
-PACE_WEIGHT = 0.2
-"""Weight of the newest step in :class:`Pace`'s moving average of step lengths."""
 
 SAVED_KEYS = 16384
 """How many of the chunks this engine saved the Outlook remembers (32-byte keys: ~2 MiB with the dict)."""
@@ -96,28 +76,6 @@ class Outlook:
     def hopeful(self, first_key: bytes) -> bool:
         """Whether a busy step waits for the answer of a request that asks from ``first_key`` on."""
         return self._misses < MISS_RUN or first_key in self._saved
-
-
-class Pace:
-    """The length of the engine's recent busy steps (a moving average of the time between two of vLLM's
-    ``build_connector_meta`` calls, counted only after a step that ran requests), and from it how long a
-    busy step may wait for an answer: :data:`ASK_WAIT_SHARE` of a step, within [:data:`ASK_WAIT_S`,
-    :data:`ASK_WAIT_MAX_S`]."""
-
-    def __init__(self) -> None:
-        self.step_s = 0.0
-        self._last: float | None = None  # when the last busy step was planned
-
-    def step(self, now: float, busy: bool) -> None:
-        """Note that vLLM planned a step at ``now`` (``busy``: it runs requests)."""
-        if self._last is not None:
-            took = now - self._last
-            self.step_s = took if self.step_s == 0.0 else self.step_s + PACE_WEIGHT * (took - self.step_s)
-        self._last = now if busy else None
-
-    def wait_s(self) -> float:
-        """How long a busy step waits for an answer worth waiting for."""
-        return max(ASK_WAIT_S, min(ASK_WAIT_MAX_S, ASK_WAIT_SHARE * self.step_s))
 
 
 class Asker:

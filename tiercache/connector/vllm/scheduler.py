@@ -15,10 +15,9 @@
   AcquireLoad carrying a chain per request (``more_chains``), each under its own lease — so vLLM's later
   questions in the step are answered without a call, and no request waits a step for its answer.
   The call runs in a background thread (``tiercache-ask``): while other requests run (the last step
-  scheduled some), vLLM's scheduler waits for it at most a share of a recent step's length
-  (:class:`~.asking.Pace`: 2-25 ms) and otherwise answers None (vLLM skips the request and asks again next
-  step: ``late_answers``), so a slow daemon delays the running requests by a bounded share of a step; with
-  nothing else to run it waits for the answer. After a run of answers
+  scheduled some), vLLM's scheduler waits at most :data:`ASK_WAIT_S` for it and otherwise answers None
+  (vLLM skips the request and asks again next step: ``late_answers``), so a slow daemon delays only the
+  requests it is asked about, never the running ones; with nothing else to run it waits for the answer. After a run of answers
   that brought nothing (:class:`~.asking.Outlook`) a busy step does not wait: a request whose answer is not
   there computes its prompt (unless it asks about a chunk this engine saved: a follow-up turn). An answer
   that comes after vLLM dropped its request, or after the request went on without it, has its lease
@@ -52,6 +51,7 @@
 Primitives:
     HOLD_FRACTION: how much of its TTL a waiting request's lease is kept for its retries.
     BATCH_MAX: the most requests looked up in one call.
+    ASK_WAIT_S: how long a step waits for a late answer while other requests run.
     SchedulerSide: get_num_new_matched_tokens, update_state_after_alloc, build_connector_meta,
         request_finished, shutdown; ``lookup_failures`` counts daemon failures, ``lookups`` the daemon calls
         made (one per namespace of a batch), ``unawaited`` the requests that went on without their answer,
@@ -73,7 +73,7 @@ from tiercache.keys import Namespace, chunk_keys
 from ..client import TierCacheClient
 from ..results import LoadLease
 from .ahead import connect_ahead
-from .asking import Asker, Outlook, Pace, Question
+from .asking import Asker, Outlook, Question
 from .config import VllmConnectorConfig
 from .loads import leased_prefix
 from .metadata import LoadSpec, SaveSpec, TierCacheMetadata
@@ -89,6 +89,11 @@ BATCH_MAX = 32
 """Most requests looked up in one daemon call: the one vLLM asks about and those that arrived with it."""
 ANSWER_FRESH_S = 1.0
 """A retried request's answer without a lease (a miss, or a Lookup's) is reused for this long."""
+ASK_WAIT_S = 0.002
+"""While other requests run, how long a step waits for an answer before it goes on without the request (a
+share of a recent step, up to 25 ms, took docqa's TTFT p50 under vllm serve from 168 to 106 ms, and the
+two-engine throughput line of ``tiercache-bench vllm`` from 1.5x plain's requests/s to 0.44x: there the
+answers came late and every wait held the whole engine)."""
 
 
 class SchedulerSide:
@@ -117,7 +122,6 @@ class SchedulerSide:
         self._busy = False  # the last step ran requests: a request whose answer is late waits a step
         self._asker = Asker(client, config, self._lease_here)
         self._outlook = Outlook()
-        self._pace = Pace()
         self.late_answers = 0  # requests skipped for a step: their answer came after the step's wait
         self.ask_wait_s = 0.0  # time vLLM's scheduler waited for answers
         self.unawaited = 0  # requests that went on without their answer (a miss was expected)
@@ -248,7 +252,7 @@ class SchedulerSide:
 
     def _wait(self, call: Call, hopeful: bool) -> bool:
         """Take ``call``'s answer if it comes in time (at once when not hopeful); False when it is late."""
-        wait_s = (self._pace.wait_s() if hopeful else 0.0) if self._busy else None
+        wait_s = (ASK_WAIT_S if hopeful else 0.0) if self._busy else None
         started = time.perf_counter()
         done, _ = concurrent.futures.wait([call.future], timeout=wait_s)
         self.ask_wait_s += time.perf_counter() - started
@@ -374,7 +378,6 @@ class SchedulerSide:
         meta = TierCacheMetadata()
         self._collect()
         self._busy = any(so.num_scheduled_tokens.values())
-        self._pace.step(self._clock(), self._busy)
         for req_id in list(self._waiting):  # leased for, not scheduled: kept for its retries while young
             waiting = self._requests.get(req_id)
             if waiting is None or waiting.lease is None or not self._young(waiting):
