@@ -199,8 +199,9 @@ def _copy_chunk(
             _copy_layer(layout, kv, chunk, layer, buf, into_kv, non_blocking)
         return
     assert isinstance(kv, PagedKV)
-    for layer in order if layers is not None else ():
-        layout.layer_range(layer)  # (checks it)
+    if layers is not None:
+        for layer in layers:
+            layout.layer_range(layer)  # (checks it: the host path indexes the layers' views with it)
     first, blocks = kv.written_blocks(layout, chunk) if into_kv else (0, kv.chunk_blocks(layout, chunk))
     copy_host_chunk(layout, hosts, buf.detach().numpy(), first, blocks, order, into_kv)
 

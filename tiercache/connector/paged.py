@@ -93,12 +93,7 @@ def copy_blocks(
     runs = block_runs(blocks)
     host = host_bytes(cache) if part.device == cache.device else None
     if host is not None:
-        chunk_bytes = part.detach().numpy()
-        for offset, block, count in runs:
-            if into_kv:
-                np.copyto(host[:, block : block + count], chunk_bytes[:, offset : offset + count])
-            else:
-                np.copyto(chunk_bytes[:, offset : offset + count], host[:, block : block + count])
+        _copy_host_runs(host, part.detach().numpy(), runs, into_kv)
         return
     if len(runs) > 1 and part.device == cache.device:
         if into_kv:
@@ -137,12 +132,19 @@ def copy_host_chunk(
     for layer in layers:
         host = hosts[layer]
         part = chunk_bytes[layer * size : (layer + 1) * size].reshape(host.shape[0], per, -1)
-        for offset, block, count in runs:
-            lo = first + offset
-            if into_kv:
-                np.copyto(host[:, block : block + count], part[:, lo : lo + count])
-            else:
-                np.copyto(part[:, lo : lo + count], host[:, block : block + count])
+        _copy_host_runs(host, part[:, first : first + len(blocks)], runs, into_kv)
+
+
+def _copy_host_runs(
+    host: np.ndarray, part: np.ndarray, runs: Sequence[tuple[int, int, int]], into_kv: bool
+) -> None:
+    """One numpy copy per run (:func:`block_runs`) between a chunk layer's blocks ``part`` and the host cache
+    ``host`` (both ``[planes, blocks, plane_block_bytes]``)."""
+    for offset, block, count in runs:
+        if into_kv:
+            np.copyto(host[:, block : block + count], part[:, offset : offset + count])
+        else:
+            np.copyto(part[:, offset : offset + count], host[:, block : block + count])
 
 
 def host_bytes(tensor: torch.Tensor) -> np.ndarray | None:

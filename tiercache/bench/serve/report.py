@@ -79,14 +79,16 @@ def _figures(m: Measured) -> dict[str, Any]:
         "recomputed_tokens": prompt_tokens - cached,
         "follow_ups": len(follow),
         "whole_turns": sum(1 for o in follow if o.cached_tokens >= o.reusable_tokens),
-        "lookups": int(m.asking.get("lookups", 0)),
-        "late_answers": int(m.asking.get("late_answers", 0)),
+        "lookups": int(m.counters.get("lookups", 0)),
+        "late_answers": int(m.counters.get("late_answers", 0)),
         "ask_wait_ms_per_lookup": (
-            1000 * m.asking["ask_wait_seconds"] / m.asking["lookups"] if m.asking.get("lookups") else None
+            1000 * m.counters["ask_wait_seconds"] / m.counters["lookups"]
+            if m.counters.get("lookups")
+            else None
         ),
         "load_ms_per_1k_tokens": (
-            1e6 * m.asking["load_seconds"] / m.asking["loaded_tokens"]
-            if m.asking.get("loaded_tokens")
+            1e6 * m.counters["load_seconds"] / m.counters["loaded_tokens"]
+            if m.counters.get("loaded_tokens")
             else None
         ),
         "daemon_restarted": m.daemon_restarted,

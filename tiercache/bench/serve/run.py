@@ -165,7 +165,7 @@ class Measured:
         vllm_hits: prompt tokens vLLM's own prefix cache served (``/metrics``).
         connector_hits: prompt tokens the KV connector served (``/metrics``).
         tiers: per tier, the daemon's ``(load_success_tokens, effective_hit_tokens)`` during the cell.
-        asking: tiercache's connector counters during the cell (:data:`ASKING`; zeros for other columns).
+        counters: tiercache's connector counters during the cell (:data:`CONNECTOR_COUNTERS`; zeros for other columns).
         daemon_restarted: the daemon was killed and restarted during the cell (its counters restarted).
     """
 
@@ -177,7 +177,7 @@ class Measured:
     vllm_hits: int
     connector_hits: int
     tiers: dict[str, tuple[int, int]] = field(default_factory=dict)
-    asking: dict[str, float] = field(default_factory=dict)
+    counters: dict[str, float] = field(default_factory=dict)
     daemon_restarted: bool = False
 
 
@@ -268,18 +268,18 @@ def _metric(text: str, name: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
 
 
-ASKING = ("lookups", "late_answers", "ask_wait_seconds", "load_seconds", "loaded_tokens")
+CONNECTOR_COUNTERS = ("lookups", "late_answers", "ask_wait_seconds", "load_seconds", "loaded_tokens")
 """The tiercache connector counters the bench reads from vLLM's ``/metrics`` (``vllm:tiercache_<name>``)."""
 
 
 def _vllm_counters(url: str) -> tuple[int, int, dict[str, float]]:
-    """vLLM's prefix-cache and connector hit tokens, and tiercache's connector counters (:data:`ASKING`)."""
+    """vLLM's prefix-cache and connector hit tokens, and tiercache's connector counters (:data:`CONNECTOR_COUNTERS`)."""
     text = httpx.get(f"{url}/metrics", timeout=30).text
-    asking = {name: _metric(text, f"vllm:tiercache_{name}_total") for name in ASKING}
+    counters = {name: _metric(text, f"vllm:tiercache_{name}_total") for name in CONNECTOR_COUNTERS}
     return (
         int(_metric(text, "vllm:prefix_cache_hits_total")),
         int(_metric(text, "vllm:external_prefix_cache_hits_total")),
-        asking,
+        counters,
     )
 
 
@@ -406,10 +406,10 @@ def _measure_column(
             for name, after in after_t.items()
         }  # fmt: skip
         wall = max(o.end for o in outcomes) - min(o.start for o in outcomes)
-        asking = {name: after_v[2][name] - before_v[2][name] for name in ASKING}
+        counters = {name: after_v[2][name] - before_v[2][name] for name in CONNECTOR_COUNTERS}
         for column, fits in plan.rows:
             out.append(Measured(Cell(cell.workload, fits, cell.concurrency), column, repeat, tuple(outcomes), wall,
-                                after_v[0] - before_v[0], after_v[1] - before_v[1], tiers, asking, restarted))  # fmt: skip
+                                after_v[0] - before_v[0], after_v[1] - before_v[1], tiers, counters, restarted))  # fmt: skip
     return out
 
 
