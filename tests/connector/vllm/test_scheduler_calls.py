@@ -315,6 +315,7 @@ def test_a_late_answer_lets_the_running_requests_go_on(tmp_path, monkeypatch: py
                 time.sleep(0.01)
             assert got == (3 * 32, False)
             assert sched.late_answers >= 2  # late and gone skipped a step each (late maybe more)
+            assert sched.ask_wait_s >= 2 * ASK_WAIT_S  # each waited the whole bound (the daemon was stopped)
             assert sched.held_leases == 1  # late's; gone's lease was released when its answer came
             sched.request_finished(late, [])
             sched.shutdown()
