@@ -1,8 +1,9 @@
 """The event hub's hand-over from the cache to the event loop, over a real cache (L2 in shared memory) and a
 real event loop: a commit of many chunks on another thread while the loop is busy reaches a subscriber as
 every event, numbered in the order the cache changed, after a single wake-up of the loop (one is pending at
-most: the events handed over meanwhile ride on it). While the loop is idle it may wake sooner and publish a
-commit's events in a few batches; the order is the same."""
+most: the events handed over meanwhile ride on it). The loop publishes a batch ``handover_s`` after it is
+woken for it: events of the cache's operations in that time (one chunk's promotion after another) take no
+wake-up of their own, also while the loop is idle."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from tiercache.cache import CacheManager
-from tiercache.daemon.events import EventHub, HubEvent, HubEventKind
+from tiercache.daemon.events import HANDOVER_S, EventHub, EventHubConfig, HubEvent, HubEventKind
 from tiercache.keys import Namespace, chunk_keys
 from tiercache.layout import KVDtype, KVLayout
 from tiercache.tiers.base import TierLevel
@@ -122,14 +123,14 @@ def test_events_after_a_drain_wake_the_loop_again(cache: tuple[CacheManager, byt
         sub = hub.subscribe(0, lambda e: True)
         with ThreadPoolExecutor(1) as pool:
             pool.submit(manager.put, handle, first, [blank] * 5).result()
-            loop.run_until_complete(asyncio.sleep(0))  # the first batch's drain runs
+            loop.run_until_complete(asyncio.sleep(5 * HANDOVER_S))  # the first batch's drain runs
             assert hub.sequence == 5
             pool.submit(
                 manager.put, handle, second, [blank] * 4
             ).result()  # a new batch: not left in the inbox
 
         async def collect() -> list[HubEvent]:
-            await asyncio.sleep(0)  # the second drain runs
+            await asyncio.sleep(5 * HANDOVER_S)  # the second drain runs
             hub.close()
             return [event async for event in sub]
 
@@ -139,3 +140,63 @@ def test_events_after_a_drain_wake_the_loop_again(cache: tuple[CacheManager, byt
         loop.close()
     assert [e.key for e in got] == first + second
     assert [e.sequence for e in got] == list(range(1, 10))
+
+
+def test_events_while_a_handover_is_pending_take_no_wakeup_of_their_own(
+    cache: tuple[CacheManager, bytes],
+) -> None:
+    manager, handle = cache
+    loop = asyncio.new_event_loop()
+    counting = _CountingLoop(loop)
+    hub = EventHub(counting, EventHubConfig(handover_s=0.5))  # type: ignore[arg-type]  # a real loop
+    detach = hub.attach(manager)
+    first = chunk_keys(NS, list(range(3 * LAYOUT.chunk_tokens)))
+    second = chunk_keys(NS, list(range(20_000, 20_000 + 2 * LAYOUT.chunk_tokens)))
+    blank = torch.zeros(LAYOUT.chunk_bytes, dtype=torch.uint8)
+    try:
+        sub = hub.subscribe(0, lambda e: True)
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(manager.put, handle, first, [blank] * 3).result()
+            loop.run_until_complete(asyncio.sleep(0))  # the loop takes the wake-up, the drain is pending
+            assert len(hub._inbox) == 3
+            pool.submit(manager.put, handle, second, [blank] * 2).result()  # while the loop idles
+            assert len(hub._inbox) == 5
+
+        async def collect() -> list[HubEvent]:
+            await asyncio.sleep(0.6)  # the pending drain runs
+            hub.close()
+            return [event async for event in sub]
+
+        got = loop.run_until_complete(collect())
+    finally:
+        detach()
+        loop.close()
+    assert [e.key for e in got] == first + second
+    assert [e.sequence for e in got] == list(range(1, 6))
+    assert counting.wakeups == 1
+
+
+def test_an_event_published_on_the_loop_comes_after_the_events_handed_over_before_it(
+    cache: tuple[CacheManager, bytes],
+) -> None:
+    manager, handle = cache
+    loop = asyncio.new_event_loop()
+    hub = EventHub(loop, EventHubConfig(handover_s=60.0))  # the hand-over would come long after
+    detach = hub.attach(manager)
+    keys = chunk_keys(NS, list(range(30_000, 30_000 + 2 * LAYOUT.chunk_tokens)))
+    try:
+        sub = hub.subscribe(0, lambda e: True)
+        manager.put(handle, keys, [torch.zeros(LAYOUT.chunk_bytes, dtype=torch.uint8)] * 2)
+
+        async def clear() -> list[HubEvent]:
+            hub.publish(HubEventKind.CLEARED, None, handle)  # (as Purge does, on the loop)
+            hub.close()
+            return [event async for event in sub]
+
+        got = loop.run_until_complete(clear())
+    finally:
+        detach()
+        loop.close()
+    assert [e.kind for e in got] == [HubEventKind.STORED, HubEventKind.STORED, HubEventKind.CLEARED]
+    assert [e.key for e in got[:2]] == keys
+    assert [e.sequence for e in got] == [1, 2, 3]

@@ -28,6 +28,13 @@ from .server import Daemon
 logger = logging.getLogger(__name__)
 
 PROG = "tiercache-daemon"
+SWITCH_INTERVAL_S = 0.0005
+"""The daemon's GIL switch interval (Python's default: 5 ms). A thread that gave up the GIL for a system call
+(a socket write, an LMDB read) waits up to this long to take it back while another thread runs Python: the
+event loop, promotions and write-downs share one process. Under ``vllm serve`` (docqa outgrowing, c=8, two
+pairs) the AcquireLoad round trip's p90 went from 4.6 / 7.2 ms to 3.9 / 5.1 ms; TTFT p50 moved within the
+runs' noise."""
+
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_CONFIG = 2
@@ -61,6 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     torch.set_num_threads(config.torch_threads)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         return asyncio.run(Daemon(config, tokens, quotas, operator).run())
     except StartupError as exc:

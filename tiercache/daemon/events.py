@@ -14,11 +14,13 @@ RESYNC event (sequence: the last event it will not receive) before the retained 
 The cache manager calls its listeners under its lock, on whatever thread changed the cache; the hub's
 listener only hands the event to the event loop, where it gets the next sequence number, enters a bounded
 replay buffer and is queued for every subscriber. Events are handed over in batches, in order: the listener
-appends to an inbox and wakes the loop (``call_soon_threadsafe``) only when the inbox was empty; the loop
-then publishes every event in it. A commit of 512 chunks used to wake the loop 512 times (a write to its
-self-pipe each and as many loop iterations, competing with the streams for the cores: ~2 ms of a ~24 ms
-stream-store commit of 512 chunks on the 2-core dev host); now once, or a few times. No event is published
-later than with one wake-up each. A
+appends to an inbox and wakes the loop (``call_soon_threadsafe``) only when no wake-up is pending; the loop
+publishes every event in the inbox :data:`HANDOVER_S` later (``EventHubConfig.handover_s``). A commit of 512 chunks used to wake the loop
+512 times (a write to its self-pipe each and as many loop iterations, competing with the streams for the
+cores: ~2 ms of a ~24 ms stream-store commit of 512 chunks on the 2-core dev host). Promotions and
+write-downs emit one event per chunk under the cache's lock, on their own threads: a wake-up per chunk
+(a socket write that gives up the GIL, then waits up to the switch interval to take it back, the lock
+held) was a third of the samples of AcquireLoads promoting from L3 under ``vllm serve``. A
 subscriber first receives the retained events after the sequence number it asks for, then live ones. A
 subscriber whose bounded queue overflows is ended with :class:`~tiercache.errors.CapacityError` after the
 events it already has (it can resubscribe with the last sequence it saw); closing the hub ends every
@@ -63,6 +65,10 @@ class HubEventKind(enum.Enum):
     CLEARED = "cleared"
     RESYNC = "resync"  # the subscriber missed events: what it derived from earlier ones is stale
 
+
+HANDOVER_S = 0.002
+"""How long after the first event of a batch the loop publishes the batch: one wake-up of the loop serves
+every event of the cache's operations in that time (a promotion of a prompt's chunks, a write-down run)."""
 
 _FROM_CHUNK = {EventKind.STORED: HubEventKind.STORED, EventKind.REMOVED: HubEventKind.REMOVED}
 
@@ -126,10 +132,12 @@ class EventHubConfig:
     Attributes:
         replay_events: events retained for subscribers that resume after a sequence number.
         queue_events: events a subscriber may fall behind before it is dropped.
+        handover_s: how long after the first event of a batch the loop publishes the batch.
     """
 
     replay_events: int = 65536
     queue_events: int = 8192
+    handover_s: float = HANDOVER_S
 
 
 class Subscription:
@@ -223,6 +231,7 @@ class EventHub:
         self._closed = False
         self._inbox: list[ChunkEvent] = []  # handed over by the manager, not yet published
         self._inbox_lock = threading.Lock()
+        self._wake_pending = False  # the loop is woken for the inbox: it publishes every event in it
         self.epoch = new_epoch()
 
     @property
@@ -236,7 +245,9 @@ class EventHub:
         return self.latest("")
 
     def latest(self, scope: str) -> int:
-        """The sequence number of the latest event of a stream (0 before the first)."""
+        """The sequence number of the latest event of a stream (0 before the first), the cache's events
+        handed over so far included."""
+        self._drain()
         stream = self._streams.get(scope)
         return stream.sequence if stream is not None else 0
 
@@ -252,24 +263,31 @@ class EventHub:
 
     def _from_manager(self, event: ChunkEvent) -> None:
         """Manager listener: runs under the manager's lock on any thread; only hands over to the loop (woken
-        when the inbox was empty: a drain it is already woken for takes this event too)."""
+        when no wake-up is pending: the drain it is woken for takes this event too)."""
         with self._inbox_lock:
             self._inbox.append(event)
-            if len(self._inbox) > 1:
+            if self._wake_pending:
                 return
+            self._wake_pending = True
         try:
-            self._loop.call_soon_threadsafe(self._drain)
+            self._loop.call_soon_threadsafe(self._drain_soon)
         except RuntimeError:  # the loop is closed: the daemon is gone (and nothing will drain the inbox)
             with self._inbox_lock:
                 self._inbox.clear()
+                self._wake_pending = False
             logger.debug("event after the event loop closed: %s", event)
+
+    def _drain_soon(self) -> None:
+        """Publish the inbox ``handover_s`` from now (on the loop: the events of that time ride along)."""
+        asyncio.get_running_loop().call_later(self._config.handover_s, self._drain)
 
     def _drain(self) -> None:
         """Publish the events handed over so far, in order (on the loop)."""
         with self._inbox_lock:
             events, self._inbox = self._inbox, []
+            self._wake_pending = False
         for event in events:
-            self.publish(
+            self._number(
                 _FROM_CHUNK[event.kind],
                 event.level,
                 event.namespace_id,
@@ -288,7 +306,21 @@ class EventHub:
         source: TierLevel | None = None,
     ) -> HubEvent | None:
         """Number an event in its stream, retain it there and queue it for every subscriber of the stream that
-        accepts it (None once closed, or when the handle's event is nobody's)."""
+        accepts it (None once closed, or when the handle's event is nobody's). The cache's events handed
+        over before it are published first: a namespace's CLEARED comes after its chunks' events."""
+        self._drain()
+        return self._number(kind, level, handle, key, evicted, source)
+
+    def _number(
+        self,
+        kind: HubEventKind,
+        level: TierLevel | None,
+        handle: bytes,
+        key: bytes,
+        evicted: bool,
+        source: TierLevel | None,
+    ) -> HubEvent | None:
+        """:meth:`publish` without the inbox."""
         scope = self._scope(bytes(handle))
         if self._closed or scope is None:
             return None
@@ -316,6 +348,7 @@ class EventHub:
             epoch: the epoch of ``after_sequence`` (0: not known).
             scope: the stream (the subscriber's tenant): its numbers, its retained events, its RESYNC.
         """
+        self._drain()  # (the cache's events so far are numbered: replayed, not live)
         stream = self._stream(scope)
         sub = Subscription(accept, self._config.queue_events, stream.subscribers.discard)
         if self._closed:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Sequence
 from types import SimpleNamespace
@@ -323,6 +324,63 @@ def test_a_late_answer_lets_the_running_requests_go_on(tmp_path, monkeypatch: py
         assert _active_leases(daemon) == 0
     finally:
         daemon.cleanup()
+
+
+class HeldClient(CountingClient):
+    """A real client whose first AcquireLoad waits for the test before it is sent (an answer that takes long,
+    as one promoting a prompt's chunks from L3 under load)."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(address)
+        self.holding = threading.Event()
+        self.release = threading.Event()
+
+    def acquire_load(self, namespace: Namespace, keys: Sequence[bytes], *args: Any, **kwargs: Any) -> Any:
+        if not self.holding.is_set():
+            self.holding.set()
+            self.release.wait(60)
+        return super().acquire_load(namespace, keys, *args, **kwargs)
+
+
+def test_a_slow_answer_does_not_hold_up_the_next_steps_answers(
+    daemon: Daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One ask thread made every batch wait for the one before it: under vllm serve with L3 serving, an
+    # AcquireLoad promoting a prompt took 13-15 ms (p90 32-100), and the next steps' batches queued behind
+    # it (p99 of the wait for the thread 20-134 ms), each a step skipped for a late answer.
+    monkeypatch.setattr("tiercache.connector.vllm.scheduler.ASK_WAIT_S", ASK_WAIT_S)
+    slow_prompt, quick_prompt = _prompt(31000), _prompt(32000)
+    _store_chunks(daemon, slow_prompt)
+    _store_chunks(daemon, quick_prompt)
+    with HeldClient(daemon.address) as client:
+        sched = SchedulerSide(IDENTITY, client, _config(daemon.address))
+        sched.build_connector_meta(_step([("running", BLOCKS, 0)]))  # a step ran requests
+        try:
+            slow = _Request("slow", slow_prompt)
+            assert sched.get_num_new_matched_tokens(slow, 0) == (None, False)
+            assert client.holding.wait(60)
+            quick = _Request("quick", quick_prompt)
+            got = None
+            for _ in range(3000):  # asked again every step until the answer is there (no clock asserted)
+                got = sched.get_num_new_matched_tokens(quick, 0)
+                if got != (None, False):
+                    break
+                time.sleep(0.01)
+            assert got == (3 * 32, False)  # while the slow answer is still held
+            assert not client.release.is_set()
+        finally:
+            client.release.set()
+        for _ in range(3000):
+            got = sched.get_num_new_matched_tokens(slow, 0)
+            if got != (None, False):
+                break
+            time.sleep(0.01)
+        assert got == (3 * 32, False)
+        for request in (slow, quick):
+            sched.request_finished(request, [])
+        sched.shutdown()
+        client.settle()
+    assert _active_leases(daemon) == 0
 
 
 def _miss_run(sched: SchedulerSide) -> None:

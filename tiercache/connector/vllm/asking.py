@@ -1,7 +1,9 @@
-"""The scheduler side's daemon calls, made in a background thread so that vLLM's scheduler never waits long.
+"""The scheduler side's daemon calls, made in background threads so that vLLM's scheduler never waits long.
 
 :class:`Asker` takes one batch of questions (per namespace, each request's chunk keys and the first chunk
-vLLM lacks) and makes one daemon call per namespace in its thread (``tiercache-ask``): with TP = PP = 1 and
+vLLM lacks) and makes one daemon call per namespace in one of its threads (``tiercache-ask``, up to
+:data:`ASK_THREADS` batches at once, so that a batch whose answer waits for promotions from L3 does not hold
+up the next steps' batches behind it): with TP = PP = 1 and
 shared memory to lease in, one AcquireLoad carrying a chain per request (``more_chains``) under the
 configured load policy; otherwise a Lookup per request that starts promoting its prefix. The answer per
 namespace is the requests' leases, their cached chunks, or the error (a miss for every request of it). The
@@ -12,6 +14,7 @@ computes its prompt, as it would have, unless it asks about a chunk this engine 
 turn). The answers still come and are still noted, so a hit ends the run.
 
 Primitives:
+    ASK_THREADS: batches asked at once.
     MISS_RUN: answers without a hit after which a busy step stops waiting.
     Answer: a namespace's answer.
     SAVED_KEYS: how many of its own saved chunks the Outlook remembers.
@@ -35,6 +38,11 @@ from ..dataplane import Medium
 from ..handlers import daemon_medium
 from ..results import LoadLease
 from .config import VllmConnectorConfig
+
+ASK_THREADS = 4
+"""Batches asked at once. With one thread, under ``vllm serve`` with L3 serving (docqa outgrowing, c=8) an
+AcquireLoad promoting a prompt's chunks took 13-15 ms (median; p90 32-100 ms) and the batches of the next
+steps queued behind it: p90 of the wait for the thread 5-48 ms, p99 20-134 ms; with 4, 1.2 ms and 3.4 ms."""
 
 MISS_RUN = 16
 """Answers in a row that offered vLLM nothing, after which a step with requests running does not wait for a
@@ -79,7 +87,7 @@ class Outlook:
 
 
 class Asker:
-    """Makes the scheduler's daemon calls in one background thread (see the module docstring)."""
+    """Makes the scheduler's daemon calls in background threads (see the module docstring)."""
 
     def __init__(self, client: TierCacheClient, config: VllmConnectorConfig, lease_here: bool) -> None:
         """Args:
@@ -91,17 +99,17 @@ class Asker:
         self._config = config
         self._lease_here = lease_here
         self._timeout_s = config.timeout_s if config.load_policy is LoadPolicyKind.TIMEOUT else 0.0
-        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tiercache-ask")
+        self._threads = concurrent.futures.ThreadPoolExecutor(ASK_THREADS, thread_name_prefix="tiercache-ask")
 
     def submit(
         self, questions: dict[Namespace, list[Question]]
     ) -> concurrent.futures.Future[dict[Namespace, Answer]]:
         """Ask the daemon in the background: one call per namespace."""
-        return self._thread.submit(self._call, questions)
+        return self._threads.submit(self._call, questions)
 
     def shutdown(self) -> None:
-        """Finish the calls submitted, then stop the thread."""
-        self._thread.shutdown(wait=True)
+        """Finish the calls submitted, then stop the threads."""
+        self._threads.shutdown(wait=True)
 
     def leases(self, ns: Namespace) -> bool:
         """Whether the lookup leases the prefix for the worker (TP = PP = 1 and shared memory to lease in)."""
