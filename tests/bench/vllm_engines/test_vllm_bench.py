@@ -23,7 +23,7 @@ def _args(*argv: str) -> argparse.Namespace:
 def test_vllm_bench_prints_the_table_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "vllm.json"
     args = _args(
-        "--lengths", "256", "--fractions", "0,100", "--repeats", "1", "--chunk-tokens", "64",
+        "--lengths", "256", "--fractions", "0,100", "--repeats", "2", "--chunk-tokens", "64",
         "--hidden", "256", "--layers", "2", "--no-peers", "--json", str(out),
         "--throughput-requests", "4", "--system-tokens", "128", "--user-tokens", "8",
     )  # fmt: skip
@@ -50,6 +50,9 @@ def test_vllm_bench_prints_the_table_and_json(tmp_path: Path, capsys: pytest.Cap
     assert all(
         t["requests"] == 4 and t["requests_per_s"] > 0 and t["mean_ttft_s"] > 0 for t in lines.values()
     )
+    for t in lines.values():  # two runs of each line (interleaved): the slower one is the median run
+        assert len(t["runs_per_s"]) == 2 and t["requests_per_s"] == min(t["runs_per_s"])
+    assert "(the median of 2 interleaved runs)" in text
     assert lines["plain"]["cached_tokens"] == 2 * 128
     assert lines["tiercache"]["cached_tokens"] == 4 * 128
     assert "throughput: 4 requests over two engines" in text

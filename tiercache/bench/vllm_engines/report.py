@@ -94,14 +94,17 @@ def format_throughput(config: VllmBenchConfig, lines: Sequence[Throughput]) -> s
             f"{t.requests_per_s:.2f}",
             f"{t.mean_ttft_s * 1e3:.1f}",
             str(t.cached_tokens),
+            " ".join(f"{r:.2f}" for r in t.runs_per_s),
         ]
         for t in lines
     ]
+    runs = max((len(t.runs_per_s) for t in lines), default=1)
     title = (
         f"throughput: {config.throughput_requests} requests over two engines, a shared"
         f" {config.system_tokens}-token system prompt + {config.user_tokens} own tokens each"
+        f" (the median of {runs} interleaved runs)"
     )
-    headers = ["engines", "requests", "req/s", "mean TTFT ms", "cached tokens"]
+    headers = ["engines", "requests", "req/s", "mean TTFT ms", "cached tokens", "req/s of each run"]
     return "\n".join([title, *table_columns(headers, body, frozenset())])
 
 

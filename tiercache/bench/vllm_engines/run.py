@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .columns import Column, VllmBenchConfig, build_model, plain_columns, tiercache_columns
 from .peers import peer_columns
-from .throughput import Throughput, measure, system_prompt
+from .throughput import Throughput, measure_lines, system_prompt
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +38,6 @@ def run_bench(config: VllmBenchConfig, work: Path) -> VllmBenchResult:
     lines: list[Throughput] = []
     columns = plain_columns(model, config)
     if config.throughput:
-        lines.append(measure("plain", model, config, None, work))
         # A system prompt one token longer is stored: vLLM never loads a prompt's last token, so the shared
         # system prompt's last full chunk is in the daemon only if a longer prompt was served.
         stores = [[*system_prompt(config), 1]]
@@ -47,7 +46,7 @@ def run_bench(config: VllmBenchConfig, work: Path) -> VllmBenchResult:
             config,
             work,
             stores,
-            lambda kv: lines.append(measure("tiercache", model, config, kv, work)),
+            lambda kv: lines.extend(measure_lines(model, config, kv, work)),
         )
     else:
         columns += tiercache_columns(model, config, work)

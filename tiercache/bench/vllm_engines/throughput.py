@@ -3,7 +3,10 @@
 ``throughput_requests`` prompts (one system prompt of ``system_tokens`` + ``user_tokens`` of each request's
 own) are split between two fresh engine processes that start together and serve their half one request at
 a time (one output token each); requests/s is all the requests over the wall time from the first request's
-start to the last one's end, TTFT the mean request latency. Measured twice in one run:
+start to the last one's end, TTFT the mean request latency. Two lines, each measured ``repeats`` times,
+interleaved (plain, tiercache, plain, ...), the run of median requests/s kept with every run's figure: one
+run of either line at times took a third of its usual rate (plain 3.34 against 10.1-10.4 req/s, tiercache
+3.79 and 4.52 against 12.2-13.5, same code, minutes apart), and one run used to decide the line.
 
 * ``plain``: no connector: each engine computes the system prompt once, then hits its own prefix cache;
 * ``tiercache``: both engines on one daemon that already holds the system prompt (stored by an earlier
@@ -13,14 +16,15 @@ start to the last one's end, TTFT the mean request latency. Measured twice in on
 Primitives:
     Throughput: one line's figures.
     system_prompt: the shared system prompt.
-    measure: one line (two engines, with a connector or not).
+    measure: one run of a line (two engines, with a connector or not).
+    measure_lines: both lines, runs interleaved, medians kept.
 """
 
 from __future__ import annotations
 
 import statistics
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +51,7 @@ class Throughput:
         requests_per_s: requests over the wall time of all of them.
         mean_ttft_s: mean request latency (one output token).
         cached_tokens: prompt tokens vLLM reported cached, summed over the requests.
+        runs_per_s: requests/s of every run of the line (the figures above are its median run's).
     """
 
     name: str
@@ -54,6 +59,7 @@ class Throughput:
     requests_per_s: float
     mean_ttft_s: float
     cached_tokens: int
+    runs_per_s: tuple[float, ...] = ()
 
 
 def system_prompt(config: VllmBenchConfig) -> list[int]:
@@ -91,10 +97,31 @@ def measure(
             engine.close()
     jobs = [job for r in results for job in r["jobs"]]
     wall = max(j["t1"] for j in jobs) - min(j["t0"] for j in jobs)
+    rate = len(jobs) / wall if wall > 0 else 0.0
     return Throughput(
         name,  # one line: the engines of ``kv`` (None: no connector)
         len(jobs),
-        len(jobs) / wall if wall > 0 else 0.0,
+        rate,
         statistics.fmean(j["s"] for j in jobs),
         sum(int(j["cached"]) for j in jobs),
+        (rate,),
     )
+
+
+def measure_lines(
+    model: Path, config: VllmBenchConfig, kv: dict[str, Any], work: Path
+) -> tuple[Throughput, Throughput]:
+    """The plain and tiercache lines (``kv``: the connector's), ``config.repeats`` runs each, interleaved;
+    each line is its run of median requests/s, with every run's requests/s."""
+    runs: dict[str, list[Throughput]] = {"plain": [], "tiercache": []}
+    for _ in range(max(1, config.repeats)):
+        runs["plain"].append(measure("plain", model, config, None, work))
+        runs["tiercache"].append(measure("tiercache", model, config, kv, work))
+    plain, tiercache = (_median_run(line) for line in runs.values())
+    return plain, tiercache
+
+
+def _median_run(runs: list[Throughput]) -> Throughput:
+    ordered = sorted(runs, key=lambda t: t.requests_per_s)
+    median = ordered[(len(ordered) - 1) // 2]
+    return replace(median, runs_per_s=tuple(t.requests_per_s for t in runs))
