@@ -16,7 +16,14 @@ import pytest
 import torch
 
 from tiercache.cache import CacheManager
-from tiercache.daemon.events import HANDOVER_S, EventHub, EventHubConfig, HubEvent, HubEventKind
+from tiercache.daemon.events import (
+    HANDOVER_S,
+    EventHub,
+    EventHubConfig,
+    HubEvent,
+    HubEventKind,
+    Subscription,
+)
 from tiercache.keys import Namespace, chunk_keys
 from tiercache.layout import KVDtype, KVLayout
 from tiercache.tiers.base import TierLevel
@@ -39,6 +46,19 @@ class _CountingLoop:
     def call_soon_threadsafe(self, callback: Callable[..., object], *args: Any) -> asyncio.Handle:
         self.wakeups += 1
         return self.loop.call_soon_threadsafe(callback, *args)
+
+
+def _drained(
+    loop: asyncio.AbstractEventLoop, hub: EventHub, sub: Subscription, wait_s: float
+) -> list[HubEvent]:
+    """Run the loop ``wait_s`` (a pending drain runs), close the hub and take every event ``sub`` got."""
+
+    async def collect() -> list[HubEvent]:
+        await asyncio.sleep(wait_s)
+        hub.close()
+        return [event async for event in sub]
+
+    return loop.run_until_complete(collect())
 
 
 @pytest.fixture
@@ -129,12 +149,7 @@ def test_events_after_a_drain_wake_the_loop_again(cache: tuple[CacheManager, byt
                 manager.put, handle, second, [blank] * 4
             ).result()  # a new batch: not left in the inbox
 
-        async def collect() -> list[HubEvent]:
-            await asyncio.sleep(5 * HANDOVER_S)  # the second drain runs
-            hub.close()
-            return [event async for event in sub]
-
-        got = loop.run_until_complete(collect())
+        got = _drained(loop, hub, sub, 5 * HANDOVER_S)  # the second drain runs
     finally:
         detach()
         loop.close()
@@ -162,12 +177,7 @@ def test_events_while_a_handover_is_pending_take_no_wakeup_of_their_own(
             pool.submit(manager.put, handle, second, [blank] * 2).result()  # while the loop idles
             assert len(hub._inbox) == 5
 
-        async def collect() -> list[HubEvent]:
-            await asyncio.sleep(0.6)  # the pending drain runs
-            hub.close()
-            return [event async for event in sub]
-
-        got = loop.run_until_complete(collect())
+        got = _drained(loop, hub, sub, 0.6)  # the pending drain runs
     finally:
         detach()
         loop.close()

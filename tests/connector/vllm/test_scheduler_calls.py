@@ -283,6 +283,17 @@ def test_the_daemon_refuses_too_many_chains_naming_the_field(daemon: Daemon) -> 
         assert len(lease.more) == 2  # the daemon is still up (and answers every chain)
 
 
+def _answered(sched: SchedulerSide, request: Any) -> tuple[int | None, bool]:
+    """vLLM's question asked again every step (10 ms) until the answer is there (no clock asserted)."""
+    got: tuple[int | None, bool] = (None, False)
+    for _ in range(3000):
+        got = sched.get_num_new_matched_tokens(request, 0)
+        if got != (None, False):
+            break
+        time.sleep(0.01)
+    return got
+
+
 def test_a_late_answer_lets_the_running_requests_go_on(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     # The scheduler waited for every AcquireLoad while vLLM's running requests waited with it (py-spy of
     # vllm serve, chat outgrowing its cache at concurrency 8: 15 % of EngineCore's time). Now a request
@@ -308,12 +319,7 @@ def test_a_late_answer_lets_the_running_requests_go_on(tmp_path, monkeypatch: py
                 sched.request_finished(gone, [])  # vLLM dropped it before its answer came
             finally:
                 os.kill(daemon.pid, signal.SIGCONT)
-            got = None
-            for _ in range(3000):  # asked again every step until the answer is there (no clock asserted)
-                got = sched.get_num_new_matched_tokens(late, 0)
-                if got != (None, False):
-                    break
-                time.sleep(0.01)
+            got = _answered(sched, late)
             assert got == (3 * 32, False)
             assert sched.late_answers >= 2  # late and gone skipped a step each (late maybe more)
             assert sched.ask_wait_s >= 2 * ASK_WAIT_S  # each waited the whole bound (the daemon was stopped)
@@ -360,21 +366,12 @@ def test_a_slow_answer_does_not_hold_up_the_next_steps_answers(
             assert sched.get_num_new_matched_tokens(slow, 0) == (None, False)
             assert client.holding.wait(60)
             quick = _Request("quick", quick_prompt)
-            got = None
-            for _ in range(3000):  # asked again every step until the answer is there (no clock asserted)
-                got = sched.get_num_new_matched_tokens(quick, 0)
-                if got != (None, False):
-                    break
-                time.sleep(0.01)
+            got = _answered(sched, quick)
             assert got == (3 * 32, False)  # while the slow answer is still held
             assert not client.release.is_set()
         finally:
             client.release.set()
-        for _ in range(3000):
-            got = sched.get_num_new_matched_tokens(slow, 0)
-            if got != (None, False):
-                break
-            time.sleep(0.01)
+        got = _answered(sched, slow)
         assert got == (3 * 32, False)
         for request in (slow, quick):
             sched.request_finished(request, [])
