@@ -15,12 +15,14 @@ The cache manager calls its listeners under its lock, on whatever thread changed
 listener only hands the event to the event loop, where it gets the next sequence number, enters a bounded
 replay buffer and is queued for every subscriber. Events are handed over in batches, in order: the listener
 appends to an inbox and wakes the loop (``call_soon_threadsafe``) only when no wake-up is pending; the loop
-publishes every event in the inbox :data:`HANDOVER_S` later (``EventHubConfig.handover_s``). A commit of 512 chunks used to wake the loop
-512 times (a write to its self-pipe each and as many loop iterations, competing with the streams for the
-cores: ~2 ms of a ~24 ms stream-store commit of 512 chunks on the 2-core dev host). Promotions and
-write-downs emit one event per chunk under the cache's lock, on their own threads: a wake-up per chunk
-(a socket write that gives up the GIL, then waits up to the switch interval to take it back, the lock
-held) was a third of the samples of AcquireLoads promoting from L3 under ``vllm serve``. A
+publishes every event in the inbox :data:`HANDOVER_S` later (``EventHubConfig.handover_s``). A commit of
+512 chunks used to wake the loop 512 times (a write to its self-pipe each and as many loop iterations,
+competing with the streams for the cores: ~2 ms of a ~24 ms stream-store commit of 512 chunks on the 2-core
+dev host). Promotions and write-downs emit one event per chunk under the cache's lock, on their own
+threads: a wake-up per chunk (a socket write that gives up the GIL, then waits up to the switch interval to
+take it back, the lock held) was a third of the samples of AcquireLoads promoting from L3 under ``vllm
+serve``. An event published on the loop (a namespace's CLEARED) and ``latest`` / ``subscribe`` take the
+inbox first: the order stays the order the cache changed. A
 subscriber first receives the retained events after the sequence number it asks for, then live ones. A
 subscriber whose bounded queue overflows is ended with :class:`~tiercache.errors.CapacityError` after the
 events it already has (it can resubscribe with the last sequence it saw); closing the hub ends every

@@ -14,8 +14,8 @@
   cache does not hold of it (``bind_local_hit``) nor an earlier request of the batch brings — one
   AcquireLoad carrying a chain per request (``more_chains``), each under its own lease — so vLLM's later
   questions in the step are answered without a call, and no request waits a step for its answer.
-  The call runs in a background thread (``tiercache-ask``; a few batches at once): while other requests run (the last step
-  scheduled some), vLLM's scheduler waits at most :data:`ASK_WAIT_S` for it and otherwise answers None
+  The call runs in the background (``tiercache-ask`` threads, a few batches at once): while other requests
+  run (the last step scheduled some), vLLM's scheduler waits at most :data:`ASK_WAIT_S` for it and otherwise answers None
   (vLLM skips the request and asks again next step: ``late_answers``), so a slow daemon delays only the
   requests it is asked about, never the running ones; with nothing else to run it waits for the answer. After a run of answers
   that brought nothing (:class:`~.asking.Outlook`) a busy step does not wait: a request whose answer is not
