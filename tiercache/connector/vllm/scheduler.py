@@ -15,11 +15,12 @@
   AcquireLoad carrying a chain per request (``more_chains``), each under its own lease — so vLLM's later
   questions in the step are answered without a call, and no request waits a step for its answer.
   The call runs in the background (``tiercache-ask`` threads, a few batches at once): while other requests
-  run (the last step scheduled some), vLLM's scheduler waits at most :data:`ASK_WAIT_S` for it and otherwise answers None
-  (vLLM skips the request and asks again next step: ``late_answers``), so a slow daemon delays only the
-  requests it is asked about, never the running ones; with nothing else to run it waits for the answer. After a run of answers
-  that brought nothing (:class:`~.asking.Outlook`) a busy step does not wait: a request whose answer is not
-  there computes its prompt (unless it asks about a chunk this engine saved: a follow-up turn). An answer
+  run (the last step scheduled some), vLLM's scheduler waits at most :data:`ASK_WAIT_S` for it and
+  otherwise answers None (vLLM skips the request and asks again next step: ``late_answers``), so a slow
+  daemon delays only the requests it is asked about, never the running ones; with nothing else to run it
+  waits for the answer. After a run of answers that brought nothing (:class:`~.asking.Outlook`) a busy step
+  does not wait: a request whose answer is not there computes its prompt (unless it asks about a chunk this
+  engine saved: a follow-up turn). An answer
   that comes after vLLM dropped its request, or after the request went on without it, has its lease
   released.
   With TP = PP = 1 that one call is AcquireLoad (under the configured load policy): it looks the chunks up,
