@@ -32,6 +32,7 @@ from tests.daemon.conftest import (
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.proto import tiercache_pb2_grpc as pb_grpc
 from tiercache.shm import SHM_DIR
+from tiercache.tiers.published import index_bytes, index_entries
 
 L2 = pb.TIER_L2
 
@@ -86,7 +87,8 @@ def test_register_describes_layout_and_data_plane(
     assert reg.layout == namespace_spec().layout
     dp = reg.data_plane
     assert dp.slot_bytes == SLOT_BYTES and dp.num_slots == (16 << 20) // SLOT_BYTES
-    assert dp.segment_bytes == dp.slot_bytes * dp.num_slots
+    assert dp.segment_bytes == dp.slot_bytes * dp.num_slots + index_bytes(dp.index_entries)  # pages, index
+    assert dp.index_entries == index_entries(dp.num_slots)
     assert (SHM_DIR / dp.shm_segment).stat().st_size == dp.segment_bytes
     assert reg.lease_ttl_s == 30.0 and reg.max_stream_message_bytes == STREAM_CHUNK_BYTES
     assert register(stub).handle == reg.handle  # idempotent

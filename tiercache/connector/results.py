@@ -38,6 +38,8 @@ class SegmentInfo:
         fd_grant: the one-time grant to present there.
         max_chunk_bytes: the largest chunk, from its first slot over the next ones (a daemon with pages:
             ``slot_bytes`` is the page size); 0: a chunk fits in one slot.
+        index_entries: entries of the pool's published index (:mod:`tiercache.tiers.published`), right
+            after its slots; 0: the daemon publishes none.
     """
 
     shm_segment: str
@@ -47,6 +49,7 @@ class SegmentInfo:
     fd_socket: str = ""
     fd_grant: bytes = b""
     max_chunk_bytes: int = 0
+    index_entries: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +95,7 @@ class Registration:
                 dp.fd_socket,
                 bytes(dp.fd_grant),
                 dp.max_chunk_bytes,
+                dp.index_entries,
             )
         return cls(
             handle=bytes(msg.handle),

@@ -40,6 +40,7 @@ from tiercache.errors import (
     UnavailableError,
 )
 from tiercache.shm import SharedSegment
+from tiercache.tiers.published import IndexReader, index_bytes
 
 from .results import SegmentInfo, SlotRef
 
@@ -136,6 +137,15 @@ class SlotMapping:
         self._lock = threading.Lock()
         self._users = 0
         self._retired = False
+        pool_bytes = info.num_slots * info.slot_bytes
+        self.index = (
+            IndexReader(segment.buffer[pool_bytes:], info.index_entries, info.num_slots, info.slot_bytes)
+            if info.index_entries
+            else None
+        )
+        """The pool's published index (None: the daemon publishes none). Reading it is safe even after the
+        mapping is retired (its view keeps the memory mapped), but only entries found and copied inside
+        :meth:`use` count."""
 
     @classmethod
     def attach(
@@ -151,10 +161,12 @@ class SlotMapping:
             InvalidArgumentError: the segment is smaller than the daemon says, or the description is
                 inconsistent.
         """
-        if info.slot_bytes <= 0 or info.num_slots * info.slot_bytes > info.segment_bytes:
+        needed = index_bytes(info.index_entries) if info.index_entries else 0
+        if info.slot_bytes <= 0 or info.num_slots * info.slot_bytes + needed > info.segment_bytes:
             raise InvalidArgumentError(
                 "data_plane",
-                f"{info.num_slots} slots of {info.slot_bytes} bytes do not fit {info.segment_bytes} bytes",
+                f"{info.num_slots} slots of {info.slot_bytes} bytes and an index of {needed} bytes do not"
+                f" fit {info.segment_bytes} bytes",
             )
         if info.fd_socket:
             name, fd = fdpass.request_segment(info.fd_socket, token, info.fd_grant, timeout_s)
@@ -238,6 +250,8 @@ class SlotMapping:
             segment, self._segment = self._segment, None
             memory, self._memory = self._memory, None
             pinned, self.pinned = self.pinned, False
+            if self.index is not None:
+                self.index.close()
         if pinned and memory is not None:
             pinning.unpin(memory, self.info.shm_segment)  # before the pages under it go
         if segment is not None:

@@ -128,8 +128,9 @@ class TenantPools:
             shm_segment=segment.name,
             slot_bytes=self._host.slot_bytes,
             num_slots=self._host.num_slots,
-            segment_bytes=self._host.slot_bytes * self._host.num_slots,
+            segment_bytes=self._host.segment_bytes,
             max_chunk_bytes=self._host.max_chunk_bytes,
+            index_entries=self._host.index_entries,
             fd_socket=self.socket_path,
             fd_grant=self._grants.issue(tenant),
         )

@@ -83,8 +83,9 @@ class NamespaceRpcs(ServicerBase):
                 shm_segment=dp.segment,
                 slot_bytes=dp.slot_bytes,
                 num_slots=dp.num_slots,
-                segment_bytes=dp.slot_bytes * dp.num_slots,
+                segment_bytes=dp.segment_bytes or dp.slot_bytes * dp.num_slots,
                 max_chunk_bytes=dp.max_chunk_bytes,
+                index_entries=dp.index_entries,
             )
         return pb.RegisterResponse(
             handle=handle,

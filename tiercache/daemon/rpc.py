@@ -71,6 +71,8 @@ class DataPlaneInfo:
         pools: with tokens and a unix socket, every tenant's own pool, handed out by file descriptor (the
             isolated data plane); None: every engine maps ``segment``.
         max_chunk_bytes: the largest chunk, which may span several slots (pages) from its first; 0: one.
+        segment_bytes: bytes of each pool's segment (0: its slots only).
+        index_entries: entries of the index each pool publishes after its slots (0: none).
     """
 
     segment: str
@@ -78,6 +80,8 @@ class DataPlaneInfo:
     num_slots: int
     pools: TenantPools | None = None
     max_chunk_bytes: int = 0
+    segment_bytes: int = 0
+    index_entries: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -180,7 +180,13 @@ class Daemon:
             events=hub,
             metrics=metrics,
             data_plane=DataPlaneInfo(
-                host.segment_name, host.slot_bytes, host.num_slots, pools, host.max_chunk_bytes
+                host.segment_name,
+                host.slot_bytes,
+                host.num_slots,
+                pools,
+                host.max_chunk_bytes,
+                host.segment_bytes,
+                host.index_entries,
             ),
             stream=cfg.stream,
             lease_ttl_s=cfg.cache.lease_ttl_s,

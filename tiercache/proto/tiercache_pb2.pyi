@@ -116,7 +116,7 @@ class NamespaceSpec(_message.Message):
     def __init__(self, model_id: _Optional[str] = ..., revision: _Optional[str] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., tokenizer_id: _Optional[str] = ..., tp_rank: _Optional[int] = ..., tp_size: _Optional[int] = ..., pp_rank: _Optional[int] = ..., pp_size: _Optional[int] = ..., adapter_id: _Optional[str] = ..., cache_salt: _Optional[str] = ...) -> None: ...
 
 class DataPlane(_message.Message):
-    __slots__ = ("shm_segment", "slot_bytes", "num_slots", "segment_bytes", "fd_socket", "fd_grant", "max_chunk_bytes")
+    __slots__ = ("shm_segment", "slot_bytes", "num_slots", "segment_bytes", "fd_socket", "fd_grant", "max_chunk_bytes", "index_entries")
     SHM_SEGMENT_FIELD_NUMBER: _ClassVar[int]
     SLOT_BYTES_FIELD_NUMBER: _ClassVar[int]
     NUM_SLOTS_FIELD_NUMBER: _ClassVar[int]
@@ -124,6 +124,7 @@ class DataPlane(_message.Message):
     FD_SOCKET_FIELD_NUMBER: _ClassVar[int]
     FD_GRANT_FIELD_NUMBER: _ClassVar[int]
     MAX_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    INDEX_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     shm_segment: str
     slot_bytes: int
     num_slots: int
@@ -131,7 +132,8 @@ class DataPlane(_message.Message):
     fd_socket: str
     fd_grant: bytes
     max_chunk_bytes: int
-    def __init__(self, shm_segment: _Optional[str] = ..., slot_bytes: _Optional[int] = ..., num_slots: _Optional[int] = ..., segment_bytes: _Optional[int] = ..., fd_socket: _Optional[str] = ..., fd_grant: _Optional[bytes] = ..., max_chunk_bytes: _Optional[int] = ...) -> None: ...
+    index_entries: int
+    def __init__(self, shm_segment: _Optional[str] = ..., slot_bytes: _Optional[int] = ..., num_slots: _Optional[int] = ..., segment_bytes: _Optional[int] = ..., fd_socket: _Optional[str] = ..., fd_grant: _Optional[bytes] = ..., max_chunk_bytes: _Optional[int] = ..., index_entries: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("namespace", "engine_id", "prefill", "deadline")

@@ -15,6 +15,10 @@ not pinned (pinning would fault in every page of each).
 
 Every chunk is checksummed at commit (xxh3-64), and every copy out of L2 is checked against it.
 
+Each pool's segment holds, after its pages, the pool's published index (:mod:`tiercache.tiers.published`):
+a chunk is published when committed and withdrawn before its pages are freed, and a thread writes every
+index's heartbeat, so that engines find the pool's chunks with no call while the daemon lives.
+
 Primitives:
     HostTierConfig: capacity, slot (largest chunk) and page sizes, segment prefix, pinning and pre-faulting
         (its fields declare the daemon's ``l2_*`` options).
@@ -27,16 +31,20 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from tiercache import pinning
+from tiercache.keys import CHUNK_ID_BYTES, NAMESPACE_ID_BYTES
 from tiercache.options import Computed, Values, internal, option
 from tiercache.parsers import parse_bool, parse_size, parse_str
 from tiercache.shm import SharedSegment, clean_stale_segments
-from tiercache.tiers.base import TierLevel
-from tiercache.tiers.pages import PAGE_BYTES, SLOT_BYTES, page_count
+from tiercache.tiers.base import TierLevel, WriteSlot
+from tiercache.tiers.pages import PAGE_BYTES, SLOT_BYTES, Run, page_count
+from tiercache.tiers.published import BEAT_S, IndexWriter, index_bytes, index_entries
 from tiercache.tiers.slots import SlotPoolTier
 from tiercache.tiers.slotspace import DEFAULT_PARTITION, PartitionBacking
 
@@ -111,18 +119,30 @@ class HostTierConfig:
 
 
 class _TenantSegments(PartitionBacking):
-    """The segments of a host tier's pools: the default named one, and one memfd per tenant."""
+    """The segments of a host tier's pools: the default named one, and one memfd per tenant; each holds its
+    pool's pages, then the pool's published index (:mod:`tiercache.tiers.published`)."""
 
-    def __init__(self, default: SharedSegment, label: str, page_bytes: int) -> None:
+    def __init__(self, default: SharedSegment, label: str, page_bytes: int, entries: int) -> None:
         self.label = label
         self.page_bytes = page_bytes
-        self.segments: dict[str, SharedSegment] = {DEFAULT_PARTITION: default}
+        self.entries = entries
+        self.segments: dict[str, SharedSegment] = {}
+        self.indexes: dict[str, IndexWriter] = {}
+        self._add(DEFAULT_PARTITION, default)
+
+    def _add(self, key: str, segment: SharedSegment) -> None:
+        self.segments[key] = segment
+        pool_bytes = segment.size - index_bytes(self.entries)
+        self.indexes[key] = IndexWriter(segment.buffer[pool_bytes:], self.entries)
 
     def create(self, key: str, num_pages: int, page_bytes: int) -> torch.Tensor:
-        seg = SharedSegment.create_anonymous(f"{self.label}.{len(self.segments)}", num_pages * page_bytes)
-        self.segments[key] = seg
+        size = num_pages * page_bytes
+        seg = SharedSegment.create_anonymous(
+            f"{self.label}.{len(self.segments)}", size + index_bytes(self.entries)
+        )
+        self._add(key, seg)
         logger.info("L2 pool of tenant %r: %s", key, seg.name)
-        return torch.frombuffer(seg.buffer, dtype=torch.uint8).view(num_pages, page_bytes)
+        return torch.frombuffer(seg.buffer[:size], dtype=torch.uint8).view(num_pages, page_bytes)
 
     def populate(self, key: str, start: int, count: int) -> None:
         self.segments[key].populate(start * self.page_bytes, count * self.page_bytes)
@@ -146,13 +166,18 @@ class HostTier(SlotPoolTier):
         page = config.page_size
         num_pages = page_count(config.capacity_bytes, config.slot_bytes, page)
         clean_stale_segments(config.segment_prefix)
+        self.index_entries = index_entries(num_pages)
         self._segment = SharedSegment.create(
-            config.segment_prefix, num_pages * page, prefault=config.prefault
+            config.segment_prefix,
+            num_pages * page + index_bytes(self.index_entries),
+            prefault=config.prefault,
         )
-        pool = torch.frombuffer(self._segment.buffer, dtype=torch.uint8).view(num_pages, page)
+        pool = torch.frombuffer(self._segment.buffer[: num_pages * page], dtype=torch.uint8).view(
+            num_pages, page
+        )
         self._pinned = config.pin and pinning.pin(pool, self._segment.name)
         label = self._segment.name.replace(config.segment_prefix, config.segment_prefix + "-tenant", 1)
-        self._segments = _TenantSegments(self._segment, label, page)
+        self._segments = _TenantSegments(self._segment, label, page, self.index_entries)
         super().__init__(
             TierLevel.L2,
             pool,
@@ -161,6 +186,16 @@ class HostTier(SlotPoolTier):
             verify_loads=config.verify_loads,
             max_chunk_bytes=config.slot_bytes,
         )
+        self._closing = threading.Event()
+        self._beats = threading.Thread(target=self._beat, name="tiercache-l2-beat", daemon=True)
+        self._beats.start()
+
+    def _beat(self) -> None:
+        """Write every pool index's heartbeat each :data:`~.published.BEAT_S` until the tier closes."""
+        while not self._closing.wait(BEAT_S):
+            with self._lock:
+                for index in self._segments.indexes.values():
+                    index.beat()
 
     @property
     def segment_name(self) -> str:
@@ -174,12 +209,42 @@ class HostTier(SlotPoolTier):
         return self._segments.segments[part]
 
     @property
+    def segment_bytes(self) -> int:
+        """Bytes of each pool's segment: its pages, then its published index."""
+        return self.num_pages * self.page_bytes + index_bytes(self.index_entries)
+
+    def _commit(self, slots: Sequence[WriteSlot], wheres: list[Run], checks: Sequence[int | None]) -> None:
+        """Commit, then publish each chunk in its pool's index where it is now (a chunk dropped meanwhile is
+        not; a chunk an index has no room for is left to the engines' calls)."""
+        super()._commit(slots, wheres, checks)
+        with self._lock:
+            for ws in slots:
+                entry = self._committed.get(ws.chunk_id)
+                if entry is not None and len(ws.chunk_id) == CHUNK_ID_BYTES:
+                    key = ws.chunk_id[NAMESPACE_ID_BYTES:]
+                    self._segments.indexes[entry.part].publish(key, entry.slot, entry.nbytes)
+
+    def _delete_entry(self, cid: bytes) -> bool:
+        """Drop a committed chunk (under the lock), withdrawn from its pool's index before its pages are
+        freed."""
+        entry = self._committed.get(cid)
+        if entry is not None and len(cid) == CHUNK_ID_BYTES:
+            self._segments.indexes[entry.part].withdraw(cid[NAMESPACE_ID_BYTES:])
+        return super()._delete_entry(cid)
+
+    @property
     def pinned(self) -> bool:
         """Whether the slab is registered as pinned (page-locked) memory."""
         return self._pinned
 
     def close(self) -> None:
-        """Forget every chunk, unpin, unmap and unlink the segment (idempotent)."""
+        """Withdraw every published chunk, forget every chunk, unpin, unmap and unlink the segment
+        (idempotent)."""
+        self._closing.set()
+        self._beats.join()
+        with self._lock:
+            for index in self._segments.indexes.values():
+                index.close()
         super().close()
         if self._pinned:
             pinning.unpin(self._pool, self.segment_name)

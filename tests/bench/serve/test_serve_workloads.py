@@ -103,6 +103,7 @@ def test_fits_rows_come_from_servers_with_the_ideals_cache_and_plain_big_is_the_
         ("tiercache_l2-small", ((ColumnKind.TIERCACHE_L2, False),)),
         ("tiercache_l2-big", ((ColumnKind.TIERCACHE_L2, True),)),
         ("tiercache_l3-small", ((ColumnKind.TIERCACHE_L3, False),)),
+        ("tiercache_rpc-small", ((ColumnKind.TIERCACHE_RPC, False),)),
         ("lmcache-small", ((ColumnKind.LMCACHE, False),)),
         ("lmcache-big", ((ColumnKind.LMCACHE, True),)),
         ("native-small", ((ColumnKind.NATIVE, False),)),

@@ -78,8 +78,12 @@ def _step(new: list[tuple[str, list[int]]] = (), preempted: tuple[str, ...] = ()
     )
 
 
-def _config(address: str) -> VllmConnectorConfig:
-    return VllmConnectorConfig(address, None, LoadPolicyKind.WAIT_COMPLETE, 5.0, LAYOUT.chunk_tokens)
+def _config(address: str, published_index: bool = False) -> VllmConnectorConfig:
+    """The connector's config; every lookup asks the daemon unless ``published_index`` (these tests look at
+    the calls; :mod:`.test_published_hits` at the answers with none)."""
+    return VllmConnectorConfig(
+        address, None, LoadPolicyKind.WAIT_COMPLETE, 5.0, LAYOUT.chunk_tokens, published_index=published_index
+    )
 
 
 def _active_leases(daemon: Daemon) -> int:

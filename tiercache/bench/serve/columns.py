@@ -6,6 +6,8 @@
 * ``tiercache_l2``: the TierCacheConnector on a daemon whose L2 holds what the run stores (L3 behind it, so
   that a killed daemon restarts on its chunks);
 * ``tiercache_l3``: the same with an L2 of the engine cache's size: most of the working set comes from L3;
+* ``tiercache_rpc``: ``tiercache_l2`` with the connector's ``published_index`` off: every lookup is a daemon
+  call (what the published index is measured against);
 * ``lmcache``: LMCache's multiprocess server and ``LMCacheMPConnector``, both from the venv of
   ``--lmcache-python`` (skipped with the reason without one);
 * ``native``: vLLM's own CPU offloading (``--kv-offloading-backend native``); vLLM refuses it on CPU, and the
@@ -53,11 +55,12 @@ class ColumnKind(enum.Enum):
     IDEAL = "ideal"
     TIERCACHE_L2 = "tiercache_l2"
     TIERCACHE_L3 = "tiercache_l3"
+    TIERCACHE_RPC = "tiercache_rpc"
     LMCACHE = "lmcache"
     NATIVE = "native"
 
 
-TIERCACHE = (ColumnKind.TIERCACHE_L2, ColumnKind.TIERCACHE_L3)
+TIERCACHE = (ColumnKind.TIERCACHE_L2, ColumnKind.TIERCACHE_L3, ColumnKind.TIERCACHE_RPC)
 
 
 def kv_bytes_per_token(hidden: int, layers: int) -> int:
@@ -108,7 +111,7 @@ class Setup:
         store = (self.store_tokens // self.chunk_tokens + 16) * chunk
         l2 = (
             store
-            if kind is ColumnKind.TIERCACHE_L2
+            if kind is not ColumnKind.TIERCACHE_L3
             else max(8 * chunk, self.engine_tokens * self.bytes_per_token)
         )
         config = EmbeddedDaemonConfig(
@@ -136,11 +139,11 @@ class Served:
     daemon: DaemonProcess | None = None
 
 
-def tiercache_transfer(address: str, chunk_tokens: int) -> dict[str, Any]:
+def tiercache_transfer(address: str, chunk_tokens: int, published_index: bool = True) -> dict[str, Any]:
     """The ``--kv-transfer-config`` of the tiercache connector."""
+    extra = {"address": address, "chunk_tokens": chunk_tokens, "published_index": published_index}
     return {"kv_connector": "TierCacheConnector", "kv_connector_module_path": "tiercache.connector.vllm",
-            "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-            "kv_connector_extra_config": {"address": address, "chunk_tokens": chunk_tokens}}  # fmt: skip
+            "kv_role": "kv_both", "kv_load_failure_policy": "recompute", "kv_connector_extra_config": extra}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +168,8 @@ class ServerPlan:
 
 def plans(columns: Sequence[ColumnKind], sets: Sequence[bool]) -> list[ServerPlan]:
     """The servers that measure ``columns`` for the ``sets`` (True: fits, False: outgrows), in run order
-    (each column's outgrowing server first): tiercache with L3 serving and native offloading only outgrow."""
+    (each column's outgrowing server first): tiercache with L3 serving or without the index (where the
+    working set fits, the index answers nothing) and native offloading only outgrow."""
     out = []
     for kind in columns:
         if kind is ColumnKind.IDEAL:
@@ -173,7 +177,8 @@ def plans(columns: Sequence[ColumnKind], sets: Sequence[bool]) -> list[ServerPla
         small: list[tuple[ColumnKind, bool]] = [(kind, False)] if False in sets else []
         big: list[tuple[ColumnKind, bool]] = (
             [(kind, True)]
-            if True in sets and kind not in (ColumnKind.TIERCACHE_L3, ColumnKind.NATIVE)
+            if True in sets
+            and kind not in (ColumnKind.TIERCACHE_L3, ColumnKind.TIERCACHE_RPC, ColumnKind.NATIVE)
             else []
         )
         if kind is ColumnKind.PLAIN and ColumnKind.IDEAL in columns and False in sets:
@@ -201,7 +206,9 @@ def serve_column(kind: ColumnKind, setup: Setup, big: bool = False) -> Iterator[
         daemon = setup.daemon(kind, name)
         try:
             daemon.start()
-            transfer = tiercache_transfer(daemon.address, setup.chunk_tokens)
+            transfer = tiercache_transfer(
+                daemon.address, setup.chunk_tokens, kind is not ColumnKind.TIERCACHE_RPC
+            )
             with setup.server(name, tokens, kv_transfer_config=transfer) as server:
                 yield Served(kind, server, daemon)
         finally:

@@ -69,7 +69,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help="system,chat,docqa (all)")  # fmt: skip
     parser.add_argument("--concurrency", type=parse_ints, default=None, help="requests in flight (1,8,32)")
     parser.add_argument("--columns", type=_kinds(ColumnKind), default=None,
-                        help="plain,ideal,tiercache_l2,tiercache_l3,lmcache,native (all)")  # fmt: skip
+                        help="plain,ideal,tiercache_l2,tiercache_l3,tiercache_rpc,lmcache,native (all)")  # fmt: skip
     parser.add_argument("--engine-tokens", type=positive_int, default=None,
                         help="the outgrowing engines' KV cache, tokens (default: 1.5x the largest concurrency's"
                         " longest requests, at least 2048); the ideal's holds everything")  # fmt: skip

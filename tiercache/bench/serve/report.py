@@ -80,6 +80,7 @@ def _figures(m: Measured) -> dict[str, Any]:
         "follow_ups": len(follow),
         "whole_turns": sum(1 for o in follow if o.cached_tokens >= o.reusable_tokens),
         "lookups": int(m.counters.get("lookups", 0)),
+        "index_answers": int(m.counters.get("index_answers", 0)),
         "late_answers": int(m.counters.get("late_answers", 0)),
         "ask_wait_ms_per_lookup": (
             1000 * m.counters["ask_wait_seconds"] / m.counters["lookups"]
@@ -204,9 +205,10 @@ def format_table(result: ServeResult) -> str:
             lines.append(f"spread {r['workload']} {'fits' if r['fits'] else 'outgrows'} c={r['concurrency']} "
                          f"{r['column']}: req/s {lo:.2f}-{hi:.2f} over {r['repeats']} repeats")  # fmt: skip
     for r in rows(result):
-        if r["lookups"]:
+        if r["lookups"] or r["index_answers"]:
             lines.append(f"asking {r['workload']} {'fits' if r['fits'] else 'outgrows'} c={r['concurrency']} "
-                         f"{r['column']}: {r['lookups']} lookups, {r['late_answers']} steps skipped for a late answer,"
+                         f"{r['column']}: {r['index_answers']} answers from the index, {r['lookups']} lookups,"
+                         f" {r['late_answers']} steps skipped for a late answer,"
                          f" the scheduler waited {_f(r['ask_wait_ms_per_lookup'], '.2f')} ms per lookup; the model steps"
                          f" waited {_f(r['load_ms_per_1k_tokens'], '.2f')} ms per 1,000 tokens loaded")  # fmt: skip
     for name, why in result.skipped.items():

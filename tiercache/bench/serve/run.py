@@ -268,7 +268,14 @@ def _metric(text: str, name: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
 
 
-CONNECTOR_COUNTERS = ("lookups", "late_answers", "ask_wait_seconds", "load_seconds", "loaded_tokens")
+CONNECTOR_COUNTERS = (
+    "lookups",
+    "index_answers",
+    "late_answers",
+    "ask_wait_seconds",
+    "load_seconds",
+    "loaded_tokens",
+)
 """The tiercache connector counters the bench reads from vLLM's ``/metrics`` (``vllm:tiercache_<name>``)."""
 
 

@@ -13,13 +13,16 @@ new), a step with requests running does not wait at all for an answer that is no
 computes its prompt, as it would have, unless it asks about a chunk this engine saved itself (a follow-up
 turn). The answers still come and are still noted, so a hit ends the run.
 
+After a namespace's first AcquireLoad the Asker keeps the pool it leased from (mapped by the client), whose
+published L2 index (:meth:`Asker.published`) lets the scheduler answer a request with no call at all.
+
 Primitives:
     ASK_THREADS: batches asked at once.
     MISS_RUN: answers without a hit after which a busy step stops waiting.
     Answer: a namespace's answer.
     SAVED_KEYS: how many of its own saved chunks the Outlook remembers.
     Outlook: note, saved, hopeful.
-    Asker: submit, leases, shutdown.
+    Asker: submit, published, leases, shutdown.
 """
 
 from __future__ import annotations
@@ -32,11 +35,13 @@ from dataclasses import replace
 from tiercache.errors import TierCacheError
 from tiercache.keys import Namespace
 from tiercache.policies.load import LoadPolicyKind
+from tiercache.tiers.published import Published
 
 from ..client import TierCacheClient
 from ..dataplane import Medium
 from ..handlers import daemon_medium
 from ..results import LoadLease
+from ..segments import SlotMapping
 from .config import VllmConnectorConfig
 
 ASK_THREADS = 4
@@ -100,6 +105,7 @@ class Asker:
         self._lease_here = lease_here
         self._timeout_s = config.timeout_s if config.load_policy is LoadPolicyKind.TIMEOUT else 0.0
         self._threads = concurrent.futures.ThreadPoolExecutor(ASK_THREADS, thread_name_prefix="tiercache-ask")
+        self._mappings: dict[Namespace, SlotMapping] = {}  # the pool each namespace last leased from
 
     def submit(
         self, questions: dict[Namespace, list[Question]]
@@ -111,6 +117,16 @@ class Asker:
         """Finish the calls submitted, then stop the threads."""
         self._threads.shutdown(wait=True)
 
+    def published(self, ns: Namespace, keys: Sequence[bytes], nbytes: int) -> tuple[str, list[Published]]:
+        """The chunks of ``keys`` (from the first on, in order) that ``ns``'s pool publishes as held in L2
+        now, and the pool's segment; none before a call of this namespace mapped its pool (and leased from
+        it), or when the daemon publishes no index."""
+        mapping = self._mappings.get(ns)
+        index = None if mapping is None else mapping.index
+        if mapping is None or index is None:
+            return "", []
+        return mapping.name, index.prefix(keys, nbytes)
+
     def leases(self, ns: Namespace) -> bool:
         """Whether the lookup leases the prefix for the worker (TP = PP = 1 and shared memory to lease in)."""
         if not self._lease_here:
@@ -120,6 +136,16 @@ class Asker:
             return self._client.registration(ns).segment is not None
 
         return daemon_medium(self._config.data_plane, offered) is Medium.SHARED_MEMORY
+
+    def _map(self, ns: Namespace) -> None:
+        """Keep the pool ``ns`` leases from, for its index (the client maps it once; after a daemon restart
+        the new one)."""
+        if self._config.published_index:
+            mapping = self._client.slot_mapping(ns)
+            if mapping is not None:
+                self._mappings[ns] = mapping
+            else:
+                self._mappings.pop(ns, None)
 
     def _call(self, questions: dict[Namespace, list[Question]]) -> dict[Namespace, Answer]:
         answers: dict[Namespace, Answer] = {}
@@ -140,6 +166,7 @@ class Asker:
                         replace(lease, more=()),
                         *lease.more,
                     ]  # (a daemon without more_chains: none)
+                    self._map(ns)
                 else:
                     answers[ns] = [self._client.lookup(ns, keys, prefetch=True).chunks for keys, _ in asked]
             except TierCacheError as exc:

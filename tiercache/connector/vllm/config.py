@@ -16,6 +16,10 @@ Keys (all optional):
     kv_events_chunks: when vLLM publishes KV events (``--kv-events-config``), how many chunks the connector's
         catalog of prompts remembers to report tiercache's tiers in them (:mod:`.kv_events`; default
         :data:`DEFAULT_KV_EVENTS_CHUNKS`); 0: tiercache's tiers are not reported.
+    published_index: answer vLLM's scheduler from the index of L2 chunks the daemon publishes in its
+        shared memory (:mod:`tiercache.tiers.published`), with no round trip, when it holds the next chunk
+        of a prompt (default true; not under ``cost_aware``, whose choice needs the daemon's estimates);
+        false: every lookup asks the daemon.
 
 Why one block from 128 tokens up: only full chunks are stored, so a chunk larger than a block leaves a
 prompt's last full blocks out of the cache — with 256-token chunks over 128-token blocks, a chat turn's tail
@@ -72,6 +76,7 @@ _KEYS = (
     "prefill_tokens_per_s",
     "data_plane",
     "kv_events_chunks",
+    "published_index",
 )
 
 
@@ -92,6 +97,7 @@ class VllmConnectorConfig:
         prefill: the engine's prefill model (declared for cost-aware loads), or None.
         data_plane: shared memory, byte stream, or the first of them that works here.
         kv_events_chunks: the KV events catalog's bound (0: tiercache's tiers are not in vLLM's events).
+        published_index: answer from the daemon's published L2 index when it holds the next chunk.
     """
 
     address: str
@@ -102,6 +108,7 @@ class VllmConnectorConfig:
     prefill: PrefillModel | None = None
     data_plane: DataPlaneMode = DataPlaneMode.AUTO
     kv_events_chunks: int = DEFAULT_KV_EVENTS_CHUNKS
+    published_index: bool = True
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, object] | None, block_size: int) -> VllmConnectorConfig:
@@ -143,4 +150,8 @@ class VllmConnectorConfig:
         events = extra.get("kv_events_chunks", DEFAULT_KV_EVENTS_CHUNKS)
         if isinstance(events, bool) or not isinstance(events, int) or events < 0:
             raise InvalidArgumentError("kv_events_chunks", f"must be an integer >= 0, got {events!r}")
-        return cls(address, token, policy, float(timeout), chunk, prefill, plane, events)
+        published = extra.get("published_index", True)
+        if not isinstance(published, bool):
+            raise InvalidArgumentError("published_index", f"must be true or false, got {published!r}")
+        published = published and policy is not LoadPolicyKind.COST_AWARE
+        return cls(address, token, policy, float(timeout), chunk, prefill, plane, events, published)

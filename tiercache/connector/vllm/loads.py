@@ -22,6 +22,7 @@ Either way the worker knows which tokens it wrote and from which tier each chunk
 which is what vLLM skips (its ``num_external_computed_tokens``), for the worker's usage report.
 
 Primitives:
+    published_lease: chunks found in the published index, shaped as a lease (with no lease behind it).
     leased_prefix: the slots of a lease that hold whole consecutive chunks, in order.
     LeasedLoad: one request's lease, slots and target blocks; ``start`` -> its LayerwiseLoad.
     release_lease: release a lease after its copy; False when it may not have held.
@@ -44,6 +45,7 @@ from tiercache.errors import TierCacheError
 from tiercache.keys import Namespace
 from tiercache.layout import KVLayout
 from tiercache.tiers.base import TierLevel
+from tiercache.tiers.published import Published
 
 from ..client import TierCacheClient
 from ..kv import PagedKV, chunk_to_kv
@@ -70,6 +72,13 @@ def tokens_by_tier(
     return tokens
 
 
+def published_lease(first: int, found: Sequence[Published]) -> LoadLease:
+    """The chunks found in a pool's published index from chunk position ``first`` on, shaped as a lease
+    with no lease behind it (id 0: nothing to release; the copy is checked against the index instead)."""
+    refs = (SlotRef(first + i, p.slot, p.nbytes, TierLevel.L2) for i, p in enumerate(found))
+    return LoadLease(0, tuple(refs), 0.0)
+
+
 def leased_prefix(lease: LoadLease, chunk_bytes: int) -> tuple[SlotRef, ...]:
     """The slots of ``lease`` holding chunks ``first, first + 1, ...`` whole, from its lowest chunk position
     ``first`` (0, or where the scheduler asked from); a chunk missing or short ends the run."""
@@ -94,6 +103,9 @@ class LeasedLoad:
         block_ids: the request's blocks covering the loaded chunks.
         first_block: blocks before this one are not written (vLLM computed them).
         started: local clock when the lease was asked for (its TTL started after this).
+        check: for chunks found in the pool's published index (no lease: ``lease.lease_id`` is 0), whether
+            each entry is unchanged after the copy (False: the chunk was dropped or moved meanwhile; the
+            load fails and its blocks are load errors); None: the lease proves the copy.
     """
 
     namespace: Namespace
@@ -103,6 +115,7 @@ class LeasedLoad:
     block_ids: tuple[int, ...]
     first_block: int
     started: float
+    check: Callable[[], bool] | None = None
 
     def target_blocks(self) -> set[int]:
         """The blocks this load writes."""
@@ -138,8 +151,8 @@ class LeasedLoad:
             kv,
             buffers(),
             planned,
-            valid=lambda: True,  # proven once, at the release (by the clock, or by the daemon)
-            release=lambda: release_lease(client, self, clock),
+            valid=lambda: True,  # proven once, at the release (by the clock, the daemon or the index)
+            release=self.check or (lambda: release_lease(client, self, clock)),
             on_result=lambda _result: None,
             inline=True,
         )

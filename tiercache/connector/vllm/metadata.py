@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
+from tiercache.tiers.published import Published
+
 from ..results import LoadLease
 
 
@@ -37,6 +39,10 @@ class LoadSpec:
             from its slots and releases it; None: the worker leases the chunks itself.
         leased_at: the scheduler's ``time.monotonic()`` just before it asked for ``lease`` (the lease's TTL
             started after it; the clock is the host's, shared by the engine's processes).
+        published: instead of a lease, the chunks the scheduler found in the pool's published index
+            (:mod:`tiercache.tiers.published`), from the first chunk vLLM did not have: the worker copies
+            them and then checks that each entry is unchanged.
+        segment: the segment whose index they were found in (a worker that maps another one loads none).
     """
 
     req_id: str
@@ -47,6 +53,8 @@ class LoadSpec:
     first_block: int
     lease: LoadLease | None = None
     leased_at: float = 0.0
+    published: tuple[Published, ...] = ()
+    segment: str = ""
 
 
 @dataclass(frozen=True, slots=True)

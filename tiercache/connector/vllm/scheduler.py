@@ -9,6 +9,9 @@
   said ``tiercache_skip_load`` (:mod:`.params`) or skips reading caches (vLLM's
   ``skip_reading_prefix_cache``, e.g. for prompt logprobs). The call asks only for the chunks from the one
   holding vLLM's first uncomputed token on (keys are a hash chain: a chunk's key names its whole prefix).
+  Nor when the pool's published L2 index (:mod:`tiercache.tiers.published`, ``published_index``) holds that
+  chunk: the answer is the run of chunks it holds from there, the worker copies the slots it names and then
+  checks their entries held (no lease; a chunk dropped meanwhile is a load error, vLLM recomputes it).
   One call serves a scheduler step: the request vLLM asks about is looked up together with the requests
   that arrived with it (``on_new_request``; up to :data:`BATCH_MAX`), each from the chunks vLLM's own prefix
   cache does not hold of it (``bind_local_hit``) nor an earlier request of the batch brings — one
@@ -76,7 +79,7 @@ from ..results import LoadLease
 from .ahead import connect_ahead
 from .asking import Asker, Outlook, Question
 from .config import VllmConnectorConfig
-from .loads import leased_prefix
+from .loads import leased_prefix, published_lease
 from .metadata import LoadSpec, SaveSpec, TierCacheMetadata
 from .namespace import EngineIdentity, request_factors
 from .params import request_params
@@ -112,6 +115,7 @@ class SchedulerSide:
         self._config = config
         self._clock = clock
         self._chunk = identity.layout.chunk_tokens
+        self._chunk_bytes = identity.layout.chunk_bytes
         self._block = identity.layout.page_tokens
         self._lease_here = identity.tp_size == 1 and identity.pp_size == 1
         self._requests: dict[str, Tracked] = {}
@@ -128,6 +132,7 @@ class SchedulerSide:
         self.unawaited = 0  # requests that went on without their answer (a miss was expected)
         self.lookup_failures = 0
         self.lookups = 0
+        self.index_answers = 0  # requests answered from the published index, with no call
         self.lookup_misses = 0  # requests asked about of which the daemon held nothing more
         self.lookup_hit_tokens = 0  # tokens offered to vLLM from the daemon's answers
         self._connecting = connect_ahead(
@@ -203,6 +208,9 @@ class SchedulerSide:
         """Whether a retried request's answer holds: it covers what vLLM lacks now, and its lease is young."""
         if tracked.asked_from < 0 or num_computed // self._chunk < tracked.asked_from:
             return False  # deciding again costs no call, or vLLM lost blocks it had
+        if tracked.published:  # given once (looked up ahead); a retry looks again (it costs no call)
+            offered, tracked.offered = tracked.offered, True
+            return not offered
         return self._young(tracked)
 
     def _young(self, tracked: Tracked) -> bool:
@@ -230,8 +238,9 @@ class SchedulerSide:
                 tracked.cached_chunks = ask.first
                 if ask.first * self._chunk < ask.most:
                     asked.update(ask.keys[ask.first :])
-                    calls.setdefault(ask.namespace, []).append(ask)
-                    continue
+                    if not self._from_index(ask):
+                        calls.setdefault(ask.namespace, []).append(ask)
+                        continue
                 # (else the batch's earlier requests bring every block: decided again when asked)
             self._requests[request.request_id] = tracked
         if not calls:
@@ -250,6 +259,22 @@ class SchedulerSide:
             for ask in asks:
                 self._asking[ask.tracked.request.request_id] = call
         return call
+
+    def _from_index(self, ask: Ask) -> bool:
+        """Answer a request from its pool's published index, with no call, when the index holds the first
+        chunk vLLM lacks (and every one after it that it holds, in order); False: ask the daemon."""
+        tracked = ask.tracked
+        segment, found = self._asker.published(ask.namespace, ask.keys[ask.first :], self._chunk_bytes)
+        loadable = min((ask.first + len(found)) * self._chunk, ask.most)
+        if not found or loadable <= ask.num_computed:
+            return False
+        tracked.cached_chunks, tracked.loadable_tokens = ask.first + len(found), loadable
+        tracked.published, tracked.segment = tuple(found), segment
+        tracked.asked_from, tracked.asked_at, tracked.namespace = ask.first, self._clock(), ask.namespace
+        self._outlook.note(True)
+        self.index_answers += 1
+        self.lookup_hit_tokens += loadable - ask.num_computed
+        return True
 
     def _wait(self, call: Call, hopeful: bool) -> bool:
         """Take ``call``'s answer if it comes in time (at once when not hopeful); False when it is late."""
@@ -415,6 +440,9 @@ class SchedulerSide:
         if tracked.pending_load is not None:
             first, end = tracked.pending_load
             tracked.pending_load = None
+            lease = (
+                published_lease(tracked.asked_from, tracked.published) if tracked.published else tracked.lease
+            )
             meta.loads.append(
                 LoadSpec(
                     req_id,
@@ -423,11 +451,16 @@ class SchedulerSide:
                     tuple(prompt[: -(-end // self._chunk) * self._chunk]),
                     tuple(tracked.block_ids[: end // self._block]),
                     first // self._block,
-                    tracked.lease,
+                    lease,
                     tracked.asked_at,
+                    tracked.published,
+                    tracked.segment,
                 )
             )
-            tracked.lease = None  # the worker's now: it releases the lease after its copy
+            tracked.lease, tracked.published = (
+                None,
+                (),
+            )  # the worker's now: it releases the lease after its copy
         if tracked.save_done or tracked.full_chunks <= tracked.cached_chunks:
             return
         done = min((num_computed + num_scheduled.get(req_id, 0)) // self._chunk, tracked.full_chunks)

@@ -40,6 +40,7 @@ FIELDS: dict[str, str] = {
     "load_seconds": "Time vLLM's model steps waited for tiercache loads.",
     "save_seconds": "Time spent saving KV to tiercache (in the background, off the model step).",
     "lookups": "Daemon lookups made (one per scheduler batch and namespace).",
+    "index_answers": "Requests answered from the daemon's published L2 index, with no daemon call.",
     "lookup_hit_tokens": "Tokens beyond vLLM's own prefix cache that tiercache offered at lookups.",
     "lookup_misses": "Requests looked up of which tiercache held no block beyond vLLM's own cache.",
     "lookup_failures": "Lookups that failed (daemon down or slow): the requests recomputed.",
@@ -91,6 +92,7 @@ def scheduler_counters(scheduler: SchedulerSide) -> dict[str, float]:
     """The scheduler side's cumulative counters."""
     return {
         "lookups": scheduler.lookups,
+        "index_answers": scheduler.index_answers,
         "lookup_hit_tokens": scheduler.lookup_hit_tokens,
         "lookup_misses": scheduler.lookup_misses,
         "lookup_failures": scheduler.lookup_failures,

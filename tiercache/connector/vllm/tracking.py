@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tiercache.keys import Namespace
+from tiercache.tiers.published import Published
 
 from ..results import LoadLease
 from .asking import Answer
@@ -40,6 +41,9 @@ class Tracked:
     lease: LoadLease | None = None
     asked_at: float = 0.0  # the clock just before the daemon was asked (a lease's TTL starts after)
     keys: list[bytes] | None = None  # the prompt's full chunks' keys, once computed
+    published: tuple[Published, ...] = ()  # found in the pool's index, from chunk ``asked_from`` on
+    segment: str = ""  # the pool's segment those were found in
+    offered: bool = False  # the published answer was given to vLLM (a retry looks again)
 
 
 @dataclass

@@ -54,6 +54,7 @@ from ..dataplane import DataPlane, Medium
 from ..handlers import daemon_medium, open_plane
 from ..layerwise import LayerwiseLoad
 from ..results import LoadLease
+from ..segments import SlotMapping
 from ..stream_plane import ByteStreamPlane
 from .ahead import connect_ahead
 from .config import VllmConnectorConfig
@@ -243,14 +244,31 @@ class WorkerSide:
             chunks = len(spec.tokens) // self._layout.chunk_tokens
             logger.info("request %s: %d of %d chunks still cached", spec.req_id, len(refs), chunks)
             self._errors |= set(spec.block_ids[max(got, spec.first_block) :])
-        if mapping is None or not refs:
+        usable, check = self._published_check(spec, mapping)
+        if mapping is None or not refs or not usable:
             if lease.lease_id:
                 self._client.defer_release(ns, lease.lease_id)  # nothing was copied from it
-            if mapping is None:
+            if mapping is None or not usable:
                 self._errors |= targets
             self._report(ns, {}, self._asked(spec))
             return None
-        return LeasedLoad(ns, lease, refs, mapping, spec.block_ids[:got], spec.first_block, started)
+        return LeasedLoad(ns, lease, refs, mapping, spec.block_ids[:got], spec.first_block, started, check)
+
+    def _published_check(
+        self, spec: LoadSpec, mapping: SlotMapping | None
+    ) -> tuple[bool, Callable[[], bool] | None]:
+        """For chunks the scheduler found in the pool's published index: whether this worker can load them
+        (False: it maps another pool, after a daemon restart), and the check, after the copy, that their
+        entries are unchanged; (True, None) for a lease (it proves the copy itself)."""
+        if not spec.published:
+            return True, None
+        index = None if mapping is None else mapping.index
+        if mapping is None or index is None or mapping.name != spec.segment:
+            self.load_failures += 1
+            logger.info("request %s: the pool its chunks were found in is not mapped here", spec.req_id)
+            return False, None
+        published = spec.published
+        return True, lambda: all(index.still(p) for p in published)
 
     def _acquire(self, ns: Namespace, spec: LoadSpec) -> tuple[LoadLease, float]:
         """Lease the request's chunks now (TP or PP > 1: this worker's shard); the lease, and the clock just
