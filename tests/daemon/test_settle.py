@@ -107,6 +107,25 @@ def test_a_bad_settlement_names_its_field(shared_daemon: DaemonProc) -> None:
         _acquire(stub, reg.handle, make_keys(1, seed=705), bad)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "settle.effective_chunks[0].tier" in (info.value.details() or "")
+    torn = pb.Settlement(read_keys=b"k" * 33)
+    with pytest.raises(grpc.RpcError) as info:
+        _acquire(stub, reg.handle, make_keys(1, seed=706), torn)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "settle.read_keys" in (info.value.details() or "")
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ReportUsage(pb.ReportUsageRequest(handle=reg.handle, read_keys=b"k" * 31), timeout=RPC_TIMEOUT_S)
+    assert "read_keys" in (info.value.details() or "")
+
+
+def test_chunks_read_through_the_published_index_count_as_l2_reads(shared_daemon: DaemonProc) -> None:
+    stub = shared_daemon.stub()
+    reg = register(stub)
+    keys = make_keys(3, seed=707)
+    assert shm_store(stub, reg, keys, [payload(i, 707) for i in range(3)]) == 3
+    before = _l2(_stats(stub)).hits
+    settle = pb.Settlement(read_keys=b"".join(keys[:2]) + make_keys(1, seed=708)[0])  # (one not cached)
+    _acquire(stub, reg.handle, make_keys(1, seed=709), settle)
+    assert _l2(_stats(stub)).hits == before + 2
 
 
 # ------------------------------------------------------------------------------------- true hit accounting

@@ -37,7 +37,7 @@ from tiercache.cache.results import LookupResult
 from tiercache.cache.space import Space
 from tiercache.gcpause import collector_paused, settle, thaw
 from tiercache.heaptrim import release_free_heap
-from tiercache.keys import CHUNK_ID_BYTES, NAMESPACE_ID_BYTES
+from tiercache.keys import CHUNK_ID_BYTES, NAMESPACE_ID_BYTES, chunk_id
 from tiercache.rates import TierRate
 from tiercache.stats import ChunkEvent, EventKind, TierStats
 from tiercache.tiers.base import StorageTier, TierLevel, TierUsage
@@ -305,14 +305,28 @@ class Index:
         effective_by_tier: Mapping[TierLevel, int],
         recomputed_tokens: int,
         loaded_by_tier: Mapping[TierLevel, int],
+        namespace_id: bytes = b"",
+        read_keys: Iterable[bytes] = (),
     ) -> None:
         """Count what an engine did with a load: tokens it copied intact and skipped (per source tier), and
-        recomputed."""
+        recomputed; and the chunks of ``namespace_id`` it read through the published index
+        (:meth:`read_published`)."""
+        self.read_published(namespace_id, read_keys)
         for level, tokens in effective_by_tier.items():
             self.tokens[level].effective_hit += tokens
         for level, tokens in loaded_by_tier.items():
             self.tokens[level].load_success += tokens
         self.recomputed_tokens += recomputed_tokens
+
+    def read_published(self, namespace_id: bytes, keys: Iterable[bytes]) -> None:
+        """Chunks of a namespace an engine read out of L2 through the pool's published index (no lease):
+        each is a read of its L2 copy (:meth:`read`: a hit, and its most recent use for eviction); a chunk
+        gone from L2 meanwhile is left alone."""
+        for key in keys:
+            cid = chunk_id(namespace_id, key)
+            entry = self.visible(cid)
+            if entry is not None and entry.has_copy(TierLevel.L2):
+                self.read(cid, entry, TierLevel.L2)
 
     def of_namespace(self, namespace_id: bytes) -> list[tuple[bytes, ChunkEntry]]:
         """The visible chunks of a namespace."""

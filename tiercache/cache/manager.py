@@ -1,12 +1,11 @@
 """The cache manager facade: the public API of the cache core, its argument checks and its lock.
 
-Chunks are filed by ``(namespace id, chunk key)``. A namespace must be registered before use. Stores are
-two-phase (begin -> the caller fills the buffers -> commit or abort); loads lease the chunks in a slot tier
-(promoting them from slower tiers first) so that they cannot be evicted while the caller copies them. Leases,
-store tickets and prefill claims have a TTL, capped by the config's ``max_ttl_s``: a caller that dies cannot
-hold space forever, and a caller cannot ask to. The work is done by the parts of :mod:`tiercache.cache`
-(namespaces, index, space, leases, mover, stores, loads, writeback, prefetch, listeners, claims); this module
-checks arguments (:mod:`tiercache.cache.checks`), takes the lock where a call spans parts, and joins them.
+Chunks are filed by ``(namespace id, chunk key)`` of a registered namespace. Stores are two-phase (begin ->
+the caller fills the buffers -> commit or abort); loads lease the chunks in a slot tier (promoting them from
+slower tiers first) so that they cannot be evicted while the caller copies them. Leases, store tickets and
+prefill claims have a TTL, capped by the config's ``max_ttl_s``: a caller that dies cannot hold space forever,
+and a caller cannot ask to. The parts of :mod:`tiercache.cache` do the work; this module checks arguments
+(:mod:`tiercache.cache.checks`), takes the lock where a call spans parts, and joins them.
 
 Locks, and what runs outside them:
     index lock (``CacheManager._lock``, one ``RLock`` shared by every part): guards the namespace
@@ -111,9 +110,8 @@ class CacheManager:
         self._closed = False
         writes = make_write_policy(cfg.write_policy, cfg.selective_min_hits)
         guard = self._protected  # tenants within their guaranteed share (self._tenants, set below)
-        self._space = Space(
-            self._levels, make_eviction_policy(cfg.eviction_policy), cfg.min_residency_s, guard
-        )
+        policy = make_eviction_policy(cfg.eviction_policy)
+        self._space = Space(self._levels, policy, cfg.min_residency_s, guard)
         self._index = index = Index(self._levels, self._space, self._listeners.emit)
         self._leases = leases = LeaseTable()
         self._rates = RateEstimator()
@@ -338,13 +336,15 @@ class CacheManager:
         effective_by_tier: Mapping[TierLevel, int],
         recomputed_tokens: int,
         loaded_by_tier: Mapping[TierLevel, int],
+        read_keys: Sequence[bytes] = (),
     ) -> None:
-        """Count an engine's usage report (tokens copied out intact, the only count of loaded ones; see checks)."""
+        """Count an engine's usage report (the only count of loaded tokens) and its published-index reads."""
         self.namespace(namespace_id)
         checks.usage(effective_by_tier, recomputed_tokens, self._index.tokens, loaded_by_tier)
+        usage = (effective_by_tier, recomputed_tokens, loaded_by_tier)
         with self._lock:
-            self._index.report_usage(effective_by_tier, recomputed_tokens, loaded_by_tier)
-            self._tenants.count_usage(namespace_id, effective_by_tier, recomputed_tokens, loaded_by_tier)
+            self._index.report_usage(*usage, namespace_id, read_keys)
+            self._tenants.count_usage(namespace_id, *usage)
 
     def release(self, lease_id: int) -> bool:
         """End a lease. Returns False when it was unknown, already released or expired."""

@@ -1,15 +1,15 @@
 """The engine-side gRPC client of the tiercache daemon: one typed method per RPC.
 
 Each method turns its arguments into the request message and the response into a frozen result
-(:mod:`.results`); deadlines, typed errors, backoff, reconnects and re-registration after a daemon restart
-are the :class:`~.connection.Connection`'s. Namespaces are registered on first use (or explicitly with
-:meth:`TierCacheClient.register`); every call takes the :class:`~tiercache.keys.Namespace` and the
-connection supplies its current handle. The engine's cost models (prefill model for cost-aware loads,
-deadline model for timeout loads) are declared per namespace with :meth:`TierCacheClient.declare_models`
-and sent with every (re-)registration.
+(:mod:`.results`); deadlines, typed errors, backoff, reconnects and re-registration after a daemon restart are
+the :class:`~.connection.Connection`'s. Namespaces are registered on first use (or explicitly with
+:meth:`TierCacheClient.register`); every call takes the :class:`~tiercache.keys.Namespace` and the connection
+supplies its current handle. The engine's cost models (prefill model for cost-aware loads, deadline model for
+timeout loads) are declared per namespace with :meth:`TierCacheClient.declare_models` and sent with every
+(re-)registration.
 
-Lease releases and usage reports that need no answer ride on the namespace's next AcquireLoad or
-BeginStore (:meth:`defer_release`, :meth:`defer_usage`, :mod:`.settle`): one round trip per load phase.
+Lease releases and usage reports that need no answer ride on the namespace's next AcquireLoad or BeginStore
+(:meth:`defer_release`, :meth:`defer_usage`, :mod:`.settle`): one round trip per load phase.
 
 The byte-stream RPCs take and give wire messages: framing and encoding are the byte-stream data plane's
 (:mod:`.stream_plane`, :mod:`.stream`). The daemon's shared-memory segments are mapped once per client
@@ -17,17 +17,16 @@ The byte-stream RPCs take and give wire messages: framing and encoding are the b
 
 Primitives:
     ClientConfig: deadlines, backoff and channel options (defined in :mod:`.connection`).
-    TierCacheClient: connect, declare_models, register / registration, slot_mapping, lookup, prefetch /
-        start_prefetch / cancel_prefetch, begin_store / commit_store / abort_store, acquire_load /
-        release_load / release_load_nowait / defer_release, claim_prefill / wait_prefill /
-        release_prefill, report_usage / defer_usage, settle, pin / unpin, purge, stats, stream_store /
-        stream_load, wait_ready, close.
+    TierCacheClient: connect / close, declare_models, register / registration, slot_mapping, lookup,
+        prefetch / start_prefetch / cancel_prefetch, begin_store / commit_store / abort_store, acquire_load /
+        release_load / release_load_nowait / defer_release, claim_prefill / wait_prefill / release_prefill,
+        report_usage / defer_usage, settle, pin / unpin, purge, stats, stream_store / stream_load, wait_ready.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import TypeVar
 
@@ -326,10 +325,8 @@ class TierCacheClient:
         return bool(resp.released)
 
     def release_load_nowait(self, namespace: Namespace, lease_id: int) -> None:
-        """End a lease without waiting for the answer (the caller already knows its copy was in time).
-
-        Failures are logged, never raised: a lease that is not released lapses at its TTL.
-        """
+        """End a lease without waiting for the answer (the caller already knows its copy was in time);
+        failures are logged, never raised: a lease that is not released lapses at its TTL."""
         self._conn.unary_nowait(
             rpcs.RELEASE_LOAD, namespace, lambda h: pb.ReleaseLoadRequest(handle=h, lease_id=lease_id)
         )
@@ -346,9 +343,11 @@ class TierCacheClient:
         recomputed_tokens: int,
         loaded_tokens: Mapping[TierLevel, int] | None = None,
         effective_tokens: Mapping[TierLevel, int] | None = None,
+        read_keys: Iterable[bytes] = (),
     ) -> None:
-        """:meth:`report_usage`, carried like :meth:`defer_release` (reports queued meanwhile are summed)."""
-        self._pending.usage(namespace, effective_chunks, recomputed_tokens, loaded_tokens, effective_tokens)
+        """:meth:`report_usage` (and ``read_keys``), carried like :meth:`defer_release` (queued ones summed)."""
+        usage = (effective_chunks, recomputed_tokens, loaded_tokens, effective_tokens, read_keys)
+        self._pending.usage(namespace, *usage)
 
     def _take_settlement(self, namespace: Namespace) -> pb.Settlement | None:
         """What a call of ``namespace`` carries; the other namespaces' queued settlements go one-way now."""
@@ -413,11 +412,12 @@ class TierCacheClient:
         wait: bool = True,
         loaded_tokens: Mapping[TierLevel, int] | None = None,
         effective_tokens: Mapping[TierLevel, int] | None = None,
+        read_keys: Iterable[bytes] = (),
     ) -> None:
-        """Tell the daemon what a load was worth (the counts: :meth:`~.settle.PendingSettlements.usage`; the
-        daemon counts loaded tokens only from these reports). With ``wait=False`` the report is sent without
-        waiting for the answer (off the engine's critical path; failures are logged)."""
-        s = usage_settlement(namespace, effective_chunks, recomputed_tokens, loaded_tokens, effective_tokens)
+        """Tell the daemon what a load was worth (:meth:`~.settle.PendingSettlements.usage`; the daemon counts
+        loaded tokens only from these); ``wait=False``: without waiting (failures are logged)."""
+        usage = (effective_chunks, recomputed_tokens, loaded_tokens, effective_tokens, read_keys)
+        s = usage_settlement(namespace, *usage)
         if wait:
             self._conn.unary(rpcs.REPORT_USAGE, namespace, partial(usage_request, settlement=s), retry=False)
         else:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from tiercache.errors import TierCacheError
+from tiercache.keychain import PackedKeys
 from tiercache.keys import Namespace
 from tiercache.proto import tiercache_pb2 as pb
 from tiercache.tiers.base import TierLevel
@@ -38,6 +39,8 @@ logger = logging.getLogger(__name__)
 
 SETTLE_AFTER_S = 0.5
 """Seconds a lease release or usage report waits for the namespace's next call before it is sent alone."""
+MAX_READ_KEYS = 4096
+"""The most chunk keys read through the published index one settlement carries (the latest; 128 KiB)."""
 
 
 @dataclass(slots=True)
@@ -49,6 +52,7 @@ class _Pending:
     effective: dict[TierLevel, int] = field(default_factory=dict)  # tokens
     loaded: dict[TierLevel, int] = field(default_factory=dict)  # tokens
     recomputed_tokens: int = 0
+    read_keys: list[bytes] = field(default_factory=list)
 
     def add_usage(
         self,
@@ -57,11 +61,14 @@ class _Pending:
         recomputed_tokens: int,
         loaded_tokens: Mapping[TierLevel, int] | None,
         effective_tokens: Mapping[TierLevel, int] | None,
+        read_keys: Iterable[bytes] = (),
     ) -> None:
         _add(self.effective, chunks, namespace.layout.chunk_tokens)
         _add(self.effective, effective_tokens or {})
         _add(self.loaded, loaded_tokens or {})
         self.recomputed_tokens += recomputed_tokens
+        self.read_keys.extend(read_keys)
+        del self.read_keys[:-MAX_READ_KEYS]  # the latest reads matter for eviction
 
     def message(self) -> pb.Settlement:
         return pb.Settlement(
@@ -69,6 +76,7 @@ class _Pending:
             effective_tokens=tier_tokens(self.effective),
             loaded_tokens=tier_tokens(self.loaded),
             recomputed_tokens=self.recomputed_tokens,
+            read_keys=b"".join(self.read_keys),
         )
 
 
@@ -83,10 +91,11 @@ def usage_settlement(
     recomputed_tokens: int,
     loaded_tokens: Mapping[TierLevel, int] | None = None,
     effective_tokens: Mapping[TierLevel, int] | None = None,
+    read_keys: Iterable[bytes] = (),
 ) -> pb.Settlement:
     """A usage report (see :meth:`PendingSettlements.usage`) as a settlement that releases nothing."""
     entry = _Pending(0.0)
-    entry.add_usage(namespace, chunks, recomputed_tokens, loaded_tokens, effective_tokens)
+    entry.add_usage(namespace, chunks, recomputed_tokens, loaded_tokens, effective_tokens, read_keys)
     return entry.message()
 
 
@@ -96,6 +105,7 @@ def usage_request(handle: bytes, settlement: pb.Settlement) -> pb.ReportUsageReq
     request.loaded_tokens.extend(settlement.loaded_tokens)
     request.effective_tokens.extend(settlement.effective_tokens)
     request.effective_chunks.extend(settlement.effective_chunks)
+    request.read_keys = settlement.read_keys
     return request
 
 
@@ -140,13 +150,16 @@ class PendingSettlements:
         recomputed_tokens: int,
         loaded_tokens: Mapping[TierLevel, int] | None = None,
         effective_tokens: Mapping[TierLevel, int] | None = None,
+        read_keys: Iterable[bytes] = (),
     ) -> None:
         """Queue a usage report (added to what is queued already): whole chunks whose prefill was skipped per
         source tier (``chunks``) and further such tokens (``effective_tokens``), tokens recomputed anyway,
-        and tokens copied out of the cache intact and in time per source tier (``loaded_tokens``)."""
+        tokens copied out of the cache intact and in time per source tier (``loaded_tokens``), and the keys
+        of chunks read out of L2 through the published index (``read_keys``: the daemon counts each as a
+        read of its L2 copy; the latest :data:`MAX_READ_KEYS` are kept)."""
         with self._cond:
             self._entry(namespace).add_usage(
-                namespace, chunks, recomputed_tokens, loaded_tokens, effective_tokens
+                namespace, chunks, recomputed_tokens, loaded_tokens, effective_tokens, read_keys
             )
 
     def take(self, namespace: Namespace) -> pb.Settlement | None:
@@ -227,6 +240,7 @@ class _Sender(Protocol):
         wait: bool = True,
         loaded_tokens: Mapping[TierLevel, int] | None = None,
         effective_tokens: Mapping[TierLevel, int] | None = None,
+        read_keys: Iterable[bytes] = (),
     ) -> None: ...
 
 
@@ -241,13 +255,14 @@ def send_alone(client: _Sender, namespace: Namespace, message: pb.Settlement, wa
     """
     counts = {TIERS.from_proto(int(c.tier), "tier"): int(c.chunks) for c in message.effective_chunks}
     loaded, effective = _tokens(message.loaded_tokens), _tokens(message.effective_tokens)
+    read = PackedKeys(message.read_keys) if message.read_keys else ()
     try:
         for lease_id in message.release_lease_ids:
             if wait:
                 client.release_load(namespace, lease_id)
             else:
                 client.release_load_nowait(namespace, lease_id)
-        if counts or loaded or effective or message.recomputed_tokens:
+        if counts or loaded or effective or message.recomputed_tokens or read:
             client.report_usage(
                 namespace,
                 counts,
@@ -255,6 +270,7 @@ def send_alone(client: _Sender, namespace: Namespace, message: pb.Settlement, wa
                 wait=wait,
                 loaded_tokens=loaded,
                 effective_tokens=effective,
+                read_keys=read,
             )
     except TierCacheError as exc:
         logger.info("settling deferred releases and usage failed (%s); leases lapse at their TTL", exc)

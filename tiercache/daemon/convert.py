@@ -170,17 +170,22 @@ class Usage:
         effective: tokens whose prefill the engine skipped (whole chunks and token counts together).
         loaded: tokens the engine copied out of the cache intact and in time.
         recomputed_tokens: looked-up tokens the engine computed anyway.
+        read_keys: chunks the engine read out of L2 through the published index (no lease).
     """
 
     effective: Mapping[TierLevel, int]
     loaded: Mapping[TierLevel, int]
     recomputed_tokens: int
+    read_keys: Sequence[bytes] = ()
 
     @property
     def empty(self) -> bool:
         """Nothing to count."""
         return (
-            not self.recomputed_tokens and not any(self.effective.values()) and not any(self.loaded.values())
+            not self.recomputed_tokens
+            and not any(self.effective.values())
+            and not any(self.loaded.values())
+            and not self.read_keys
         )
 
 
@@ -191,12 +196,14 @@ def usage_report_from_proto(
     ``settle.``).
 
     Raises:
-        InvalidArgumentError: an unknown tier (naming its field, e.g. ``settle.loaded_tokens[0].tier``).
+        InvalidArgumentError: an unknown tier (naming its field, e.g. ``settle.loaded_tokens[0].tier``), or
+            ``read_keys`` not a whole number of keys.
     """
     effective = usage_from_proto(msg.effective_chunks, chunk_tokens, f"{prefix}effective_chunks")
     effective = tokens_from_proto(msg.effective_tokens, f"{prefix}effective_tokens", effective)
     loaded = tokens_from_proto(msg.loaded_tokens, f"{prefix}loaded_tokens")
-    return Usage(effective, loaded, int(msg.recomputed_tokens))
+    read = PackedKeys(msg.read_keys, f"{prefix}read_keys") if msg.read_keys else ()
+    return Usage(effective, loaded, int(msg.recomputed_tokens), read)
 
 
 def lookup_to_proto(result: LookupResult, prefetch_id: int = 0) -> pb.LookupResponse:

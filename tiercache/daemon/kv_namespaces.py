@@ -164,6 +164,7 @@ class NamespaceRpcs(ServicerBase):
             usage.effective,
             usage.recomputed_tokens,
             usage.loaded,
+            usage.read_keys,
         )
         return pb.ReportUsageResponse()
 

@@ -65,4 +65,6 @@ def apply(manager: CacheManager, settled: Settled) -> None:
         manager.release(lease_id)
     usage = settled.usage
     if not usage.empty:
-        manager.report_usage(settled.handle, usage.effective, usage.recomputed_tokens, usage.loaded)
+        manager.report_usage(
+            settled.handle, usage.effective, usage.recomputed_tokens, usage.loaded, usage.read_keys
+        )

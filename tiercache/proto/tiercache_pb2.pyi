@@ -541,36 +541,40 @@ class ReleasePrefillResponse(_message.Message):
     def __init__(self, released: _Optional[int] = ...) -> None: ...
 
 class ReportUsageRequest(_message.Message):
-    __slots__ = ("handle", "effective_chunks", "recomputed_tokens", "loaded_tokens", "effective_tokens")
+    __slots__ = ("handle", "effective_chunks", "recomputed_tokens", "loaded_tokens", "effective_tokens", "read_keys")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     EFFECTIVE_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     RECOMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LOADED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     EFFECTIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    READ_KEYS_FIELD_NUMBER: _ClassVar[int]
     handle: bytes
     effective_chunks: _containers.RepeatedCompositeFieldContainer[TierCount]
     recomputed_tokens: int
     loaded_tokens: _containers.RepeatedCompositeFieldContainer[TierTokens]
     effective_tokens: _containers.RepeatedCompositeFieldContainer[TierTokens]
-    def __init__(self, handle: _Optional[bytes] = ..., effective_chunks: _Optional[_Iterable[_Union[TierCount, _Mapping]]] = ..., recomputed_tokens: _Optional[int] = ..., loaded_tokens: _Optional[_Iterable[_Union[TierTokens, _Mapping]]] = ..., effective_tokens: _Optional[_Iterable[_Union[TierTokens, _Mapping]]] = ...) -> None: ...
+    read_keys: bytes
+    def __init__(self, handle: _Optional[bytes] = ..., effective_chunks: _Optional[_Iterable[_Union[TierCount, _Mapping]]] = ..., recomputed_tokens: _Optional[int] = ..., loaded_tokens: _Optional[_Iterable[_Union[TierTokens, _Mapping]]] = ..., effective_tokens: _Optional[_Iterable[_Union[TierTokens, _Mapping]]] = ..., read_keys: _Optional[bytes] = ...) -> None: ...
 
 class ReportUsageResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class Settlement(_message.Message):
-    __slots__ = ("release_lease_ids", "effective_chunks", "recomputed_tokens", "loaded_tokens", "effective_tokens")
+    __slots__ = ("release_lease_ids", "effective_chunks", "recomputed_tokens", "loaded_tokens", "effective_tokens", "read_keys")
     RELEASE_LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
     EFFECTIVE_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     RECOMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LOADED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     EFFECTIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    READ_KEYS_FIELD_NUMBER: _ClassVar[int]
     release_lease_ids: _containers.RepeatedScalarFieldContainer[int]
     effective_chunks: _containers.RepeatedCompositeFieldContainer[TierCount]
     recomputed_tokens: int
     loaded_tokens: _containers.RepeatedCompositeFieldContainer[TierTokens]
     effective_tokens: _containers.RepeatedCompositeFieldContainer[TierTokens]
-    def __init__(self, release_lease_ids: _Optional[_Iterable[int]] = ..., effective_chunks: _Optional[_Iterable[_Union[TierCount, _Mapping]]] = ..., recomputed_tokens: _Optional[int] = ..., loaded_tokens: _Optional[_Iterable[_Union[TierTokens, _Mapping]]] = ..., effective_tokens: _Optional[_Iterable[_Union[TierTokens, _Mapping]]] = ...) -> None: ...
+    read_keys: bytes
+    def __init__(self, release_lease_ids: _Optional[_Iterable[int]] = ..., effective_chunks: _Optional[_Iterable[_Union[TierCount, _Mapping]]] = ..., recomputed_tokens: _Optional[int] = ..., loaded_tokens: _Optional[_Iterable[_Union[TierTokens, _Mapping]]] = ..., effective_tokens: _Optional[_Iterable[_Union[TierTokens, _Mapping]]] = ..., read_keys: _Optional[bytes] = ...) -> None: ...
 
 class WatchEventsRequest(_message.Message):
     __slots__ = ("after_sequence", "epoch")

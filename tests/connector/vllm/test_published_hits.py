@@ -65,6 +65,11 @@ def _worker(daemon: Daemon, client: TierCacheClient) -> WorkerSide:
     return worker
 
 
+def _l2_hits(daemon: Daemon) -> int:
+    with TierCacheClient.connect(daemon.address) as other:
+        return next(t.hits for t in other.stats().tiers if t.level is TierLevel.L2)
+
+
 def _plan(sched: SchedulerSide, req: _Request) -> TierCacheMetadata:
     sched.update_state_after_alloc(req, None, 3 * 32)
     return sched.build_connector_meta(_step([(req.request_id, BLOCKS)]))
@@ -85,6 +90,7 @@ def test_a_prompt_the_index_holds_is_answered_with_no_call_and_loaded_exactly(da
         assert spec.lease is not None and spec.lease.lease_id == 0 and len(spec.published) == 3
 
         worker = _worker(daemon, worker_client)
+        hits = _l2_hits(daemon)
         worker.start_load_kv(meta)
         assert worker.get_block_ids_with_load_errors() == set()
         for layer, cache in enumerate(worker._caches):
@@ -93,6 +99,7 @@ def test_a_prompt_the_index_holds_is_answered_with_no_call_and_loaded_exactly(da
                 assert torch.equal(cache[:, BLOCKS[i]], want)
         assert worker.loaded_tokens == {TierLevel.L2: 3 * 32}
         worker_client.settle()
+        assert _l2_hits(daemon) == hits + 3  # each chunk read counts as a read of its L2 copy
         sched_client.settle()
         assert _active_leases(daemon) == 0
         worker.shutdown()

@@ -106,6 +106,7 @@ class LeasedLoad:
         check: for chunks found in the pool's published index (no lease: ``lease.lease_id`` is 0), whether
             each entry is unchanged after the copy (False: the chunk was dropped or moved meanwhile; the
             load fails and its blocks are load errors); None: the lease proves the copy.
+        read_keys: those chunks' keys (reported to the daemon once copied: each a read of its L2 copy).
     """
 
     namespace: Namespace
@@ -116,6 +117,7 @@ class LeasedLoad:
     first_block: int
     started: float
     check: Callable[[], bool] | None = None
+    read_keys: tuple[bytes, ...] = ()
 
     def target_blocks(self) -> set[int]:
         """The blocks this load writes."""

@@ -201,15 +201,20 @@ class WorkerSide:
         """The tokens vLLM counts on the load of ``spec`` for (it skips their prefill)."""
         return (len(spec.block_ids) - spec.first_block) * self._layout.page_tokens
 
-    def _report(self, ns: Namespace, loaded: Mapping[TierLevel, int], asked: int) -> None:
+    def _report(
+        self, ns: Namespace, loaded: Mapping[TierLevel, int], asked: int, read: Sequence[bytes] = ()
+    ) -> None:
         """Tell the daemon (deferred) what a request's load was worth: the tokens written into vLLM's blocks
-        per source tier (loaded, and effective: vLLM skips them), the rest of ``asked`` recomputed."""
+        per source tier (loaded, and effective: vLLM skips them), the rest of ``asked`` recomputed, and the
+        chunks ``read`` through the published index."""
         recomputed = max(0, asked - sum(loaded.values()))
         for tier, tokens in loaded.items():  # (for vLLM's stats: .stats)
             self.loaded_tokens[tier] = self.loaded_tokens.get(tier, 0) + tokens
         self.recomputed_tokens += recomputed
         if loaded or recomputed:
-            self._client.defer_usage(ns, {}, recomputed, loaded_tokens=loaded, effective_tokens=loaded)
+            self._client.defer_usage(
+                ns, {}, recomputed, loaded_tokens=loaded, effective_tokens=loaded, read_keys=read
+            )
 
     def _lease(self, spec: LoadSpec) -> LeasedLoad | None:
         """The request's lease (the scheduler's, or one taken now); blocks it does not cover become load
@@ -252,7 +257,10 @@ class WorkerSide:
                 self._errors |= targets
             self._report(ns, {}, self._asked(spec))
             return None
-        return LeasedLoad(ns, lease, refs, mapping, spec.block_ids[:got], spec.first_block, started, check)
+        keys = tuple(p.key for p in spec.published)
+        return LeasedLoad(
+            ns, lease, refs, mapping, spec.block_ids[:got], spec.first_block, started, check, keys
+        )
 
     def _published_check(
         self, spec: LoadSpec, mapping: SlotMapping | None
@@ -294,13 +302,14 @@ class WorkerSide:
         loads, self._loads = self._loads, []
         for load, leased, asked in loads:
             loaded: Mapping[TierLevel, int] = {}
+            read: tuple[bytes, ...] = ()
             if load.result().tokens_loaded == 0:
                 self.load_failures += 1
                 self._errors |= leased.target_blocks()
             else:
-                loaded = leased.loaded_by_tier(self._layout)
+                loaded, read = leased.loaded_by_tier(self._layout), leased.read_keys
             load.close()
-            self._report(leased.namespace, loaded, asked)
+            self._report(leased.namespace, loaded, asked, read)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         """Blocks of this step's loads whose KV did not arrive intact (vLLM recomputes them)."""
