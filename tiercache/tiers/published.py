@@ -89,8 +89,9 @@ def index_entries(num_pages: int) -> int:
 
 
 def index_bytes(entries: int) -> int:
-    """Bytes of an index of ``entries`` entries (its header included)."""
-    return HEADER_BYTES + entries * ENTRY_BYTES
+    """Bytes of an index of ``entries`` entries: its header and entries, in whole 4 KiB pages (so that a
+    segment of pages and an index is still a whole number of the system's pages)."""
+    return -(-(HEADER_BYTES + entries * ENTRY_BYTES) // 4096) * 4096
 
 
 def _home(key: bytes, entries: int) -> int:
