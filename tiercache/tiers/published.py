@@ -79,7 +79,6 @@ MAX_PROBES = 8
 _NEVER, _LIVE, _WITHDRAWN = 0, 1, 2
 _SEQ = struct.Struct("<Q")
 _BODY = struct.Struct("<IIQ8x32s")  # state, nbytes, slot, (unused), key
-_KEY_AT = 32
 
 
 def index_entries(num_pages: int) -> int:
@@ -235,20 +234,30 @@ class IndexReader:
         except ValueError:  # closed (released) meanwhile
             return None
 
+    def _entry(self, place: int) -> tuple[int, int, int, int, bytes] | None:
+        """A consistent snapshot of an entry: (sequence number, state, bytes, slot, key); None while the
+        daemon writes it (an odd number, or one that moved during the read). Raises ValueError once closed."""
+        offset = _at(place)
+        (seq,) = _SEQ.unpack_from(self._buffer, offset)
+        if seq & 1:
+            return None
+        state, size, slot, key = _BODY.unpack_from(self._buffer, offset + 8)
+        if _SEQ.unpack_from(self._buffer, offset)[0] != seq:
+            return None
+        return seq, state, size, slot, key
+
     def _find(self, key: bytes, nbytes: int) -> Published | None:
         home = _home(key, self.entries)
         for step in range(MAX_PROBES):
-            offset = _at((home + step) % self.entries)
-            (seq,) = _SEQ.unpack_from(self._buffer, offset)
-            if seq & 1:
-                return None  # being written: a miss now
-            state, size, slot, found = _BODY.unpack_from(self._buffer, offset + 8)
-            if _SEQ.unpack_from(self._buffer, offset)[0] != seq or state == _NEVER:
-                return None
+            place = (home + step) % self.entries
+            entry = self._entry(place)
+            if entry is None or entry[1] == _NEVER:
+                return None  # being written (a miss now), or the end of the probe
+            seq, state, size, slot, found = entry
             if state == _LIVE and found == key:
                 if size != nbytes or slot * self._page_bytes + size > self._pool_bytes:
                     return None  # not a chunk of this layout, or garbled
-                return Published((home + step) % self.entries, seq, slot, size, key)
+                return Published(place, seq, slot, size, key)
         return None
 
     def alive(self) -> bool:
@@ -276,12 +285,8 @@ class IndexReader:
         """Whether the entry found is unchanged: the chunk's pages held it all along since ``find`` (its
         sequence number, key and pages are still those found: a table of another daemon that happens to
         have the same number there does not pass)."""
-        offset = _at(where.place)
         try:
-            if _SEQ.unpack_from(self._buffer, offset)[0] != where.seq:
-                return False
-            state, _, slot, key = _BODY.unpack_from(self._buffer, offset + 8)
-            same = _SEQ.unpack_from(self._buffer, offset)[0] == where.seq
+            entry = self._entry(where.place)
         except ValueError:  # closed: the mapping is going, nothing copied from it counts
             return False
-        return bool(same and state == _LIVE and slot == where.slot and key == where.key)
+        return entry == (where.seq, _LIVE, where.nbytes, where.slot, where.key)
