@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 import pytest
 
 from tiercache.bench.vllm_engines.columns import VllmBenchConfig, build_model, engine_params, tiercache_daemon
+from tiercache.bench.vllm_engines.command import configure_parser
+from tiercache.cache.config import CacheConfig
+from tiercache.policies.write import WritePolicyKind
 
 
 def test_the_model_has_positions_for_the_throughput_prompts_longer_than_every_timed_prompt(
@@ -30,3 +34,20 @@ def test_the_daemon_holds_what_the_bench_stores_and_reserves_no_more_disk_than_t
     assert daemon.slot_bytes == chunk
     assert stored * chunk <= daemon.l2_bytes == daemon.l3_bytes <= 64 << 20
     assert tiercache_daemon(VllmBenchConfig()).l3_bytes <= 4 << 30  # it was 8 GiB: 10 GiB preallocated
+
+
+def test_the_daemon_runs_the_daemons_own_write_policy_unless_told() -> None:
+    # A write-through daemon wrote every stored chunk to LMDB beside the next prompt's prefill: the table
+    # measured a setting a user does not run (1K, 100 % cached: 35 ms against 25 ms with the default).
+    assert tiercache_daemon(VllmBenchConfig()).write_policy is CacheConfig().write_policy
+    told = VllmBenchConfig(write_policy=WritePolicyKind.WRITE_THROUGH)
+    assert tiercache_daemon(told).write_policy is WritePolicyKind.WRITE_THROUGH
+
+
+def test_the_write_policy_flag_is_parsed_and_checked() -> None:
+    parser = argparse.ArgumentParser()
+    configure_parser(parser)
+    assert parser.parse_args([]).write_policy is CacheConfig().write_policy
+    assert parser.parse_args(["--write-policy", "on_evict"]).write_policy is WritePolicyKind.ON_EVICT
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--write-policy", "sometimes"])

@@ -23,7 +23,9 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from ..args import non_negative_ints
+from tiercache.policies.write import WritePolicyKind
+
+from ..args import enum_choice, non_negative_ints
 from .columns import VllmBenchConfig
 from .report import SCHEMA, format_table, format_throughput, save_plot, vllm_rows
 from .run import run_bench
@@ -33,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add the ``vllm`` subcommand's flags to ``parser``."""
+    d = VllmBenchConfig()
     parser.add_argument(
         "--lengths", type=non_negative_ints, default=(1024, 2048, 4096), help="prompt tokens (1024,2048,4096)"
     )
@@ -63,6 +66,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--user-tokens", type=int, default=128, help="own tokens of each throughput request (128)"
     )
+    parser.add_argument("--write-policy", type=enum_choice(WritePolicyKind), default=d.write_policy,
+                        metavar="POLICY", help=f"the tiercache daemon's write policy ({d.write_policy.value})")  # fmt: skip
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="write every figure as JSON")
     parser.add_argument("--plot", type=Path, default=None, metavar="PATH", help="write a PNG chart")
 
@@ -83,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         throughput_requests=args.throughput_requests,
         system_tokens=args.system_tokens,
         user_tokens=args.user_tokens,
+        write_policy=args.write_policy,
     )
     with tempfile.TemporaryDirectory(prefix="tcbench-vllm-") as work:
         try:
@@ -96,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         print()
         print(format_throughput(config, result.throughput))
     if args.json is not None:
-        doc = {"schema": SCHEMA, "config": asdict(config), "rows": vllm_rows(config, cols),
+        doc = {"schema": SCHEMA, "config": {**asdict(config), "write_policy": config.write_policy.value}, "rows": vllm_rows(config, cols),
                "skipped": {c.name: c.skipped for c in cols if c.skipped},
                "throughput": [asdict(t) for t in result.throughput]}  # fmt: skip
         args.json.write_text(json.dumps(doc, indent=2))
