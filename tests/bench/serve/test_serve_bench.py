@@ -52,6 +52,9 @@ def test_quick_serve_with_the_daemon_killed_mid_run(
     # counters: the daemon kill does not reset them) and says how long it waited; plain vLLM has none.
     assert ours["lookups"] > 0 and ours["ask_wait_ms_per_lookup"] is not None
     assert ours["late_answers"] >= 0 and rows[(False, "plain")]["lookups"] == 0
+    # Tokens vLLM counted as the connector's and then computed (the loads the kill broke, at least):
+    # the connector's own count, so that vLLM's connector count and the daemon's loaded tokens reconcile.
+    assert ours["offered_recomputed_tokens"] >= 0 and rows[(False, "plain")]["offered_recomputed_tokens"] == 0
     assert "asking chat outgrows c=4 tiercache_l2: " in text
     # The daemon was SIGKILLed mid-run and restarted on its L3: no request failed, and the connector
     # re-attached: the new daemon process served tokens.

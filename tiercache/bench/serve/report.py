@@ -82,6 +82,8 @@ def _figures(m: Measured) -> dict[str, Any]:
         "lookups": int(m.counters.get("lookups", 0)),
         "index_answers": int(m.counters.get("index_answers", 0)),
         "late_answers": int(m.counters.get("late_answers", 0)),
+        # offered to vLLM (in its connector count) and then not loaded: a load error, vLLM recomputed them
+        "offered_recomputed_tokens": int(m.counters.get("recomputed_tokens", 0)),
         "ask_wait_ms_per_lookup": (
             1000 * m.counters["ask_wait_seconds"] / m.counters["lookups"]
             if m.counters.get("lookups")
@@ -209,6 +211,7 @@ def format_table(result: ServeResult) -> str:
             lines.append(f"asking {r['workload']} {'fits' if r['fits'] else 'outgrows'} c={r['concurrency']} "
                          f"{r['column']}: {r['index_answers']} answers from the index, {r['lookups']} lookups,"
                          f" {r['late_answers']} steps skipped for a late answer,"
+                         f" {r['offered_recomputed_tokens']} offered tokens recomputed (load errors),"
                          f" the scheduler waited {_f(r['ask_wait_ms_per_lookup'], '.2f')} ms per lookup; the model steps"
                          f" waited {_f(r['load_ms_per_1k_tokens'], '.2f')} ms per 1,000 tokens loaded")  # fmt: skip
     for name, why in result.skipped.items():

@@ -275,6 +275,7 @@ CONNECTOR_COUNTERS = (
     "ask_wait_seconds",
     "load_seconds",
     "loaded_tokens",
+    "recomputed_tokens",
 )
 """The tiercache connector counters the bench reads from vLLM's ``/metrics`` (``vllm:tiercache_<name>``)."""
 
