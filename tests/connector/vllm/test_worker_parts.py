@@ -25,7 +25,7 @@ from tiercache.connector.vllm.layout import BackendLayout, block_planes
 from tiercache.connector.vllm.loads import LeasedLoad
 from tiercache.connector.vllm.metadata import LoadSpec, SaveSpec, TierCacheMetadata
 from tiercache.connector.vllm.namespace import EngineIdentity
-from tiercache.connector.vllm.saves import SAVE_NICE, SaveQueue
+from tiercache.connector.vllm.saves import SaveQueue
 from tiercache.connector.vllm.worker import WorkerSide
 from tiercache.keys import Namespace, chunk_keys
 from tiercache.layout import KVDtype, KVLayout
@@ -104,7 +104,8 @@ def test_connect_ahead_without_a_daemon_logs(tmp_path, caplog: pytest.LogCapture
     assert any("not reachable" in r.getMessage() for r in caplog.records)
 
 
-def test_save_thread_runs_at_a_lower_priority() -> None:
+def test_save_thread_runs_at_the_engines_priority() -> None:
+    # At nice +10 it held the GIL while descheduled, and the model thread waited for it (fits, c=1: 0.91x).
     identity = EngineIdentity("tiny", "", BackendLayout.CPU, LAYOUT)
     seen: list[int] = []
     with TierCacheClient.connect("unix:/nonexistent/tiercache.sock") as client:
@@ -113,7 +114,7 @@ def test_save_thread_runs_at_a_lower_priority() -> None:
         )
         queue._post("r", lambda: seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
         queue.close()
-    assert seen == [min(19, os.getpriority(os.PRIO_PROCESS, 0) + SAVE_NICE)]
+    assert seen == [os.getpriority(os.PRIO_PROCESS, 0)]
 
 
 def test_one_save_thread_serves_requests_that_follow_each_other(monkeypatch: pytest.MonkeyPatch) -> None:
