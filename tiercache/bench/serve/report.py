@@ -5,7 +5,9 @@ time), output tokens/s, TTFT p50/p90/p99, ITL p50, failed requests, prompt token
 (vLLM's own prefix cache and the connector, as vLLM's ``/metrics`` counted them; the daemon's L2 / L3 /
 shared-tier tokens from its ``Stats``; recomputed = prompt tokens less what vLLM reported cached),
 whole-turn reuse (follow-up turns whose whole previous turn came back), the ratios against plain vLLM and
-the ideal, greedy mismatches against plain vLLM (or the ideal when plain did not run), and the issue's
+the ideal, greedy mismatches against plain vLLM (or the ideal when plain did not run), how fast the host ran
+around the row (its speed probe against the run's median: a figure from one of a shared host's slow phases
+shows there), and the issue's
 targets for the tiercache columns, met or NO (never asserted). With repeats, each figure is the median of
 the repeats and the spread of requests/s is printed. Under the table, per tiercache row, what the connector's
 scheduler side did (vLLM's ``/metrics``): its lookups, the steps a request was skipped for because its answer
@@ -95,6 +97,7 @@ def _figures(m: Measured) -> dict[str, Any]:
             else None
         ),
         "daemon_restarted": m.daemon_restarted,
+        "host_probe_ms": m.host_probe_ms,
     }
 
 
@@ -143,6 +146,8 @@ def rows(result: ServeResult) -> list[dict[str, Any]]:
     by: dict[tuple[Cell, ColumnKind], list[Measured]] = {}
     for m in result.measured:
         by.setdefault((m.cell, m.column), []).append(m)
+    probes = [m.host_probe_ms for m in result.measured if m.host_probe_ms is not None]
+    usual = statistics.median(probes) if probes else None
     out = []
     for cell, workload in result.workloads.items():
         figs = {col: [_figures(m) for m in ms] for (c, col), ms in by.items() if c == cell}
@@ -157,6 +162,8 @@ def rows(result: ServeResult) -> list[dict[str, Any]]:
             rps = [f["req_per_s"] for f in figs[col]]
             row["req_per_s_spread"] = [min(rps), max(rps)]
             row["repeats"] = len(rps)
+            # the host's speed probe around the row's cells against the run's median: above ~1.1x, a slow phase
+            row["host_vs_run"] = _ratio(row["host_probe_ms"], usual)
             for base in ("plain", "ideal"):
                 other = med.get(ColumnKind(base))
                 for key in ("req_per_s", "ttft_p50_ms", "ttft_p99_ms"):
@@ -191,15 +198,17 @@ def format_table(result: ServeResult) -> str:
             f"{r['whole_turns']}/{r['follow_ups']}" if r["follow_ups"] else "-",
             _f(r["req_per_s_vs_plain"], ".2f", "x"), _f(r["ttft_p50_vs_plain"], ".2f", "x"),
             _f(r["req_per_s_vs_ideal"], ".2f", "x"), _f(r["ttft_p50_vs_ideal"], ".2f", "x"),
-            "-" if r["greedy_mismatches"] is None else str(r["greedy_mismatches"]), verdict,
+            "-" if r["greedy_mismatches"] is None else str(r["greedy_mismatches"]),
+            _f(r["host_vs_run"], ".2f", "x"), verdict,
         ])  # fmt: skip
     headers = ["workload", "set", "conc", "column", "req/s", "tok/s", "ttft50", "ttft90", "ttft99", "itl50",
                "fail", "vllm", "conn", "L2", "L3", "shared", "recomp", "turns", "rps/pl", "t50/pl", "rps/id", "t50/id",
-               "mism", "target"]  # fmt: skip
+               "mism", "host", "target"]  # fmt: skip
     lines = table_columns(headers, body, frozenset({0, 1, 3}))
     lines.append(
         "(ms for TTFT/ITL; prompt tokens from vLLM's cache / the connector (vLLM's count) / the daemon's L2, L3,"
-        " shared tiers (its Stats: engine-reported tokens, else loaded ones) / recomputed; turns: follow-ups that got their whole previous turn back)"
+        " shared tiers (its Stats: engine-reported tokens, else loaded ones) / recomputed; turns: follow-ups that got their whole previous turn back;"
+        " host: the host's speed probe around the row against the run's median, above ~1.1x a slow phase)"
     )
     for r in rows(result):
         if r["repeats"] > 1:

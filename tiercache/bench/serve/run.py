@@ -6,7 +6,8 @@ concurrency has its own tokens, the same on every server), so a run costs a few 
 time (a small host cannot hold several engines); with ``repeats`` > 1 the columns are interleaved: every
 repeat runs every column, the order rotated. Per cell and column it keeps every request's outcome, the wall
 time, what vLLM's ``/metrics`` counted (prompt tokens from its own prefix cache, from the connector) and,
-for tiercache, the daemon's per-tier token counters (``Stats``: loaded and engine-reported tokens).
+for tiercache, the daemon's per-tier token counters (``Stats``: loaded and engine-reported tokens), and how
+fast the host ran around it (a probe just before and just after: :mod:`..common.hostspeed`).
 
 ``kill_daemon_at_s``: on the first tiercache server of the first repeat, a timer SIGKILLs the daemon that
 many seconds after the column's first cell started (or when its cells end, if sooner), waits
@@ -19,7 +20,6 @@ Primitives:
     ServeBenchConfig: what to run.
     Cell: a (workload, fits, concurrency) cell.
     Measured: one cell on one column.
-    KillReport: what the daemon kill did.
     ServeResult: every measurement and skipped column of a run.
     cells / workload_of: the cells of a config and the workload of a cell.
     longest_request / engine_cache_tokens: the run's longest request, and its "outgrows" engine cache.
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,10 +44,12 @@ from tiercache.policies import WritePolicyKind
 from tiercache.testing.daemon import DaemonProcess, DaemonStartError
 from tiercache.testing.vllm_server import VllmServerError
 
+from ..common.hostspeed import probe_host_ms
 from ..vllm_engines.columns import VllmBenchConfig, build_model, prompt
 from ..vllm_engines.peers import lmcache_missing
 from .client import Outcome, drive
 from .columns import TIERCACHE, ColumnKind, Served, ServerPlan, Setup, kv_bytes_per_token, plans, serve_column
+from .kill import Killer, KillReport
 from .workloads import Workload, WorkloadKind, build, write_jsonl
 
 logger = logging.getLogger(__name__)
@@ -167,6 +168,8 @@ class Measured:
         tiers: per tier, the daemon's ``(load_success_tokens, effective_hit_tokens)`` during the cell.
         counters: tiercache's connector counters during the cell (:data:`CONNECTOR_COUNTERS`; zeros for other columns).
         daemon_restarted: the daemon was killed and restarted during the cell (its counters restarted).
+        host_probe_ms: the host's speed probe (:func:`~..common.hostspeed.probe_host_ms`) just before and just
+            after the cell, the slower of the two (None: not probed).
     """
 
     cell: Cell
@@ -179,33 +182,7 @@ class Measured:
     tiers: dict[str, tuple[int, int]] = field(default_factory=dict)
     counters: dict[str, float] = field(default_factory=dict)
     daemon_restarted: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class KillReport:
-    """What ``--kill-daemon-at`` did.
-
-    Attributes:
-        column: the column whose daemon was killed.
-        killed_at_s / restarted_at_s: seconds into the column.
-        failed_requests: requests of that column's cells that failed.
-        hit_tokens_after: tokens the restarted daemon served (its own counters: all after the restart), the
-            probe included.
-        probe_requests / probe_failed / probe_connector_tokens: after the cells and the restart, the largest
-            workload's first turns again (:func:`_probe`): how many, how many failed, and the prompt tokens
-            vLLM got from the connector for them.
-        error: what did not go as asked ("" when the kill came on time and the restart worked).
-    """
-
-    column: str
-    killed_at_s: float
-    restarted_at_s: float
-    failed_requests: int
-    hit_tokens_after: int
-    probe_requests: int
-    probe_failed: int
-    probe_connector_tokens: int
-    error: str = ""
+    host_probe_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,46 +282,6 @@ def _daemon_tiers(daemon: DaemonProcess | None) -> dict[str, tuple[int, int]]:
     return {t.level.name: (t.load_success_tokens, t.effective_hit_tokens) for t in stats.tiers}
 
 
-class _Killer:
-    """Kills the daemon ``at_s`` after :meth:`arm` (or when the column ends, if that comes first), restarts it
-    after ``pause_s`` (a timer thread)."""
-
-    def __init__(self, daemon: DaemonProcess, at_s: float, pause_s: float) -> None:
-        self.daemon, self.at_s, self.pause_s = daemon, at_s, pause_s
-        self.killed_at = self.restarted_at = -1.0
-        self.error = ""
-        self._t0 = 0.0
-        self._ended = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="serve-daemon-killer", daemon=True)
-
-    def arm(self) -> None:
-        self._t0 = time.monotonic()
-        self._thread.start()
-
-    def _run(self) -> None:
-        if self._ended.wait(self.at_s):
-            self.error = "the column's cells ended before the kill was due: killed after them"
-        self.daemon.kill()
-        self.killed_at = time.monotonic() - self._t0
-        logger.info("daemon SIGKILLed %.1f s into the column", self.killed_at)
-        self._ended.wait(self.pause_s)
-        try:
-            self.daemon.start()
-        except DaemonStartError as exc:
-            self.error = f"restart failed: {exc}"
-            return
-        self.restarted_at = time.monotonic() - self._t0
-        logger.info("daemon restarted %.1f s into the column", self.restarted_at)
-
-    def finish(self) -> None:
-        """The column's cells ended: kill now if the kill is not done yet, and wait for the restart."""
-        self._ended.set()
-        self._thread.join()
-
-    def restarted_between(self, t0: float, t1: float) -> bool:
-        return self.killed_at >= 0 and t0 - self._t0 <= self.killed_at <= t1 - self._t0
-
-
 def _probe(served: Served, model: str, workload: Workload) -> tuple[int, int, int]:
     """After a daemon restart: every session's first turn again, one at a time (those that vLLM's own cache
     dropped can only come from the restarted daemon). Returns (requests, failed, tokens the connector
@@ -386,7 +323,7 @@ def _warm(served: Served, model: str) -> None:
 
 def _measure_column(
     served: Served, plan: ServerPlan, config: ServeBenchConfig, todo: list[tuple[Cell, Workload]], repeat: int,
-    model: str, killer: _Killer | None,
+    model: str, killer: Killer | None,
 ) -> list[Measured]:  # fmt: skip
     """Every (workload, concurrency) once on ``served``, recorded as each of the plan's rows."""
     _warm(served, model)
@@ -402,11 +339,13 @@ def _measure_column(
         logger.info(
             "%s: %s c=%d (%d requests)", plan.name, cell.workload.value, cell.concurrency, workload.requests
         )
+        probe = probe_host_ms()
         before_v, before_t = _vllm_counters(served.server.url), _daemon_tiers(served.daemon)
         t0 = time.monotonic()
         outcomes = drive(served.server.url, model, workload, cell.concurrency, config.block_size)
         t1 = time.monotonic()
         after_v, after_t = _vllm_counters(served.server.url), _daemon_tiers(served.daemon)
+        probe = max(probe, probe_host_ms())
         restarted = killer is not None and killer.restarted_between(t0, t1)
         tiers = {
             name: after if restarted or name not in before_t
@@ -417,7 +356,7 @@ def _measure_column(
         counters = {name: after_v[2][name] - before_v[2][name] for name in CONNECTOR_COUNTERS}
         for column, fits in plan.rows:
             out.append(Measured(Cell(cell.workload, fits, cell.concurrency), column, repeat, tuple(outcomes), wall,
-                                after_v[0] - before_v[0], after_v[1] - before_v[1], tiers, counters, restarted))  # fmt: skip
+                                after_v[0] - before_v[0], after_v[1] - before_v[1], tiers, counters, restarted, probe))  # fmt: skip
     return out
 
 
@@ -466,7 +405,7 @@ def run_bench(config: ServeBenchConfig, work: Path) -> ServeResult:
                     killer = None
                     if config.kill_daemon_at_s is not None and plan is kill_plan and repeat == 0:
                         assert served.daemon is not None
-                        killer = _Killer(served.daemon, config.kill_daemon_at_s, config.kill_pause_s)
+                        killer = Killer(served.daemon, config.kill_daemon_at_s, config.kill_pause_s)
                     try:
                         got = _measure_column(served, plan, config, todo, repeat, str(model), killer)
                     finally:

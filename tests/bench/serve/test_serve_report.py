@@ -1,0 +1,44 @@
+"""The table and rows of ``tiercache-bench serve`` from measurements (no vLLM needed)."""
+
+from __future__ import annotations
+
+from tiercache.bench.serve.client import Outcome
+from tiercache.bench.serve.columns import ColumnKind
+from tiercache.bench.serve.report import format_table, rows
+from tiercache.bench.serve.run import Cell, Measured, ServeResult
+from tiercache.bench.serve.workloads import WorkloadKind, build
+
+
+def _measured(cell: Cell, column: ColumnKind, repeat: int, probe_ms: float | None) -> Measured:
+    outcomes = tuple(
+        Outcome(0, i, start=float(i), ttft_s=0.05, itl_s=0.01, end=float(i) + 0.5, prompt_tokens=64,
+                output=(1, 2, 3), cached_tokens=32, reusable_tokens=0)
+        for i in range(4)
+    )  # fmt: skip
+    return Measured(cell, column, repeat, outcomes, 3.5, 128, 0, host_probe_ms=probe_ms)
+
+
+def test_each_row_says_how_fast_the_host_ran_against_the_run() -> None:
+    cell = Cell(WorkloadKind.CHAT, True, 1)
+    measured = (
+        _measured(cell, ColumnKind.PLAIN, 0, 100.0),
+        _measured(cell, ColumnKind.PLAIN, 1, 110.0),
+        _measured(cell, ColumnKind.TIERCACHE_L2, 0, 200.0),
+        _measured(cell, ColumnKind.TIERCACHE_L2, 1, 220.0),
+    )
+    result = ServeResult(measured, {}, {}, {cell: build(WorkloadKind.CHAT, 2048, 0, 4)}, None, 10.0)
+    by = {r["column"]: r for r in rows(result)}
+    # the run's median probe is 155 ms: plain's rows ran at the usual speed or faster, tiercache's in a slow phase
+    assert by["plain"]["host_probe_ms"] == 105.0 and by["tiercache_l2"]["host_probe_ms"] == 210.0
+    assert abs(by["plain"]["host_vs_run"] - 105 / 155) < 1e-9
+    assert abs(by["tiercache_l2"]["host_vs_run"] - 210 / 155) < 1e-9
+    text = format_table(result)
+    assert " host " in text.splitlines()[0] and "1.35x" in text and "0.68x" in text
+
+
+def test_a_run_without_probes_prints_no_host_speed() -> None:
+    cell = Cell(WorkloadKind.CHAT, True, 1)
+    result = ServeResult((_measured(cell, ColumnKind.PLAIN, 0, None),), {}, {},
+                         {cell: build(WorkloadKind.CHAT, 2048, 0, 4)}, None, 1.0)  # fmt: skip
+    (row,) = rows(result)
+    assert row["host_probe_ms"] is None and row["host_vs_run"] is None
