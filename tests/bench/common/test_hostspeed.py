@@ -11,12 +11,13 @@ from tiercache.bench.common.hostspeed import probe_host_ms
 
 
 def test_the_probe_times_its_work_and_leaves_torch_threads_as_they_were() -> None:
+    before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         ms = probe_host_ms(rounds=1)
         assert torch.get_num_threads() == 2
     finally:
-        torch.set_num_threads(1)
+        torch.set_num_threads(before)
     assert math.isfinite(ms) and ms > 0
 
 

@@ -105,7 +105,7 @@ def test_connect_ahead_without_a_daemon_logs(tmp_path, caplog: pytest.LogCapture
 
 
 def test_save_thread_runs_at_the_engines_priority() -> None:
-    # At nice +10 it held the GIL while descheduled, and the model thread waited for it (fits, c=1: 0.91x).
+    # No nice of its own: at +10 it may hold the GIL while descheduled (not separated in the serve bench).
     identity = EngineIdentity("tiny", "", BackendLayout.CPU, LAYOUT)
     seen: list[int] = []
     with TierCacheClient.connect("unix:/nonexistent/tiercache.sock") as client:

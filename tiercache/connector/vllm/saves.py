@@ -22,10 +22,13 @@ are never published. Daemon trouble is logged and counted (``failures``), never 
 
 The thread is started on demand and exits when the queue has been empty for :data:`SAVE_IDLE_S` (or at
 ``close``); it is not a daemon thread, so a process that exits right after a request (a test or bench engine)
-still finishes its commits first. It runs at the engine's own CPU priority: at nice +10 it held the GIL
-through its control-socket calls while the OS ran the busy-polling engine before it, and the worker's
-model thread waited for the GIL (``vllm serve`` chat, working set fits, tiercache_l2 against plain vLLM:
-req/s 0.91x / 0.94x at +10 against 1.07x / 1.04x at 0 at concurrency 1, 0.88x against 0.94x at 8).
+still finishes its commits first. It runs at the engine's own CPU priority. It used to run at nice +10,
+where it may hold the GIL through its control-socket calls while the OS runs the busy-polling engine before
+it, so that the worker's model thread waits for the GIL. The measurements do not separate the two
+(``vllm serve``, working set fits, tiercache_l2 against plain vLLM in the same invocation): chat at
+concurrency 1, 0.91x / 0.94x req/s at +10 against 1.07x / 1.04x at 0; at concurrency 8, chat 0.86x /
+1.02x against 0.88x / 0.92x and system 0.80x / 0.95x (both in slow phases of the host) against 0.95x /
+0.96x. The simpler code stays.
 
 Primitives:
     SAVE_IDLE_S: how long the save thread waits for work before it exits.
