@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from tiercache.bench.serve.client import Outcome
 from tiercache.bench.serve.columns import ColumnKind
 from tiercache.bench.serve.report import format_table, rows
@@ -42,3 +44,20 @@ def test_a_run_without_probes_prints_no_host_speed() -> None:
                          {cell: build(WorkloadKind.CHAT, 2048, 0, 4)}, None, 1.0)  # fmt: skip
     (row,) = rows(result)
     assert row["host_probe_ms"] is None and row["host_vs_run"] is None
+
+
+def test_a_cell_recorded_as_two_rows_counts_once_in_the_runs_median() -> None:
+    fits, outgrows = Cell(WorkloadKind.CHAT, True, 1), Cell(WorkloadKind.CHAT, False, 1)
+    big = _measured(fits, ColumnKind.PLAIN, 0, 100.0)
+    measured = (
+        big,  # the big server's one cell: plain's "fits" row and the ideal's "outgrows" row (its outcomes)
+        dataclasses.replace(big, cell=outgrows, column=ColumnKind.IDEAL),
+        _measured(outgrows, ColumnKind.PLAIN, 0, 200.0),
+        _measured(outgrows, ColumnKind.TIERCACHE_L2, 0, 300.0),
+    )
+    workload = build(WorkloadKind.CHAT, 2048, 0, 4)
+    result = ServeResult(measured, {}, {}, {fits: workload, outgrows: workload}, None, 10.0)
+    by = {(r["fits"], r["column"]): r for r in rows(result)}
+    # three probes (100, 200, 300): the median is 200, not 150 (100 counted twice)
+    assert abs(by[(False, "plain")]["host_vs_run"] - 1.0) < 1e-9
+    assert abs(by[(True, "plain")]["host_vs_run"] - 0.5) < 1e-9

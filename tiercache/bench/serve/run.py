@@ -367,8 +367,9 @@ def _measure_column(
         probe = max(probe, probe_host_ms())
         wall = max(o.end for o in outcomes) - min(o.start for o in outcomes)
         counters = {name: after_v[2][name] - before_v[2][name] for name in CONNECTOR_COUNTERS}
+        shared = tuple(outcomes)  # (one object for every row of the cell: the report counts its probe once)
         for column, fits in plan.rows:
-            out.append(Measured(Cell(cell.workload, fits, cell.concurrency), column, repeat, tuple(outcomes), wall,
+            out.append(Measured(Cell(cell.workload, fits, cell.concurrency), column, repeat, shared, wall,
                                 after_v[0] - before_v[0], after_v[1] - before_v[1], tiers, counters, restarted, probe))  # fmt: skip
     return out
 
