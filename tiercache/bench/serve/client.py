@@ -6,7 +6,8 @@ is the multi-turn case this bench exists for. So an asyncio client (httpx, which
 ``/v1/completions`` with token-id prompts, greedy, a fixed ``max_tokens`` with EOS ignored,
 ``return_token_ids`` (the output ids, for the greedy check and the next turn's history) and the usage
 chunk (``prompt_tokens_details.cached_tokens``: prompt tokens vLLM did not compute, from its own prefix
-cache or a KV connector).
+cache or a KV connector), and the run's ``kv_transfer_params`` if any (the connector's per-request
+control, e.g. ``tiercache_skip_save``: the control that measures what one part of the connector costs).
 
 ``concurrency`` workers take turns from one queue: every session's first turn, in order; a session's next
 turn joins the back of the queue when its previous turn finishes (see :mod:`.workloads`). A request that
@@ -24,8 +25,9 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -79,12 +81,15 @@ def _prompt(session: Session, turn: int, outputs: list[tuple[int, ...]]) -> list
 
 
 async def _request(
-    client: httpx.AsyncClient, url: str, model: str, prompt: list[int], max_tokens: int
-) -> tuple[float, list[float], list[int], int]:
+    client: httpx.AsyncClient, url: str, model: str, prompt: list[int], max_tokens: int,
+    kv_transfer_params: Mapping[str, Any],
+) -> tuple[float, list[float], list[int], int]:  # fmt: skip
     """Stream one completion: (TTFT, token arrival times, output ids, cached prompt tokens)."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
             "return_token_ids": True}  # fmt: skip
+    if kv_transfer_params:
+        body["kv_transfer_params"] = dict(kv_transfer_params)
     t0 = time.monotonic()
     arrivals: list[float] = []
     ids: list[int] = []
@@ -129,6 +134,7 @@ async def _drive(
     concurrency: int,
     block_size: int,
     on_done: Callable[[Outcome], None] | None,
+    kv_transfer_params: Mapping[str, Any],
 ) -> list[Outcome]:
     queue: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
     for s in range(len(workload.sessions)):
@@ -157,7 +163,9 @@ async def _drive(
             reusable = _reusable(session, t, *previous[s], block_size)
             start = time.monotonic()
             try:
-                ttft, arrivals, ids, cached = await _request(client, url, model, prompt, workload.max_tokens)
+                ttft, arrivals, ids, cached = await _request(
+                    client, url, model, prompt, workload.max_tokens, kv_transfer_params
+                )
                 out = tuple(ids)
                 outcome = Outcome(s, t, start, ttft, _itl(arrivals),
                                   time.monotonic(), len(prompt), out, cached, reusable)  # fmt: skip
@@ -189,6 +197,7 @@ def drive(
     concurrency: int,
     block_size: int,
     on_done: Callable[[Outcome], None] | None = None,
+    kv_transfer_params: Mapping[str, Any] | None = None,
 ) -> list[Outcome]:
     """Run every request of ``workload`` against the server at ``url`` with ``concurrency`` in flight.
 
@@ -199,8 +208,10 @@ def drive(
         concurrency: requests in flight at most.
         block_size: the engine's block size (for whole-turn reuse).
         on_done: told of each outcome as it comes (e.g. to kill the daemon after some time).
+        kv_transfer_params: sent with every request (vLLM hands them to its KV connector; none when empty).
 
     Returns:
         Every request's outcome, in completion order.
     """
-    return asyncio.run(_drive(url, model, workload, concurrency, block_size, on_done))
+    params = kv_transfer_params or {}
+    return asyncio.run(_drive(url, model, workload, concurrency, block_size, on_done, params))

@@ -17,6 +17,7 @@ Primitives:
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from dataclasses import asdict
@@ -62,6 +63,17 @@ def _sets(text: str) -> tuple[bool, ...]:
     return tuple(names[p] for p in parts)
 
 
+def _json_object(text: str) -> dict[str, Any]:
+    """A JSON object (``--kv-transfer-params``)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a JSON object")
+    return value
+
+
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add the ``serve`` subcommand's flags to ``parser``."""
     d = ServeBenchConfig()
@@ -104,6 +116,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--write-policy", type=enum_choice(WritePolicyKind), default=d.write_policy,
                         metavar="POLICY", help=f"the tiercache daemons' write policy ({d.write_policy.value})")  # fmt: skip
     parser.add_argument("--workloads-dir", type=Path, default=None, help="write the workloads' JSONL here")
+    parser.add_argument("--kv-transfer-params", type=_json_object, default=None, metavar="JSON",
+                        help='sent with every request to the KV connector, e.g. \'{"tiercache_skip_save": true}\'')  # fmt: skip
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory (model, logs, L3)")
     parser.add_argument(
         "--quick", action="store_true", help="CI size: chat, concurrency 4, plain + tiercache_l2"
@@ -121,7 +135,7 @@ def config_from_args(args: argparse.Namespace) -> ServeBenchConfig:
     return ServeBenchConfig(**base, chunk_tokens=args.chunk_tokens, threads=args.threads, repeats=args.repeats,
                             lmcache_python=args.lmcache_python, kill_daemon_at_s=args.kill_daemon_at,
                             kill_pause_s=args.kill_pause, workloads_dir=args.workloads_dir,
-                            write_policy=args.write_policy)  # fmt: skip
+                            write_policy=args.write_policy, kv_transfer_params=args.kv_transfer_params or {})  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:

@@ -31,8 +31,10 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -98,6 +100,8 @@ class ServeBenchConfig:
             gets).
         seed: weights and tokens.
         workloads_dir: where the workloads' JSONL go (None: the scratch directory).
+        kv_transfer_params: sent with every request of every column (vLLM hands them to its KV connector:
+            ``{"tiercache_skip_save": true}`` measures tiercache without its saves); empty: none.
     """
 
     workloads: tuple[WorkloadKind, ...] = tuple(WorkloadKind)
@@ -119,6 +123,7 @@ class ServeBenchConfig:
     write_policy: WritePolicyKind = field(default_factory=lambda: CacheConfig().write_policy)
     seed: int = 0
     workloads_dir: Path | None = None
+    kv_transfer_params: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.engine_tokens is not None and self.engine_tokens <= 0:
@@ -357,7 +362,8 @@ def _measure_column(
         probe = probe_host_ms()
         before_v, before_t = _vllm_counters(served.server.url), _daemon_tiers(served.daemon)
         t0 = time.monotonic()
-        outcomes = drive(served.server.url, model, workload, cell.concurrency, config.block_size)
+        outcomes = drive(served.server.url, model, workload, cell.concurrency, config.block_size,
+                         kv_transfer_params=config.kv_transfer_params)  # fmt: skip
         t1 = time.monotonic()
         after_v = _vllm_counters(served.server.url)
         restarted = killer is not None and killer.restarted_between(t0, t1)
