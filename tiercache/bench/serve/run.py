@@ -316,8 +316,8 @@ def _settled_tiers(
     (vLLM's count of what the connector served) came in. The worker defers them: they ride on its next call,
     or go alone ``SETTLE_AFTER_S`` later (:mod:`tiercache.connector.settle`), so the last requests' reports
     land after their answers (read at once, a cell lost them to the next cell's baseline: docqa 95,616 of
-    96,768 tokens in the record at ``329f4b0``). Waits at most :data:`SETTLED_WAIT_S`; a daemon that never reports them all (a load error
-    recomputed, a restart) is read as it is then."""
+    96,768 tokens in the record at ``329f4b0``). Waits at most :data:`SETTLED_WAIT_S`; a daemon that never
+    reports them all (a load error recomputed, a restart) is read as it is then."""
     if daemon is None:
         return {}
     base = before or {}
