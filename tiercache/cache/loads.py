@@ -2,7 +2,8 @@
 
 A leased chunk is held in its tier (never evicted, its slot never reused) until the lease is released or
 lapses at its TTL. Bringing a chunk into the tier and copying a chunk out run through the mover with the
-index lock released; reads of a tier that is not a slot tier (L3) are single-flight per chunk, so concurrent
+index lock released; a load that waits for its promotions brings the chunks its tier lacks in as one batch
+(one read of the slower tier, one reservation and commit: :meth:`~tiercache.cache.mover.Mover.move_batch`); reads of a tier that is not a slot tier (L3) are single-flight per chunk, so concurrent
 ``get`` calls of one chunk share one read. A load that may wait only up to a deadline waits on the
 background promotions of a prefetch, which go on after it gives up. When the tier checks loads
 (``verify_loads`` of a checksummed slot tier), each leased chunk's bytes are checked against their
@@ -89,15 +90,17 @@ class Loads:
         assert isinstance(tier, SlotTier)
         verify = isinstance(tier, SlotPoolTier) and tier.verify_loads  # asked once, not per chunk
         try:
+            promoted = self._promote_together(cids, target) if deadline is None else {}
             for i, cid in enumerate(cids):
                 bring: Callable[[], bool] | None = None
                 if deadline is None:
                     bring = partial(self._mover.move, cid, target)
                 elif background is not None and i < len(background.futures):
                     bring = partial(wait_until, background.futures[i], deadline)
-                source = self.lease_one(cid, target, lease, bring)
+                source = self.lease_one(cid, target, lease, bring, counted=cid in promoted)
                 if source is None or (verify and not self._verified(cid, target, lease)):
                     break
+                source = promoted.get(cid, source)
                 slot = tier.slot_of(cid)  # the lease's hold keeps it there: no index lock needed
                 assert slot is not None
                 chunks.append(LoadChunk(i, bytes(keys[i]), slot, source, partial(tier.view, cid)))
@@ -108,6 +111,21 @@ class Loads:
             self.release(lease_id)
             lease_id = 0
         return LoadTicket(lease_id, namespace_id, target, tuple(chunks), lease.expires_at)
+
+    def _promote_together(self, cids: Sequence[bytes], target: TierLevel) -> dict[bytes, TierLevel]:
+        """Promote the chunks of the cached prefix that ``target`` lacks as one batch (:meth:`Mover.move_batch`:
+        per chunk, a promotion costs more in bookkeeping than in bytes); counts each as a miss of ``target``.
+
+        Returns:
+            The tier each of those chunks came from, for the load's per-tier accounting.
+        """
+        with self._lock:
+            found = zip(cids, self._index.cached_prefix(cids), strict=False)
+            missing = {cid: entry.fastest for cid, entry in found if not entry.has_copy(target)}
+            self._index.counters[target].misses += len(missing)
+        if len(missing) > 1:
+            self._mover.move_batch(list(missing), target)
+        return missing
 
     def _verified(self, cid: bytes, level: TierLevel, lease: Lease) -> bool:
         """Check a just-leased chunk's bytes when the tier checks loads; one that fails leaves the lease and
@@ -159,9 +177,16 @@ class Loads:
             self._writeback.schedule(cid)
 
     def lease_one(
-        self, cid: bytes, level: TierLevel, lease: Lease, bring: Callable[[], bool] | None
+        self,
+        cid: bytes,
+        level: TierLevel,
+        lease: Lease,
+        bring: Callable[[], bool] | None,
+        counted: bool = False,
     ) -> TierLevel | None:
         """Add one chunk to a lease, bringing it into ``level`` first (``bring``) when needed.
+
+        ``counted``: its miss of ``level`` is counted already (it was found missing before a batch).
 
         Returns:
             The tier the bytes came from (``level``, or the tier promoted from); None when not leased.
@@ -169,13 +194,13 @@ class Loads:
         with self._lock:
             entry = self._index.visible(cid)
             if entry is None:
-                self._index.counters[level].misses += 1
+                self._index.counters[level].misses += 0 if counted else 1
                 return None
             if entry.has_copy(level):
                 self._take(cid, entry, level, lease)
                 return level
             source = entry.fastest
-            self._index.counters[level].misses += 1
+            self._index.counters[level].misses += 0 if counted else 1
         if bring is None or not bring():
             return None
         with self._lock:

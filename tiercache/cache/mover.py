@@ -4,9 +4,9 @@ A move of chunk ``c`` into tier ``dst`` is always the same protocol:
 
 1. under the index lock: find the fastest tier ``src`` holding ``c``, hold that copy (it cannot be evicted
    or reused meanwhile) and mark ``(c, dst)`` as being copied;
-2. make room in ``dst`` and reserve a not-ready slot (:meth:`Mover.reserve`: evictions run under the lock,
-   an eviction that must demote its victim runs that demotion with the lock released, then takes the lock
-   again);
+2. make room in ``dst`` and reserve a not-ready slot (:class:`~tiercache.cache.room.Room`: evictions run
+   under the lock, an eviction that must demote its victim runs that demotion through this mover with the
+   lock released, then takes the lock again);
 3. with the lock released: copy ``src -> dst`` and commit ``dst`` (for L3 the commit is the disk write);
 4. under the lock: index the new copy (or, if the source turned out corrupt, abort the reservation and drop
    the lost copy from the index), end the hold and the copying mark.
@@ -14,7 +14,8 @@ A move of chunk ``c`` into tier ``dst`` is always the same protocol:
 A reservation made for a move is committed or aborted on every path (a failed read of the source, a commit
 that finds the LMDB map full, any exception). A chunk the cache meant to keep and could not (an eviction
 whose demotion failed, a write-down that failed) is counted in its tier's ``dropped_chunks`` and logged at
-WARNING; a failed demotion never fails the reservation that evicted it (its victim's room is made anyway).
+WARNING. A prompt's promotions can run as one batch (:meth:`Mover.move_batch`): the same protocol, with one
+reservation, one read of the source tier and one commit for all its chunks.
 
 Moves are single-flight per ``(chunk, dst)`` (:class:`~tiercache.singleflight.SingleFlight`): concurrent
 promotions, write-downs or demotions of one chunk into one tier share one copy. A move into tier ``d`` only
@@ -23,8 +24,8 @@ wait in a cycle. Copies out to a caller's buffer (``get``) hold the source copy 
 
 Primitives:
     MoveOutcome: what a move did.
-    Mover: known, reserve, reserve_from, move, move_many, demote, write_down_step, copy_out, drop, purge,
-        release_hold, lost; ``storing`` (ids under an open store ticket).
+    Mover: known, reserve, reserve_from, move, move_many, move_batch, demote, write_down_step, copy_out, drop,
+        purge, release_hold, lost; ``storing`` (ids under an open store ticket).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from contextlib import AbstractContextManager
 import torch
 
 from tiercache.cache.index import ChunkEntry, Index
+from tiercache.cache.room import Room
 from tiercache.cache.space import Space
 from tiercache.errors import CapacityError, ConflictError
 from tiercache.policies import WritePolicy
@@ -89,13 +91,22 @@ class Mover:
         self._tiers = tiers
         self._levels = sorted(tiers)
         self._index = index
-        self._space = space
-        self._writes = writes
         self._rates = rates
         self._clock = clock
         self._reap = reap
         self._flights: SingleFlight[MoveOutcome] = SingleFlight()
         self._copying: set[tuple[bytes, TierLevel]] = set()
+        self._room = Room(
+            lock,
+            tiers,
+            index,
+            space,
+            writes,
+            clock,
+            reap,
+            self._copying,
+            lambda cid, below: _FAILED.get(self.move_outcome(cid, below)),
+        )
         self.storing: set[bytes] = set()
         self.admit: Callable[[bytes, TierLevel], AbstractContextManager[bool]] = _admitted
         """Admission of a move (no lock held): a context whose value says whether to make it, held while
@@ -121,9 +132,8 @@ class Mover:
         )
 
     def drop(self, cid: bytes, entry: ChunkEntry, level: TierLevel, evicted: bool) -> None:
-        """Delete a copy from its tier and from the index. Call under the lock."""
-        self._tiers[level].delete([cid])
-        self._index.remove_residency(cid, entry, level, evicted)
+        """See :meth:`Room.drop`."""
+        self._room.drop(cid, entry, level, evicted)
 
     def purge(self, namespace_id: bytes) -> int:
         """Make every chunk of a namespace invisible and unpin it; delete the copies nobody holds (under the
@@ -152,138 +162,14 @@ class Mover:
     # ------------------------------------------------------------------ space (lock not held)
 
     def reserve(self, level: TierLevel, cids: Sequence[bytes], sizes: Sequence[int]) -> list[WriteSlot]:
-        """Make room in ``level`` (evicting in policy order) and reserve slots for ``cids``; all or nothing.
-
-        Call without the lock: a victim that must be demoted is copied down with the lock released.
-
-        Raises:
-            CapacityError: not enough is evictable (leased, pinned or younger than the minimum residency).
-            ConflictError: a chunk is already present or being written in ``level``.
-        """
-        tier = self._tiers[level]
-        need = sum(tier.charge(s) for s in sizes)
-        capacity = tier.usage().capacity_bytes
-        if need > capacity:
-            raise CapacityError(f"{level.name}: {need} bytes wanted, capacity is {capacity}")
-        reaped = False
-        while True:
-            with self._lock:
-                usage = tier.usage()
-                if usage.free_bytes >= need:
-                    try:
-                        return tier.reserve(cids, sizes)
-                    except CapacityError:
-                        if usage.used_bytes == 0:
-                            raise
-                        # Free bytes, but no run of pages long enough (fragmented): evict on, so that the
-                        # runs of the victims merge with the free ones around them.
-                now = self._clock()
-                if not reaped:
-                    self._reap(now)
-                    reaped = True
-                    continue
-                victim, entry, below = self._victims(level, now, need - usage.free_bytes)
-                if victim is None:
-                    raise CapacityError(
-                        f"{level.name}: {need} bytes wanted, {usage.free_bytes} free and nothing else "
-                        "evictable (leased, pinned or younger than the minimum residency)"
-                    )
-                if below is None:
-                    continue
-                assert entry is not None
-                self._index.hold(victim, entry, level)
-                self._space.leaving.add(victim)
-            reason: str | None = "interrupted"
-            try:
-                reason = _FAILED.get(self.move_outcome(victim, below))
-            except Exception as exc:  # the victim goes all the same (room is made); the loss is counted
-                reason = f"{type(exc).__name__}: {exc}"
-            finally:
-                with self._lock:
-                    self._space.leaving.discard(victim)
-                    self._index.unhold(victim, level)
-                    entry = self._index.get(victim)
-                    # Someone may have leased it meanwhile: then it stays, and the loop picks another.
-                    if entry is not None and entry.has_copy(level) and entry.copy(level).holds == 0:
-                        last_use = entry.copy(level).last_access
-                        self.drop(victim, entry, level, evicted=not entry.purged)
-                        self._space.backdate(victim, entry, below, last_use)
-                    kept = entry is not None and entry.has_copy(level)
-                    if reason is not None and not kept and not (entry is not None and entry.purged):
-                        self._dropped(victim, level, f"demotion into {below.name} failed ({reason})")
+        """See :meth:`Room.reserve`."""
+        return self._room.reserve(level, cids, sizes)
 
     def reserve_from(
         self, target: TierLevel, cids: Sequence[bytes], sizes: Sequence[int]
     ) -> tuple[list[WriteSlot], TierLevel]:
-        """Reserve in ``target`` or, failing that, the next slower tiers. Call without the lock.
-
-        Raises:
-            CapacityError: no tier at or below ``target`` can make room (the message names each).
-        """
-        errors = []
-        for level in [lv for lv in self._levels if lv >= target]:
-            try:
-                return self.reserve(level, cids, sizes), level
-            except CapacityError as exc:
-                errors.append(str(exc))
-        raise CapacityError("no tier can hold the chunks: " + "; ".join(errors))
-
-    def _victims(
-        self, level: TierLevel, now: float, short: int
-    ) -> tuple[bytes | None, ChunkEntry | None, TierLevel | None]:
-        """Evict, in policy order, the victims of ``level`` that need no demotion until their charges cover
-        ``short`` bytes (at least one victim), deleting them from the tier in one call (one LMDB transaction
-        for them all: per victim, a transaction was most of an evicting store's cost at a million chunks).
-        Call under the lock.
-
-        A charge is never less than what deleting the chunk frees, so this evicts no victim that one eviction
-        at a time would not have (``short`` <= 0, a fragmented tier: exactly one).
-
-        Returns:
-            ``(victim, entry, below)``: the last victim taken, its entry and the tier it must be demoted to
-            (None: it was evicted with the others); ``(None, None, None)`` when nothing was evictable.
-
-        Raises:
-            the tier's error when the delete fails: then every victim taken is back in the queue, still
-            indexed, and evictable by a later call.
-        """
-        tier, taken = self._tiers[level], list[tuple[bytes, ChunkEntry]]()
-        victim: bytes | None = None
-        entry: ChunkEntry | None = None
-        below: TierLevel | None = None
-        while short > 0 or not taken:
-            victim = self._space.victim(level, now, self._index.entries, self._index.pinned_namespaces)
-            if victim is None:
-                break
-            entry = self._index.get(victim)
-            assert entry is not None
-            below = self._demotion_target(victim, entry, level)
-            if below is not None:
-                break
-            taken.append((victim, entry))
-            short -= tier.charge(entry.nbytes)
-        if taken:
-            try:
-                tier.delete([cid for cid, _ in taken])
-            except BaseException:  # nothing was deleted (one transaction): every victim taken is queued again
-                if below is not None and victim is not None and entry is not None:
-                    taken.append((victim, entry))
-                for cid, kept in taken:
-                    self._space.refresh(cid, kept)
-                raise
-            for cid, dropped in taken:
-                self._index.remove_residency(cid, dropped, level, True)
-            if victim is None:
-                victim, entry = taken[-1]
-        return victim, entry, below
-
-    def _demotion_target(self, cid: bytes, entry: ChunkEntry, level: TierLevel) -> TierLevel | None:
-        """Where an evicted copy goes: the next slower tier when none holds it and the policy keeps it."""
-        slower = [lv for lv in self._levels if lv > level]
-        held_below = any(entry.has_copy(lv) or (cid, lv) in self._copying for lv in slower)
-        if slower and not held_below and self._writes.on_evict(entry.hits, self._index.is_pinned(entry)):
-            return slower[0]
-        return None
+        """See :meth:`Room.reserve_from`."""
+        return self._room.reserve_from(target, cids, sizes)
 
     # ------------------------------------------------------------------ moves (lock not held)
 
@@ -375,35 +261,23 @@ class Mover:
             outcome = self.move_outcome(cid, dst, observe=False, keep_recency=True)
         except Exception as exc:
             with self._lock:
-                self._dropped(cid, dst, f"write-down failed ({type(exc).__name__}: {exc})")
+                self._room.dropped(cid, dst, f"write-down failed ({type(exc).__name__}: {exc})")
             raise
         reason = _FAILED.get(outcome)
         if reason is not None:
             with self._lock:
-                self._dropped(cid, dst, f"write-down failed ({reason})")
+                self._room.dropped(cid, dst, f"write-down failed ({reason})")
         return outcome
-
-    def _dropped(self, cid: bytes, level: TierLevel, reason: str) -> None:
-        """Count and report a copy the cache meant to keep and could not. Call under the lock."""
-        self._index.counters[level].dropped_chunks += 1
-        logger.warning("dropped chunk %s at %s: %s", cid.hex(), level.name, reason)
 
     def _copy(self, cid: bytes, dst: TierLevel, observe: bool, keep_recency: bool) -> MoveOutcome:
         with self._lock:
-            entry = self._index.visible(cid)
-            if entry is None:
-                return MoveOutcome.ABSENT
-            if entry.has_copy(dst):
-                return MoveOutcome.DONE
-            if (cid, dst) in self._copying:
-                return MoveOutcome.ABSENT
-            src = entry.fastest
-            nbytes = entry.nbytes
-            self._index.hold(cid, entry, src)
-            self._copying.add((cid, dst))
+            begun = self._begin(cid, dst)
+            if isinstance(begun, MoveOutcome):
+                return begun
+            entry, src = begun
         try:
             try:
-                (ws,) = self.reserve(dst, [cid], [nbytes])
+                (ws,) = self.reserve(dst, [cid], [entry.nbytes])
             except (CapacityError, ConflictError) as exc:
                 logger.debug("no room for %s in %s: %s", cid.hex(), dst.name, exc)
                 return MoveOutcome.NO_ROOM
@@ -423,27 +297,140 @@ class Mover:
             with self._lock:
                 if not ok:
                     self._tiers[dst].abort([ws])
-                    self.lost(cid, src)
-                    return MoveOutcome.LOST
-                if observe:
-                    self._rates.observe(src, nbytes, elapsed)
-                if entry.purged:  # purged while the copy ran: the new copy must not appear
-                    self._tiers[dst].delete([cid])
-                    return MoveOutcome.ABSENT
-                tick = entry.copy(src).last_access if keep_recency and entry.has_copy(src) else None
-                self._index.add_residency(cid, entry, dst, self._clock(), tick=tick, source=src)
-                counters = self._index.counters
-                if dst < src:
-                    counters[dst].promotions += 1
-                    if not isinstance(self._tiers[src], SlotTier):
-                        counters[src].hits += 1
-                else:
-                    counters[dst].demotions += 1
-                return MoveOutcome.DONE
+                elif observe:
+                    self._rates.observe(src, entry.nbytes, elapsed)
+                return self._land(cid, entry, src, dst, ok, keep_recency)
         finally:
             with self._lock:
-                self._copying.discard((cid, dst))
-                self.release_hold(cid, src)
+                self._end(cid, src, dst)
+
+    def move_batch(self, cids: Sequence[bytes], dst: TierLevel) -> None:
+        """Promote a prompt's chunks into ``dst`` together; afterwards the index says which are there.
+
+        Per chunk, a promotion costs more in bookkeeping (a reservation and its evictions, a read
+        transaction, a commit, the locks) than in bytes. Here the chunks that one slower tier holds share
+        one reservation, one read of that tier and one commit. Admission (:attr:`admit`) stops at the first
+        chunk it refuses, as a load's leased prefix would. The batch leads each chunk's flight, so concurrent
+        moves of its chunks wait for it; the chunks it cannot take together (held by another tier than the
+        first, or no room for all at once) are moved one by one as :meth:`move` does.
+        """
+        with contextlib.ExitStack() as admissions:
+            admitted = []
+            for cid in cids:
+                if not admissions.enter_context(self.admit(cid, dst)):
+                    break
+                admitted.append(cid)
+            led = self._flights.lead([(cid, dst) for cid in admitted])
+            outcomes: dict[bytes, MoveOutcome] = {}
+            try:
+                outcomes = self._copy_batch([cid for cid, _ in led], dst)
+                for cid, _ in led:
+                    if cid not in outcomes:
+                        outcomes[cid] = self._copy(cid, dst, observe=True, keep_recency=False)
+            except BaseException as exc:
+                for key in led:
+                    self._flights.land(key, outcomes.get(key[0], exc))
+                raise
+            for key in led:
+                self._flights.land(key, outcomes[key[0]])
+
+    def _copy_batch(self, cids: Sequence[bytes], dst: TierLevel) -> dict[bytes, MoveOutcome]:
+        """Copy the chunks that the same tier as the first holds into ``dst`` at once; the outcome of each
+        chunk copied or found not to need a copy (the others are left to the caller)."""
+        outcomes: dict[bytes, MoveOutcome] = {}
+        begun: dict[bytes, ChunkEntry] = {}
+        src: TierLevel | None = None
+        with self._lock:
+            for cid in cids:
+                entry = self._index.visible(cid)
+                if entry is not None and src is not None and entry.fastest != src:
+                    continue
+                started = self._begin(cid, dst)
+                if isinstance(started, MoveOutcome):
+                    outcomes[cid] = started
+                    continue
+                begun[cid], src = started
+        if src is None:
+            return outcomes
+        try:
+            try:
+                slots = self.reserve(dst, list(begun), [entry.nbytes for entry in begun.values()])
+            except (CapacityError, ConflictError) as exc:
+                logger.debug("no room for %d chunks at once in %s: %s", len(begun), dst.name, exc)
+                return outcomes
+            pending = slots  # reserved, not committed: aborted on every way out
+            try:
+                started_s = time.perf_counter()
+                oks = self._tiers[src].read_into(list(begun), [ws.buffer for ws in slots])
+                if not all(oks):
+                    self._tiers[dst].abort([ws for ws, ok in zip(slots, oks, strict=True) if not ok])
+                    pending = [ws for ws, ok in zip(slots, oks, strict=True) if ok]
+                if pending:
+                    self._tiers[dst].commit(pending)
+                pending = []
+                elapsed = time.perf_counter() - started_s
+            except CapacityError as exc:  # the commit found no room: nothing was written
+                logger.debug("no room to commit %d chunks in %s: %s", len(pending), dst.name, exc)
+                self._tiers[dst].abort(pending)
+                return outcomes | dict.fromkeys(begun, MoveOutcome.NO_ROOM)
+            except BaseException:
+                self._tiers[dst].abort(pending)
+                raise
+            with self._lock:
+                copied = sum(entry.nbytes for entry, ok in zip(begun.values(), oks, strict=True) if ok)
+                self._rates.observe(src, copied, elapsed)
+                for (cid, entry), ok in zip(begun.items(), oks, strict=True):
+                    outcomes[cid] = self._land(cid, entry, src, dst, ok, keep_recency=False)
+            return outcomes
+        finally:
+            with self._lock:
+                for cid in begun:
+                    self._end(cid, src, dst)
+
+    def _begin(self, cid: bytes, dst: TierLevel) -> tuple[ChunkEntry, TierLevel] | MoveOutcome:
+        """Start a move: hold the chunk's fastest copy and mark it being copied into ``dst``; or the outcome
+        when there is nothing to copy. Call under the lock; end it with :meth:`_end`."""
+        entry = self._index.visible(cid)
+        if entry is None:
+            return MoveOutcome.ABSENT
+        if entry.has_copy(dst):
+            return MoveOutcome.DONE
+        if (cid, dst) in self._copying:
+            return MoveOutcome.ABSENT
+        src = entry.fastest
+        self._index.hold(cid, entry, src)
+        self._copying.add((cid, dst))
+        return entry, src
+
+    def _land(
+        self, cid: bytes, entry: ChunkEntry, src: TierLevel, dst: TierLevel, ok: bool, keep_recency: bool
+    ) -> MoveOutcome:
+        """Index a copy committed into ``dst`` (``ok``), or drop the corrupt source copy (its reservation
+        aborted). Call under the lock.
+
+        ``keep_recency``: the new copy takes the source copy's last access, not the current tick.
+        """
+        if not ok:
+            self.lost(cid, src)
+            return MoveOutcome.LOST
+        if entry.purged:  # purged while the copy ran: the new copy must not appear
+            self._tiers[dst].delete([cid])
+            return MoveOutcome.ABSENT
+        tick = entry.copy(src).last_access if keep_recency and entry.has_copy(src) else None
+        self._index.add_residency(cid, entry, dst, self._clock(), tick=tick, source=src)
+        counters = self._index.counters
+        if dst < src:
+            counters[dst].promotions += 1
+            if not isinstance(self._tiers[src], SlotTier):
+                counters[src].hits += 1
+        else:
+            counters[dst].demotions += 1
+        return MoveOutcome.DONE
+
+    def _end(self, cid: bytes, src: TierLevel, dst: TierLevel) -> None:
+        """End a move begun by :meth:`_begin`. Call under the lock."""
+        self._copying.discard((cid, dst))
+        self.release_hold(cid, src)
 
     def _copy_bytes(self, cid: bytes, src: TierLevel, dst: TierLevel, ws: WriteSlot) -> bool:
         """Copy a held chunk's bytes from ``src`` into the reservation ``ws`` of ``dst`` and commit it;
