@@ -105,7 +105,7 @@ class Mover:
             clock,
             reap,
             self._copying,
-            lambda cid, below: _FAILED.get(self.move_outcome(cid, below)),
+            lambda cids, below: {c: _FAILED.get(o) for c, o in self.move_batch(cids, below).items()},
         )
         self.storing: set[bytes] = set()
         self.admit: Callable[[bytes, TierLevel], AbstractContextManager[bool]] = _admitted
@@ -304,15 +304,19 @@ class Mover:
             with self._lock:
                 self._end(cid, src, dst)
 
-    def move_batch(self, cids: Sequence[bytes], dst: TierLevel) -> None:
-        """Promote a prompt's chunks into ``dst`` together; afterwards the index says which are there.
+    def move_batch(self, cids: Sequence[bytes], dst: TierLevel) -> dict[bytes, MoveOutcome]:
+        """Move chunks into ``dst`` together: a prompt's promotions, or the victims one reservation demotes.
 
-        Per chunk, a promotion costs more in bookkeeping (a reservation and its evictions, a read
-        transaction, a commit, the locks) than in bytes. Here the chunks that one slower tier holds share
-        one reservation, one read of that tier and one commit. Admission (:attr:`admit`) stops at the first
-        chunk it refuses, as a load's leased prefix would. The batch leads each chunk's flight, so concurrent
-        moves of its chunks wait for it; the chunks it cannot take together (held by another tier than the
-        first, or no room for all at once) are moved one by one as :meth:`move` does.
+        Per chunk, a move costs more in bookkeeping (a reservation and its evictions, a read transaction,
+        a commit, the locks) than in bytes, and a write into L3 is one LMDB transaction. Here the chunks that
+        one tier holds share one reservation, one read of that tier and one commit. Admission
+        (:attr:`admit`) stops at the first chunk it refuses, as a load's leased prefix would. The batch
+        leads each chunk's flight that none runs yet, so concurrent moves of its chunks wait for it; the
+        chunks it cannot take together (held by another tier than the first, or no room for all at once)
+        are moved one by one as :meth:`move` does, and those already in flight are waited for.
+
+        Returns:
+            The outcome of each chunk admitted.
         """
         with contextlib.ExitStack() as admissions:
             admitted = []
@@ -333,6 +337,10 @@ class Mover:
                 raise
             for key in led:
                 self._flights.land(key, outcomes[key[0]])
+            for cid in admitted:
+                if cid not in outcomes:  # another caller's move of it was running: its outcome
+                    outcomes[cid] = self.move_outcome(cid, dst)
+            return outcomes
 
     def _copy_batch(self, cids: Sequence[bytes], dst: TierLevel) -> dict[bytes, MoveOutcome]:
         """Copy the chunks that the same tier as the first holds into ``dst`` at once; the outcome of each

@@ -3,7 +3,8 @@
 :meth:`Room.reserve` makes room in a tier and reserves slots there, all or nothing. Victims that need no
 demotion are evicted together under the index lock (one tier delete for them all); a victim the write policy
 keeps in a slower tier is demoted with the lock released (through the mover, so the demotion is single-flight
-with any other move of it), then dropped. A failed demotion never fails the reservation: the victim's room is
+with any other move of it), then dropped; the victims one reservation must demote go down together (one
+batch of the mover: one write into the slower tier for them all). A failed demotion never fails the reservation: the victim's room is
 made anyway and its loss is counted in the tier's ``dropped_chunks`` and logged at WARNING.
 
 Primitives:
@@ -38,12 +39,12 @@ class Room:
         clock: Callable[[], float],
         reap: Callable[[float], None],
         copying: set[tuple[bytes, TierLevel]],
-        demote: Callable[[bytes, TierLevel], str | None],
+        demote: Callable[[Sequence[bytes], TierLevel], Mapping[bytes, str | None]],
     ) -> None:
         """Args: the cache's index lock, tiers, index, victim queues, write policy, clock, ``reap`` (reclaims
         expired leases and tickets; called under the lock before evicting), the mover's copies in flight
-        (read under the lock), and ``demote`` (copies a held victim into a slower tier; the reason it could
-        not, or None)."""
+        (read under the lock), and ``demote`` (copies held victims into a slower tier together; per victim,
+        the reason it could not, or None)."""
         self._lock = lock
         self._tiers = tiers
         self._levels = sorted(tiers)
@@ -96,35 +97,43 @@ class Room:
                     self._reap(now)
                     reaped = True
                     continue
-                victim, entry, below = self._victims(level, now, need - usage.free_bytes)
-                if victim is None:
+                evicted, demote, below = self._victims(level, now, need - usage.free_bytes)
+                if not evicted and not demote:
                     raise CapacityError(
                         f"{level.name}: {need} bytes wanted, {usage.free_bytes} free and nothing else "
                         "evictable (leased, pinned or younger than the minimum residency)"
                     )
                 if below is None:
                     continue
-                assert entry is not None
-                self._index.hold(victim, entry, level)
-                self._space.leaving.add(victim)
-            reason: str | None = "interrupted"
+                for victim, entry in demote:
+                    self._index.hold(victim, entry, level)
+                    self._space.leaving.add(victim)
+            victims = [victim for victim, _ in demote]
+            reasons: Mapping[bytes, str | None] = {}
+            failure = "interrupted"
             try:
-                reason = self._demote(victim, below)
-            except Exception as exc:  # the victim goes all the same (room is made); the loss is counted
-                reason = f"{type(exc).__name__}: {exc}"
+                reasons = self._demote(victims, below)
+            except Exception as exc:  # the victims go all the same (room is made); the losses are counted
+                failure = f"{type(exc).__name__}: {exc}"
             finally:
                 with self._lock:
-                    self._space.leaving.discard(victim)
-                    self._index.unhold(victim, level)
-                    entry = self._index.get(victim)
-                    # Someone may have leased it meanwhile: then it stays, and the loop picks another.
-                    if entry is not None and entry.has_copy(level) and entry.copy(level).holds == 0:
-                        last_use = entry.copy(level).last_access
-                        self.drop(victim, entry, level, evicted=not entry.purged)
-                        self._space.backdate(victim, entry, below, last_use)
-                    kept = entry is not None and entry.has_copy(level)
-                    if reason is not None and not kept and not (entry is not None and entry.purged):
-                        self.dropped(victim, level, f"demotion into {below.name} failed ({reason})")
+                    for victim in victims:
+                        self._demoted(victim, level, below, reasons.get(victim, failure))
+
+    def _demoted(self, victim: bytes, level: TierLevel, below: TierLevel, reason: str | None) -> None:
+        """End a victim's demotion: drop its copy in ``level`` unless someone leased it meanwhile (then it
+        stays, and the caller picks another); a victim lost (``reason``: its demotion failed) is counted.
+        Call under the lock."""
+        self._space.leaving.discard(victim)
+        self._index.unhold(victim, level)
+        entry = self._index.get(victim)
+        if entry is not None and entry.has_copy(level) and entry.copy(level).holds == 0:
+            last_use = entry.copy(level).last_access
+            self.drop(victim, entry, level, evicted=not entry.purged)
+            self._space.backdate(victim, entry, below, last_use)
+        kept = entry is not None and entry.has_copy(level)
+        if reason is not None and not kept and not (entry is not None and entry.purged):
+            self.dropped(victim, level, f"demotion into {below.name} failed ({reason})")
 
     def reserve_from(
         self, target: TierLevel, cids: Sequence[bytes], sizes: Sequence[int]
@@ -144,52 +153,51 @@ class Room:
 
     def _victims(
         self, level: TierLevel, now: float, short: int
-    ) -> tuple[bytes | None, ChunkEntry | None, TierLevel | None]:
-        """Evict, in policy order, the victims of ``level`` that need no demotion until their charges cover
-        ``short`` bytes (at least one victim), deleting them from the tier in one call (one LMDB transaction
-        for them all: per victim, a transaction was most of an evicting store's cost at a million chunks).
-        Call under the lock.
+    ) -> tuple[int, list[tuple[bytes, ChunkEntry]], TierLevel | None]:
+        """Take, in policy order, victims of ``level`` until their charges cover ``short`` bytes (at least one
+        victim): those that need no demotion are evicted here, deleted from the tier in one call (one LMDB
+        transaction for them all: per victim, a transaction was most of an evicting store's cost at a million
+        chunks); those a slower tier keeps are returned, for the caller to demote together. Call under the
+        lock.
 
-        A charge is never less than what deleting the chunk frees, so this evicts no victim that one eviction
+        A charge is never less than what deleting the chunk frees, so this takes no victim that one eviction
         at a time would not have (``short`` <= 0, a fragmented tier: exactly one).
 
         Returns:
-            ``(victim, entry, below)``: the last victim taken, its entry and the tier it must be demoted to
-            (None: it was evicted with the others); ``(None, None, None)`` when nothing was evictable.
+            ``(evicted, demote, below)``: how many victims were evicted, the victims to demote with their
+            entries, and the tier they go to (None when there are none).
 
         Raises:
             the tier's error when the delete fails: then every victim taken is back in the queue, still
             indexed, and evictable by a later call.
         """
-        tier, taken = self._tiers[level], list[tuple[bytes, ChunkEntry]]()
-        victim: bytes | None = None
-        entry: ChunkEntry | None = None
+        tier = self._tiers[level]
+        taken: list[tuple[bytes, ChunkEntry]] = []
+        demote: list[tuple[bytes, ChunkEntry]] = []
         below: TierLevel | None = None
-        while short > 0 or not taken:
+        while short > 0 or not (taken or demote):
             victim = self._space.victim(level, now, self._index.entries, self._index.pinned_namespaces)
             if victim is None:
                 break
             entry = self._index.get(victim)
             assert entry is not None
-            below = self._demotion_target(victim, entry, level)
-            if below is not None:
-                break
-            taken.append((victim, entry))
+            target = self._demotion_target(victim, entry, level)
+            if target is None:
+                taken.append((victim, entry))
+            else:
+                demote.append((victim, entry))
+                below = target
             short -= tier.charge(entry.nbytes)
         if taken:
             try:
                 tier.delete([cid for cid, _ in taken])
             except BaseException:  # nothing was deleted (one transaction): every victim taken is queued again
-                if below is not None and victim is not None and entry is not None:
-                    taken.append((victim, entry))
-                for cid, kept in taken:
+                for cid, kept in taken + demote:
                     self._space.refresh(cid, kept)
                 raise
             for cid, dropped in taken:
                 self._index.remove_residency(cid, dropped, level, True)
-            if victim is None:
-                victim, entry = taken[-1]
-        return victim, entry, below
+        return len(taken), demote, below
 
     def _demotion_target(self, cid: bytes, entry: ChunkEntry, level: TierLevel) -> TierLevel | None:
         """Where an evicted copy goes: the next slower tier when none holds it and the policy keeps it."""

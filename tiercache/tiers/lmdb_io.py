@@ -36,7 +36,7 @@ import numpy as np
 import torch
 import zstandard
 
-from tiercache.checksum import copy_checksum
+from tiercache.checksum import copy_checksum_array
 from tiercache.errors import CapacityError, InvalidArgumentError
 from tiercache.tiers.lmdb_env import LmdbDatabases
 from tiercache.tiers.lmdb_meta import foreign, record_checksum, record_of
@@ -252,13 +252,14 @@ def _copy_checked(value: memoryview, expected: int, out: np.ndarray) -> str | No
     that arrived against ``expected``, the header's checksum; None when they match, else why not.
 
     A contiguous ``out`` takes the copy and the hash in one blocked pass (each block hashed where it landed,
-    hot in the cache: :func:`~tiercache.checksum.copy_checksum`); a strided one is copied, then the mapped
+    hot in the cache: :func:`~tiercache.checksum.copy_checksum_array`, which releases the interpreter lock
+    while bytes move, so the daemon's other threads run meanwhile); a strided one is copied, then the mapped
     bytes are hashed.
     """
     payload = value[HEADER_BYTES:]
     arrived = memoryview(out)[: len(payload)]  # type: ignore[arg-type]  # ndarray exports the buffer protocol
     if arrived.c_contiguous:
-        got = copy_checksum(arrived, payload)
+        got = copy_checksum_array(out, np.frombuffer(payload, dtype=np.uint8))
     else:
         arrived[:] = payload
         got = checksum(payload)

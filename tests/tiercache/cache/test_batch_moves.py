@@ -1,4 +1,4 @@
-"""A load's promotions out of L3 run as one batch, over real tiers (L2 in shared memory, L3 in an LMDB file).
+"""Moves in batches, over real tiers (L2 in shared memory, L3 in an LMDB file).
 
 An ``acquire`` that waits for its promotions brings the chunks of the cached prefix that L2 lacks in
 together: one read of L3 for all of them, one reservation and one commit in L2. The tests check that it
@@ -6,6 +6,9 @@ does (the L3 tier counts the chunk ids each ``read_into`` asks for), that the le
 each chunk says it came from L3, that a corrupt value in the batch ends the lease there and is never
 served, that concurrent loads of one prompt read each chunk once, and that a prompt with no room for all
 its chunks at once is still leased as far as the room goes, chunk by chunk.
+
+The victims one reservation must demote go down together the same way: one L3 commit (one LMDB write
+transaction) for all of them, each then read back exactly.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from tiercache.cache import CacheConfig, CacheManager
 from tiercache.cache.results import LoadChunk
 from tiercache.keys import Namespace, chunk_id, chunk_keys
 from tiercache.policies import WritePolicyKind
-from tiercache.tiers.base import TierLevel
+from tiercache.tiers.base import TierLevel, WriteSlot
 from tiercache.tiers.host import HostTier, HostTierConfig
 from tiercache.tiers.lmdb import LmdbTier, LmdbTierConfig
 from tiercache.tiers.values import HEADER_BYTES
@@ -31,17 +34,23 @@ CHUNKS = 6
 
 
 class CountedL3(LmdbTier):
-    """The real L3 tier, recording the chunk ids each ``read_into`` call asks for."""
+    """The real L3 tier, recording the chunk ids each ``read_into`` and ``commit`` call names."""
 
     def __init__(self, config: LmdbTierConfig) -> None:
         super().__init__(config)
         self.reads: list[list[bytes]] = []
-        self._reads_lock = threading.Lock()
+        self.commits: list[list[bytes]] = []
+        self._calls_lock = threading.Lock()
 
     def read_into(self, chunk_ids: Sequence[bytes], dsts: Sequence[torch.Tensor]) -> list[bool]:
-        with self._reads_lock:
+        with self._calls_lock:
             self.reads.append(list(chunk_ids))
         return super().read_into(chunk_ids, dsts)
+
+    def commit(self, slots: Sequence[WriteSlot]) -> None:
+        with self._calls_lock:
+            self.commits.append([ws.chunk_id for ws in slots])
+        super().commit(slots)
 
 
 class Cache:
@@ -60,8 +69,8 @@ class Cache:
         self.cache = CacheManager([self.l2, self.l3], config)
         self.ns_id = self.cache.register_namespace(namespace)
 
-    def in_l3(self, seed: int) -> tuple[list[bytes], list[torch.Tensor]]:
-        """Store a prompt of :data:`CHUNKS` chunks and move it down to L3; its keys and bytes."""
+    def prompt(self, seed: int) -> tuple[list[bytes], list[torch.Tensor]]:
+        """The keys and bytes of a prompt of :data:`CHUNKS` chunks."""
         keys = chunk_keys(self.ns, [seed * 7919 + i for i in range(CHUNKS * self.ns.layout.chunk_tokens)])
         payloads = [
             torch.randint(
@@ -73,6 +82,11 @@ class Cache:
             )
             for i in range(CHUNKS)
         ]
+        return keys, payloads
+
+    def in_l3(self, seed: int) -> tuple[list[bytes], list[torch.Tensor]]:
+        """Store a prompt of :data:`CHUNKS` chunks and move it down to L3; its keys and bytes."""
+        keys, payloads = self.prompt(seed)
         assert self.cache.put(self.ns_id, keys, payloads) == CHUNKS
         assert self.cache.demote(self.ns_id, keys, L3) == CHUNKS
         by_tier = self.cache.lookup(self.ns_id, keys).by_tier
@@ -179,3 +193,27 @@ def test_a_prompt_without_room_for_all_at_once_is_leased_chunk_by_chunk(
         small.cache.release(ticket.lease_id)
     finally:
         small.cache.close()
+
+
+def test_the_victims_of_one_store_are_demoted_in_one_l3_commit(cache: Cache) -> None:
+    first = chunk_keys(cache.ns, list(range(16 * cache.ns.layout.chunk_tokens)))
+    payloads = [
+        torch.randint(0, 256, (cache.nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(i))
+        for i in range(16)
+    ]
+    assert cache.cache.put(cache.ns_id, first, payloads) == 16  # L2 is full; on-evict: nothing below yet
+    assert cache.l3.commits == []
+
+    later, _ = cache.prompt(seed=5)
+    assert cache.cache.put(cache.ns_id, later, [payloads[0]] * CHUNKS) == CHUNKS
+
+    ids = [chunk_id(cache.ns_id, k) for k in first]
+    assert len(cache.l3.commits) == 1  # one transaction for the reservation's victims
+    (victims,) = cache.l3.commits
+    assert len(victims) == CHUNKS and set(victims) <= set(ids)
+    assert cache.l3.contains(victims) == [True] * CHUNKS
+    assert cache.l2.contains(victims) == [False] * CHUNKS
+    demoted = [ids.index(v) for v in victims]
+    got = cache.cache.get(cache.ns_id, [first[i] for i in demoted])
+    assert all(g is not None and torch.equal(g, payloads[i]) for g, i in zip(got, demoted, strict=True))
+    assert cache.cache.stats().tier(L3).demotions == CHUNKS
