@@ -3,8 +3,9 @@
 A leased chunk is held in its tier (never evicted, its slot never reused) until the lease is released or
 lapses at its TTL. Bringing a chunk into the tier and copying a chunk out run through the mover with the
 index lock released; a load that waits for its promotions brings the chunks its tier lacks in as one batch
-(one read of the slower tier, one reservation and commit: :meth:`~tiercache.cache.mover.Mover.move_batch`); reads of a tier that is not a slot tier (L3) are single-flight per chunk, so concurrent
-``get`` calls of one chunk share one read. A load that may wait only up to a deadline waits on the
+(one read of the slower tier, one reservation and commit: :meth:`~tiercache.cache.mover.Mover.move_batch`).
+Reads of a tier that is not a slot tier (L3) are single-flight per chunk, so concurrent ``get`` calls of one
+chunk share one read. A load that may wait only up to a deadline waits on the
 background promotions of a prefetch, which go on after it gives up. When the tier checks loads
 (``verify_loads`` of a checksummed slot tier), each leased chunk's bytes are checked against their
 commit-time checksum before the lease is handed out: one that fails ends the leased prefix, is dropped and
@@ -113,8 +114,9 @@ class Loads:
         return LoadTicket(lease_id, namespace_id, target, tuple(chunks), lease.expires_at)
 
     def _promote_together(self, cids: Sequence[bytes], target: TierLevel) -> dict[bytes, TierLevel]:
-        """Promote the chunks of the cached prefix that ``target`` lacks as one batch (:meth:`Mover.move_batch`:
-        per chunk, a promotion costs more in bookkeeping than in bytes); counts each as a miss of ``target``.
+        """Promote the chunks of the cached prefix that ``target`` lacks as one batch
+        (:meth:`~tiercache.cache.mover.Mover.move_batch`: per chunk, a promotion costs more in bookkeeping
+        than in bytes); counts each as a miss of ``target``.
 
         Returns:
             The tier each of those chunks came from, for the load's per-tier accounting.

@@ -4,8 +4,9 @@
 demotion are evicted together under the index lock (one tier delete for them all); a victim the write policy
 keeps in a slower tier is demoted with the lock released (through the mover, so the demotion is single-flight
 with any other move of it), then dropped; the victims one reservation must demote go down together (one
-batch of the mover: one write into the slower tier for them all). A failed demotion never fails the reservation: the victim's room is
-made anyway and its loss is counted in the tier's ``dropped_chunks`` and logged at WARNING.
+batch of the mover: one write into the slower tier for them all). A failed demotion never fails the
+reservation: the victim's room is made anyway and its loss is counted in the tier's ``dropped_chunks`` and
+logged at WARNING.
 
 Primitives:
     Room: reserve, reserve_from, drop, dropped.
