@@ -307,3 +307,41 @@ def test_payloads_go_to_the_socket_as_they_are_even_with_hiredis(
             pool.release(conn)
     finally:
         store.close()
+
+
+def test_the_victims_of_one_store_go_to_the_shared_tier_together_from_their_slots(
+    cluster: RedisDeployment,
+    make_cache: Callable[..., CacheManager],
+    namespace: Namespace,
+    random_kv: Payload,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    nbytes = namespace.layout.chunk_bytes
+    host = make_cache(cluster.url, nbytes, write_policy=WritePolicyKind.ON_EVICT)  # L2 of 16 slots
+    first = list(range(16 * namespace.layout.chunk_tokens))
+    payloads = store_prompt(host, namespace, first, random_kv)  # fills L2; on-evict: nothing below yet
+    shared = host.tier(TierLevel.SHARED)
+    batches: list[int] = []
+    real_commit_from, real_commit = shared.commit_from, shared.commit
+
+    def commit_from(slots: Any, srcs: Any, checksums: Any = None) -> None:
+        batches.append(len(slots))
+        real_commit_from(slots, srcs, checksums)
+
+    def commit(slots: Any, checksums: Any = None) -> None:
+        raise AssertionError("a demotion from a slot tier is written from the slot, not copied first")
+
+    monkeypatch.setattr(shared, "commit_from", commit_from)
+    monkeypatch.setattr(shared, "commit", commit)
+    ns_id = host.register_namespace(namespace)
+    later = chunk_keys(namespace, [10_000 + t for t in range(6 * namespace.layout.chunk_tokens)])
+    assert host.put(ns_id, later, [random_kv(nbytes, 99)] * 6) == 6
+    monkeypatch.setattr(shared, "commit", real_commit)
+
+    assert batches == [6]  # the reservation's 6 victims, in one write
+    keys = chunk_keys(namespace, first)
+    ids = [chunk_id(ns_id, k) for k in keys]
+    down = [i for i, there in enumerate(shared.contains(ids)) if there]
+    assert len(down) == 6
+    got = host.get(ns_id, [keys[i] for i in down])
+    assert all(g is not None and torch.equal(g, payloads[i]) for g, i in zip(got, down, strict=True))

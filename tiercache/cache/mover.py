@@ -14,8 +14,9 @@ A move of chunk ``c`` into tier ``dst`` is always the same protocol:
 A reservation made for a move is committed or aborted on every path (a failed read of the source, a commit
 that finds the LMDB map full, any exception). A chunk the cache meant to keep and could not (an eviction
 whose demotion failed, a write-down that failed) is counted in its tier's ``dropped_chunks`` and logged at
-WARNING. A prompt's promotions can run as one batch (:meth:`Mover.move_batch`): the same protocol, with one
-reservation, one read of the source tier and one commit for all its chunks.
+WARNING. A prompt's promotions, and the victims one reservation demotes, run as one batch
+(:meth:`Mover.move_batch`): the same protocol, with one reservation, one read of the source tier and one
+commit for all the chunks.
 
 Moves are single-flight per ``(chunk, dst)`` (:class:`~tiercache.singleflight.SingleFlight`): concurrent
 promotions, write-downs or demotions of one chunk into one tier share one copy. A move into tier ``d`` only
@@ -281,23 +282,15 @@ class Mover:
             except (CapacityError, ConflictError) as exc:
                 logger.debug("no room for %s in %s: %s", cid.hex(), dst.name, exc)
                 return MoveOutcome.NO_ROOM
-            # From here on every way out either commits ``ws`` or aborts it: a reservation never outlives
-            # the move (a failed read, a full LMDB map at commit, any other error).
             try:
                 started = time.perf_counter()
-                ok = self._copy_bytes(cid, src, dst, ws)
+                (ok,) = self._copy_bytes([cid], src, dst, [ws])
                 elapsed = time.perf_counter() - started
             except CapacityError as exc:  # the commit found no room (an L3 map full): nothing was written
-                self._tiers[dst].abort([ws])
                 logger.debug("no room to commit %s in %s: %s", cid.hex(), dst.name, exc)
                 return MoveOutcome.NO_ROOM
-            except BaseException:
-                self._tiers[dst].abort([ws])
-                raise
             with self._lock:
-                if not ok:
-                    self._tiers[dst].abort([ws])
-                elif observe:
+                if ok and observe:
                     self._rates.observe(src, entry.nbytes, elapsed)
                 return self._land(cid, entry, src, dst, ok, keep_recency)
         finally:
@@ -366,24 +359,13 @@ class Mover:
             except (CapacityError, ConflictError) as exc:
                 logger.debug("no room for %d chunks at once in %s: %s", len(begun), dst.name, exc)
                 return outcomes
-            pending = slots  # reserved, not committed: aborted on every way out
             try:
                 started_s = time.perf_counter()
-                oks = self._tiers[src].read_into(list(begun), [ws.buffer for ws in slots])
-                if not all(oks):
-                    self._tiers[dst].abort([ws for ws, ok in zip(slots, oks, strict=True) if not ok])
-                    pending = [ws for ws, ok in zip(slots, oks, strict=True) if ok]
-                if pending:
-                    self._tiers[dst].commit(pending)
-                pending = []
+                oks = self._copy_bytes(list(begun), src, dst, slots)
                 elapsed = time.perf_counter() - started_s
             except CapacityError as exc:  # the commit found no room: nothing was written
-                logger.debug("no room to commit %d chunks in %s: %s", len(pending), dst.name, exc)
-                self._tiers[dst].abort(pending)
+                logger.debug("no room to commit %d chunks in %s: %s", len(begun), dst.name, exc)
                 return outcomes | dict.fromkeys(begun, MoveOutcome.NO_ROOM)
-            except BaseException:
-                self._tiers[dst].abort(pending)
-                raise
             with self._lock:
                 copied = sum(entry.nbytes for entry, ok in zip(begun.values(), oks, strict=True) if ok)
                 self._rates.observe(src, copied, elapsed)
@@ -440,26 +422,50 @@ class Mover:
         self._copying.discard((cid, dst))
         self.release_hold(cid, src)
 
-    def _copy_bytes(self, cid: bytes, src: TierLevel, dst: TierLevel, ws: WriteSlot) -> bool:
-        """Copy a held chunk's bytes from ``src`` into the reservation ``ws`` of ``dst`` and commit it;
-        False when the source's copy is gone or fails its checksum (nothing is committed then).
+    def _copy_bytes(
+        self, cids: Sequence[bytes], src: TierLevel, dst: TierLevel, slots: Sequence[WriteSlot]
+    ) -> list[bool]:
+        """Copy held chunks' bytes from ``src`` into their reservations ``slots`` of ``dst`` and commit them
+        together; per chunk, False when the source's copy is gone or fails its checksum.
+
+        Every reservation is committed or aborted here, on every way out (a failed read, a full LMDB map
+        at commit, any other error): a reservation never outlives its move.
 
         When ``dst`` sends bytes on from wherever they are (the shared tier) and ``src`` is a slot tier,
-        the slot's bytes are checked in place and written from there: no copy through ``ws``'s buffer,
-        and the checksum just verified goes with them (not hashed twice). The hold the caller took keeps
-        the slot from being reused meanwhile.
+        the slots' bytes are checked in place and written from there: no copy through the reservations'
+        buffers, and the checksums just verified go with them (not hashed twice). The holds the caller
+        took keep the slots from being reused meanwhile.
         """
         source, target = self._tiers[src], self._tiers[dst]
-        if target.writes_from_sources and isinstance(source, SlotPoolTier):
-            view = source.view(cid)
-            if view is None or not source.verify(cid):
-                return False
-            target.commit_from([ws], [view], [source.checksum(cid)])
-            return True
-        if not source.read_into([cid], [ws.buffer])[0]:
-            return False
-        target.commit([ws])
-        return True
+        in_place = target.writes_from_sources and isinstance(source, SlotPoolTier)
+        pending = list(slots)
+        try:
+            if in_place:
+                assert isinstance(source, SlotPoolTier)
+                views = [source.view(cid) for cid in cids]
+                oks = [view is not None and source.verify(cid) for cid, view in zip(cids, views, strict=True)]
+            else:
+                oks = source.read_into(cids, [ws.buffer for ws in slots])
+            if not all(oks):
+                pending = [ws for ws, ok in zip(slots, oks, strict=True) if ok]
+                target.abort([ws for ws, ok in zip(slots, oks, strict=True) if not ok])
+            if pending and in_place:
+                assert isinstance(source, SlotPoolTier)
+                good = [
+                    (cid, view)
+                    for cid, view, ok in zip(cids, views, oks, strict=True)
+                    if ok and view is not None
+                ]
+                target.commit_from(
+                    pending, [view for _, view in good], [source.checksum(cid) for cid, _ in good]
+                )
+            elif pending:
+                target.commit(pending)
+            pending = []
+            return oks
+        finally:
+            if pending:
+                target.abort(pending)
 
     def copy_out(self, cid: bytes, level: TierLevel, out: torch.Tensor, observe: bool) -> bool:
         """Copy ``level``'s copy of a chunk into ``out`` (the copy is held meanwhile; lock not held).
