@@ -41,6 +41,10 @@ def test_quick_serve_with_the_daemon_killed_mid_run(
     for row in rows.values():
         assert row["failed"] == 0 and row["requests"] > 0 and row["req_per_s"] > 0, row
         assert row["ttft_p50_ms"] > 0 and row["ttft_p99_ms"] >= row["ttft_p50_ms"]
+        # vLLM's own timings are read: every request was queued and prefilled (the names are vLLM's)
+        assert row["queue_ms_mean"] is not None and row["prefill_ms_mean"] > 0 and row["preemptions"] >= 0, (
+            row
+        )
     # Greedy decoding gave plain vLLM's tokens. How many of the row's prompt tokens came from tiercache depends
     # on where the kill lands: the daemon is down from 1 s into the column until it has restarted (~5 s
     # later on a loaded host, when the quick column may be over: CI once saw 0); the probe after the restart
@@ -56,6 +60,7 @@ def test_quick_serve_with_the_daemon_killed_mid_run(
     # the connector's own count, so that vLLM's connector count and the daemon's loaded tokens reconcile.
     assert ours["offered_recomputed_tokens"] >= 0 and rows[(False, "plain")]["offered_recomputed_tokens"] == 0
     assert "asking chat outgrows c=4 tiercache_l2: " in text
+    assert "engine chat outgrows c=4 plain: requests queued " in text
     # The daemon was SIGKILLed mid-run and restarted on its L3: no request failed, and the connector
     # re-attached: the new daemon process served tokens.
     kill = doc["kill"]

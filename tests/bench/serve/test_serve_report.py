@@ -61,3 +61,21 @@ def test_a_cell_recorded_as_two_rows_counts_once_in_the_runs_median() -> None:
     # three probes (100, 200, 300): the median is 200, not 150 (100 counted twice)
     assert abs(by[(False, "plain")]["host_vs_run"] - 1.0) < 1e-9
     assert abs(by[(True, "plain")]["host_vs_run"] - 0.5) < 1e-9
+
+
+def test_vllms_request_timings_become_means_per_request() -> None:
+    cell = Cell(WorkloadKind.CHAT, False, 8)
+    engine = {
+        "request_queue_time_seconds_sum": 2.0,
+        "request_queue_time_seconds_count": 4.0,
+        "request_prefill_time_seconds_sum": 0.2,
+        "request_prefill_time_seconds_count": 4.0,
+        "num_preemptions_total": 3.0,
+    }
+    measured = dataclasses.replace(_measured(cell, ColumnKind.PLAIN, 0, None), engine=engine)
+    result = ServeResult((measured,), {}, {}, {cell: build(WorkloadKind.CHAT, 2048, 0, 4)}, None, 1.0)
+    (row,) = rows(result)
+    assert row["queue_ms_mean"] == 500.0 and row["prefill_ms_mean"] == 50.0 and row["preemptions"] == 3
+    assert "engine chat outgrows c=8 plain: requests queued 500.0 ms" in format_table(result)
+    (quiet,) = rows(dataclasses.replace(result, measured=(_measured(cell, ColumnKind.PLAIN, 0, None),)))
+    assert quiet["queue_ms_mean"] is None and quiet["preemptions"] == 0

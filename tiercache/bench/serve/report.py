@@ -96,9 +96,18 @@ def _figures(m: Measured) -> dict[str, Any]:
             if m.counters.get("loaded_tokens")
             else None
         ),
+        "queue_ms_mean": _per(m.engine, "request_queue_time_seconds"),
+        "prefill_ms_mean": _per(m.engine, "request_prefill_time_seconds"),
+        "preemptions": int(m.engine.get("num_preemptions_total", 0)),
         "daemon_restarted": m.daemon_restarted,
         "host_probe_ms": m.host_probe_ms,
     }
+
+
+def _per(engine: dict[str, float], histogram: str) -> float | None:
+    """The mean of one of vLLM's time histograms during the cell, in ms (None: nothing observed)."""
+    count = engine.get(f"{histogram}_count", 0)
+    return 1000 * engine[f"{histogram}_sum"] / count if count else None
 
 
 def _median(values: list[Any]) -> Any:
@@ -225,6 +234,12 @@ def format_table(result: ServeResult) -> str:
                          f" {r['offered_recomputed_tokens']} offered tokens recomputed (load errors),"
                          f" the scheduler waited {_f(r['ask_wait_ms_per_lookup'], '.2f')} ms per lookup; the model steps"
                          f" waited {_f(r['load_ms_per_1k_tokens'], '.2f')} ms per 1,000 tokens loaded")  # fmt: skip
+    for r in rows(result):
+        if r["queue_ms_mean"] is not None:
+            lines.append(f"engine {r['workload']} {'fits' if r['fits'] else 'outgrows'} c={r['concurrency']} "
+                         f"{r['column']}: requests queued {_f(r['queue_ms_mean'])} ms before their first step (mean;"
+                         f" for blocks, or a late answer), then {_f(r['prefill_ms_mean'])} ms to their first token"
+                         f" (the prefill, loads included); {r['preemptions']} preemptions")  # fmt: skip
     for name, why in result.skipped.items():
         lines.append(f"{name}: skipped ({why})")
     lines.append("engine KV cache (tokens, read back): "

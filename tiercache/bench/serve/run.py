@@ -173,6 +173,7 @@ class Measured:
         connector_hits: prompt tokens the KV connector served (``/metrics``).
         tiers: per tier, the daemon's ``(load_success_tokens, effective_hit_tokens)`` during the cell.
         counters: tiercache's connector counters during the cell (:data:`CONNECTOR_COUNTERS`; zeros for other columns).
+        engine: vLLM's own request timings during the cell (:data:`ENGINE_COUNTERS`): where a TTFT went.
         daemon_restarted: the daemon was killed and restarted during the cell (its counters restarted).
         host_probe_ms: the host's speed probe (:func:`~..common.hostspeed.probe_host_ms`) just before and just
             after the cell, the slower of the two (None: not probed).
@@ -187,6 +188,7 @@ class Measured:
     connector_hits: int
     tiers: dict[str, tuple[int, int]] = field(default_factory=dict)
     counters: dict[str, float] = field(default_factory=dict)
+    engine: dict[str, float] = field(default_factory=dict)
     daemon_restarted: bool = False
     host_probe_ms: float | None = None
 
@@ -263,14 +265,28 @@ CONNECTOR_COUNTERS = (
 """The tiercache connector counters the bench reads from vLLM's ``/metrics`` (``vllm:tiercache_<name>``)."""
 
 
-def _vllm_counters(url: str) -> tuple[int, int, dict[str, float]]:
-    """vLLM's prefix-cache and connector hit tokens, and tiercache's connector counters (:data:`CONNECTOR_COUNTERS`)."""
+ENGINE_COUNTERS = (
+    "request_queue_time_seconds_sum",
+    "request_queue_time_seconds_count",
+    "request_prefill_time_seconds_sum",
+    "request_prefill_time_seconds_count",
+    "num_preemptions_total",
+)
+"""vLLM's own counters the bench reads (``vllm:<name>``): how long requests waited before their first step
+(for blocks, or for a late answer of the connector), how long from then to their first token (the prefill,
+loads included), and how often the engine preempted a request for blocks."""
+
+
+def _vllm_counters(url: str) -> tuple[int, int, dict[str, float], dict[str, float]]:
+    """vLLM's prefix-cache and connector hit tokens, tiercache's connector counters (:data:`CONNECTOR_COUNTERS`)
+    and vLLM's request timings (:data:`ENGINE_COUNTERS`)."""
     text = httpx.get(f"{url}/metrics", timeout=30).text
     counters = {name: _metric(text, f"vllm:tiercache_{name}_total") for name in CONNECTOR_COUNTERS}
     return (
         int(_metric(text, "vllm:prefix_cache_hits_total")),
         int(_metric(text, "vllm:external_prefix_cache_hits_total")),
         counters,
+        {name: _metric(text, f"vllm:{name}") for name in ENGINE_COUNTERS},
     )
 
 
@@ -373,10 +389,12 @@ def _measure_column(
         probe = max(probe, probe_host_ms())
         wall = max(o.end for o in outcomes) - min(o.start for o in outcomes)
         counters = {name: after_v[2][name] - before_v[2][name] for name in CONNECTOR_COUNTERS}
+        engine = {name: after_v[3][name] - before_v[3][name] for name in ENGINE_COUNTERS}
         shared = tuple(outcomes)  # (one object for every row of the cell: the report counts its probe once)
         for column, fits in plan.rows:
             out.append(Measured(Cell(cell.workload, fits, cell.concurrency), column, repeat, shared, wall,
-                                after_v[0] - before_v[0], after_v[1] - before_v[1], tiers, counters, restarted, probe))  # fmt: skip
+                                after_v[0] - before_v[0], after_v[1] - before_v[1], tiers, counters, engine, restarted,
+                                probe))  # fmt: skip
     return out
 
 
