@@ -20,15 +20,6 @@ Wrong KV stays impossible because a block is only read while vLLM cannot reuse i
 A finished request whose reservation is still open (aborted before its last chunk) has it dropped; its slots
 are never published. Daemon trouble is logged and counted (``failures``), never raised into vLLM.
 
-Work posted after a forward pass (``submit``, and the drops of ``finished`` and ``fence``) starts at the
-next step (:meth:`SaveQueue.release`, called when the worker binds the next step's metadata), not at once:
-``wait_for_save`` runs right after the forward pass, before vLLM samples and sends the step's tokens, and a
-save thread starting there competes with that (for the GIL and, on a small host, for a core) on the way to
-the user's first token (``vllm serve``, chat fitting the engine's cache at concurrency 1, plain vLLM and
-tiercache_l2, 3 interleaved repeats, run right after each other: 0.88x plain's requests/s and 1.17x its
-TTFT p50 before, 0.93x and 1.09x after). vLLM keeps stepping while a finished request is held, so held
-work always starts.
-
 The thread is started on demand and exits when the queue has been empty for :data:`SAVE_IDLE_S` (or at
 ``close``); it is not a daemon thread, so a process that exits right after a request (a test or bench engine)
 still finishes its commits first. It runs at the engine's own CPU priority. It used to run at nice +10,
@@ -37,11 +28,15 @@ it, so that the worker's model thread waits for the GIL. The measurements do not
 (``vllm serve``, working set fits, tiercache_l2 against plain vLLM in the same invocation): chat at
 concurrency 1, 0.91x / 0.94x req/s at +10 against 1.07x / 1.04x at 0; at concurrency 8, chat 0.86x /
 1.02x against 0.88x / 0.92x and system 0.80x / 0.95x (both in slow phases of the host) against 0.95x /
-0.96x. The simpler code stays.
+0.96x. The simpler code stays. Holding a step's work until the next step began (off the way of the
+step's tokens to the user) was measured too and not kept: chat fitting at concurrency 1 went from 0.88x
+to 0.93x plain's requests/s (spreads overlapping; 0.94x without it the day before), and outgrowing at
+concurrency 8 tiercache_l2 went from 0.94x / 0.95x / 1.01x the ideal's to 0.89x / 0.86x / 0.90x (system,
+chat, docqa; system's spreads apart).
 
 Primitives:
     SAVE_IDLE_S: how long the save thread waits for work before it exits.
-    SaveQueue: submit, release, fence, finished, close; ``open_saves`` and ``failures``.
+    SaveQueue: submit, fence, finished, close; ``open_saves`` and ``failures``.
 """
 
 from __future__ import annotations
@@ -97,7 +92,6 @@ class SaveQueue:
         self._plane = plane
         self._cond = threading.Condition()
         self._jobs: collections.deque[tuple[str, Callable[[], None]]] = collections.deque()
-        self._held: list[tuple[str, Callable[[], None]]] = []  # posted, run from the next release on
         self._pending: collections.Counter[str] = collections.Counter()
         self._thread: threading.Thread | None = None
         self._closing = False
@@ -130,18 +124,6 @@ class SaveQueue:
                 self._uncommitted.add(work.req_id)
             self._post(work.req_id, functools.partial(self._save, work, event))
 
-    def release(self) -> None:
-        """At the start of a step: let the background thread run the work posted since the last release."""
-        with self._cond:
-            if not self._held:
-                return
-            self._jobs.extend(self._held)
-            self._held.clear()
-            self._cond.notify_all()  # the thread may be waiting for work
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="tiercache-vllm-save")
-                self._thread.start()
-
     def fence(self, req_ids: Iterable[str]) -> None:
         """Before a forward pass: wait for the copies of preempted requests, drop their open reservations."""
         fenced = [r for r in req_ids if r in self._owed]
@@ -149,7 +131,6 @@ class SaveQueue:
             self._owed.discard(req_id)
             self._uncommitted.discard(req_id)
             self._post(req_id, functools.partial(self._drop, req_id))
-        self.release()
         with self._cond:
             self._cond.wait_for(lambda: not any(self._pending[r] for r in fenced))
 
@@ -172,7 +153,6 @@ class SaveQueue:
             self._post(req_id, functools.partial(self._drop, req_id))
         self._owed.clear()
         self._uncommitted.clear()
-        self.release()
         with self._cond:
             self._closing = True
             self._cond.notify_all()
@@ -184,8 +164,12 @@ class SaveQueue:
 
     def _post(self, req_id: str, job: Callable[[], None]) -> None:
         with self._cond:
-            self._held.append((req_id, job))
+            self._jobs.append((req_id, job))
             self._pending[req_id] += 1
+            self._cond.notify_all()  # the thread may be waiting for work
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="tiercache-vllm-save")
+                self._thread.start()
 
     # ------------------------------------------------------------------ background thread
 

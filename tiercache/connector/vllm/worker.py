@@ -23,9 +23,8 @@
 * ``wait_for_save`` hands the full chunks the forward pass completed to a :class:`~.saves.SaveQueue`, which
   reserves, copies and commits them in a background thread (two-phase: a request publishes all of its
   chunks or none); ``get_finished`` reports the finished requests whose saves are done (vLLM held their
-  blocks until then); ``before_forward``, at the start of each step, lets the queue start the work of the
-  steps before (not at once: off the way of the step's tokens to the user), and finishes the copies of
-  preempted requests before vLLM's next forward pass may write their blocks.
+  blocks until then); ``before_forward`` finishes the copies of preempted requests before vLLM's next
+  forward pass may write their blocks.
 
 Daemon trouble is logged and counted, never raised into vLLM.
 
@@ -341,9 +340,7 @@ class WorkerSide:
         return self._saves.failures
 
     def before_forward(self, meta: TierCacheMetadata) -> None:
-        """At the start of a step: start the save work of the steps before it; and before the forward pass
-        may write the blocks of preempted requests, finish their copies."""
-        self._saves.release()
+        """Before the forward pass may write the blocks of preempted requests: finish their copies."""
         if meta.preempted:
             self._saves.fence(meta.preempted)
 
