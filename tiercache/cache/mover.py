@@ -437,28 +437,24 @@ class Mover:
         took keep the slots from being reused meanwhile.
         """
         source, target = self._tiers[src], self._tiers[dst]
-        in_place = target.writes_from_sources and isinstance(source, SlotPoolTier)
+        in_place: list[tuple[torch.Tensor, int | None]] | None = None  # the checked slots' views, checksums
         pending = list(slots)
         try:
-            if in_place:
-                assert isinstance(source, SlotPoolTier)
+            if target.writes_from_sources and isinstance(source, SlotPoolTier):
                 views = [source.view(cid) for cid in cids]
                 oks = [view is not None and source.verify(cid) for cid, view in zip(cids, views, strict=True)]
+                in_place = [
+                    (view, source.checksum(cid))
+                    for cid, view, ok in zip(cids, views, oks, strict=True)
+                    if ok and view is not None
+                ]
             else:
                 oks = source.read_into(cids, [ws.buffer for ws in slots])
             if not all(oks):
                 pending = [ws for ws, ok in zip(slots, oks, strict=True) if ok]
                 target.abort([ws for ws, ok in zip(slots, oks, strict=True) if not ok])
-            if pending and in_place:
-                assert isinstance(source, SlotPoolTier)
-                good = [
-                    (cid, view)
-                    for cid, view, ok in zip(cids, views, oks, strict=True)
-                    if ok and view is not None
-                ]
-                target.commit_from(
-                    pending, [view for _, view in good], [source.checksum(cid) for cid, _ in good]
-                )
+            if pending and in_place is not None:
+                target.commit_from(pending, [view for view, _ in in_place], [crc for _, crc in in_place])
             elif pending:
                 target.commit(pending)
             pending = []
